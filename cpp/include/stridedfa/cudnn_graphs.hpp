@@ -1,0 +1,60 @@
+// The boundary around cudnn-frontend. cudnn_graphs.cpp is the only translation unit that includes
+// cudnn_frontend.h (about a minute and a half of compile time per file that does); everything the
+// rest of the core needs from it is declared here without frontend types.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "stridedfa/sdpa.hpp"
+
+namespace stridedfa {
+
+enum class GraphOp : int64_t { forward = 1, backward = 2 };
+
+struct OperandDesc {
+  bool present = false;
+  int64_t dims[4] = {};
+  int64_t strides[4] = {};  // extent-1 axes already given a canonical stride
+};
+
+// Everything that determines a built graph. Two calls with equal specs can share one graph; the
+// graph cache keys on key(), which lists every field.
+struct GraphSpec {
+  GraphOp op = GraphOp::forward;
+  DLDataType dtype{};  // of every operand but the statistics (float32)
+  OperandDesc operands[kNumSlots];
+  float scale = 1.0f;
+  bool causal = false;
+  CausalAlignment alignment = CausalAlignment::top_left;
+  int32_t device = 0;
+  int32_t sm_version = 0;
+  int64_t cudnn_version = 0;
+
+  std::vector<int64_t> key() const;
+};
+
+class BuiltGraph {
+ public:
+  virtual ~BuiltGraph() = default;
+  // Launch with pointers in operand_order, on the stream bound to `cudnn_handle`.
+  virtual void execute(void* cudnn_handle, void* const* ptrs, void* workspace) const = 0;
+
+  int64_t workspace_bytes = 0;
+  std::vector<Slot> operand_order;  // the operands in cuDNN's sorted-UID order
+};
+
+// Builds and plans the graph on the current device. Throws UnsupportedError with cuDNN's reason
+// when no engine supports it, BackendError when cuDNN fails.
+std::shared_ptr<const BuiltGraph> build_graph(const GraphSpec& spec, void* cudnn_handle);
+
+// Sets cudnn-frontend's libcudnn handle; must run before any other frontend call.
+void set_frontend_cudnn_library(void* dl_handle);
+
+// Versions the extension was compiled against (cudnn-frontend 1.32.0 -> 13200; cuDNN 9.28.1 -> 92801).
+int64_t compiled_frontend_version();
+int64_t compiled_cudnn_version();
+int64_t compiled_cuda_version();
+
+}  // namespace stridedfa

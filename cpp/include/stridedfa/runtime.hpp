@@ -1,0 +1,51 @@
+// Process-wide runtime state: the loaded cuDNN and CUDA runtime libraries, per-device facts, one
+// cuDNN handle per (device, thread), and the stream-ordered workspace pool. Nothing here is linked:
+// libcudnn.so.9 and libcudart.so.N are found by stridedfa._loader and opened with dlopen, so the
+// extension imports on machines without a GPU, a driver or cuDNN.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace stridedfa {
+
+// Hands the core the libraries the Python loader found: a dlopen handle of libcudnn.so.9 and the
+// path of the CUDA runtime. Also points cudnn-frontend at both. Throws BackendError.
+void set_libraries(void* cudnn_dl_handle, const std::string& cudart_path);
+bool libraries_loaded();
+
+// Versions as integers (cuDNN 9.19.0 -> 91900, CUDA 13.0 -> 13000). Throw BackendError.
+int64_t cudnn_runtime_version();
+int cuda_runtime_version();
+int cuda_driver_version();
+int device_count();
+
+struct DeviceInfo {
+  int32_t ordinal = 0;
+  int32_t sm_version = 0;  // compute capability as major * 10 + minor
+  std::string name;
+};
+// Cached per ordinal; throws BackendError for a device the runtime cannot see.
+const DeviceInfo& device_info(int32_t ordinal);
+
+// Makes `ordinal` the current CUDA device for its lifetime, restoring the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int32_t ordinal);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// The calling thread's cuDNN handle for `device` (current device must be `device`), bound to
+// `stream`; cudnnSetStream costs microseconds even when nothing changes, so it runs only on change.
+void* cudnn_handle_for(int32_t device, std::uintptr_t stream);
+
+// Stream-ordered workspace from the current device's default memory pool (cudaMallocAsync).
+void* pool_alloc(int64_t bytes, std::uintptr_t stream);
+void pool_free(void* ptr, std::uintptr_t stream);
+
+}  // namespace stridedfa

@@ -1,0 +1,73 @@
+// The core's entry points for scaled-dot-product attention. Every tensor arrives as a TensorView
+// with logical axes (batch, heads, seq, head_dim); its memory order is given by strides alone.
+//
+//   prepare_*  validates every tensor (nothing is launched or built when it throws), then finds
+//              the cuDNN graph for this exact configuration in the cache, building it on a miss.
+//   execute    launches a prepared call on the caller's stream.
+//
+// Both are safe to call without the GIL and from several threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "stridedfa/tensor_view.hpp"
+
+namespace stridedfa {
+
+class BuiltGraph;
+
+enum class CausalAlignment : int32_t { top_left = 0, bottom_right = 1 };
+
+struct SdpaOptions {
+  bool has_scale = false;  // false: scale = 1 / sqrt(d_qk)
+  double scale = 0.0;
+  bool causal = false;
+  CausalAlignment alignment = CausalAlignment::top_left;
+};
+
+struct ForwardArgs {
+  TensorView q, k, v, out;
+  TensorView lse;  // optional (lse.present == false): no softmax statistics are written
+};
+
+struct BackwardArgs {
+  TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v;
+};
+
+// Operand slots; the cuDNN tensor UID of a slot is slot + 1.
+enum Slot : int { kQ = 0, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kNumSlots };
+
+// What validation established about a call.
+struct Problem {
+  int64_t b = 0, h_q = 0, h_kv = 0, s_q = 0, s_kv = 0, d_qk = 0, d_v = 0;
+  int32_t device = 0;       // CUDA ordinal shared by every tensor
+  DLDataType dtype{};       // float16 or bfloat16
+  bool nothing_to_do = false;  // every output is empty: return without launching
+};
+
+struct PreparedCall {
+  std::shared_ptr<const BuiltGraph> graph;  // null when nothing_to_do
+  Problem problem;
+  int64_t workspace_bytes = 0;
+  int n_ptrs = 0;
+  void* ptrs[kNumSlots] = {};  // device pointers in the graph's sorted-UID order
+};
+
+// The softmax statistics may be given as (b, h, s) or (b, h, s, 1); the core always uses 4 axes.
+TensorView stats_as_4d(const TensorView& lse);
+
+// Validation alone (throws LayoutError / UnsupportedError). Needs no GPU and no cuDNN.
+Problem validate_forward(const ForwardArgs& args);
+Problem validate_backward(const BackwardArgs& args);
+
+// Validate, then look up or build the graph. Throws BackendError when cuDNN is not loaded.
+PreparedCall prepare_forward(const ForwardArgs& args, const SdpaOptions& options);
+PreparedCall prepare_backward(const BackwardArgs& args, const SdpaOptions& options);
+
+// Launch on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream). `workspace`
+// must hold call.workspace_bytes on the call's device and stay valid for the stream's work; when
+// null, the workspace is taken from and returned to the device's stream-ordered pool.
+void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace);
+
+}  // namespace stridedfa

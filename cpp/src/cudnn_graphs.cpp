@@ -1,0 +1,168 @@
+// The only translation unit that includes cudnn_frontend.h: builds SDPA forward and backward
+// graphs from a GraphSpec, giving cuDNN the real dims and strides of every operand, and executes
+// them with the sorted-pointer overload (no per-call maps). Compiled with
+// NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING: the frontend reaches cuDNN through cudnn_dlhandle below.
+#include <cudnn_frontend.h>
+
+#include <cstring>
+#include <string>
+
+#include "stridedfa/cudnn_graphs.hpp"
+#include "stridedfa/errors.hpp"
+
+namespace cudnn_frontend {
+// The frontend declares this handle and resolves every cuDNN symbol through it; it must be set
+// before the first frontend call (symbol pointers are cached in function statics).
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+
+namespace stridedfa {
+namespace {
+
+namespace fe = cudnn_frontend;
+using fe::graph::Tensor_attributes;
+
+int64_t uid_of(Slot slot) { return int64_t(slot) + 1; }
+
+fe::DataType_t io_type(DLDataType dtype) {
+  return dtype.code == kDLBfloat ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+}
+
+const char* slot_name(Slot slot) {
+  static const char* names[kNumSlots] = {"q", "k", "v", "out", "lse", "grad_out", "grad_q", "grad_k", "grad_v"};
+  return names[slot];
+}
+
+Tensor_attributes describe(const GraphSpec& spec, Slot slot) {
+  const OperandDesc& d = spec.operands[slot];
+  auto t = Tensor_attributes()
+               .set_name(slot_name(slot))
+               .set_uid(uid_of(slot))
+               .set_dim({d.dims[0], d.dims[1], d.dims[2], d.dims[3]})
+               .set_stride({d.strides[0], d.strides[1], d.strides[2], d.strides[3]});
+  if (slot == kLse) t.set_data_type(fe::DataType_t::FLOAT);
+  return t;
+}
+
+void mark_output(const std::shared_ptr<Tensor_attributes>& t, const GraphSpec& spec, Slot slot) {
+  const OperandDesc& d = spec.operands[slot];
+  t->set_output(true)
+      .set_name(slot_name(slot))
+      .set_uid(uid_of(slot))
+      .set_dim({d.dims[0], d.dims[1], d.dims[2], d.dims[3]})
+      .set_stride({d.strides[0], d.strides[1], d.strides[2], d.strides[3]});
+  if (slot == kLse) t->set_data_type(fe::DataType_t::FLOAT);
+}
+
+fe::DiagonalAlignment_t diagonal(CausalAlignment a) {
+  return a == CausalAlignment::bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT : fe::DiagonalAlignment_t::TOP_LEFT;
+}
+
+// Support-check failures become UnsupportedError (the configuration cannot run); failures of cuDNN
+// or CUDA themselves become BackendError.
+void check(fe::error_t status, const char* stage) {
+  if (status.is_good()) return;
+  const std::string message = std::string("cuDNN ") + stage + ": " + status.get_message();
+  switch (status.get_code()) {
+    case fe::error_code_t::ATTRIBUTE_NOT_SET:
+    case fe::error_code_t::SHAPE_DEDUCTION_FAILED:
+    case fe::error_code_t::GRAPH_NOT_SUPPORTED:
+    case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED:
+    case fe::error_code_t::HEURISTIC_QUERY_FAILED:
+    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT:
+    case fe::error_code_t::INVALID_VALUE:
+      throw UnsupportedError(message);
+    default:
+      throw BackendError(message);
+  }
+}
+
+class FrontendGraph final : public BuiltGraph {
+ public:
+  explicit FrontendGraph(std::shared_ptr<fe::graph::Graph> graph) : graph_(std::move(graph)) {}
+
+  void execute(void* cudnn_handle, void* const* ptrs, void* workspace) const override {
+    auto status = graph_->execute(static_cast<cudnnHandle_t>(cudnn_handle), const_cast<void**>(ptrs),
+                                  static_cast<int>(operand_order.size()), workspace);
+    if (!status.is_good()) throw BackendError("cuDNN execute: " + status.get_message());
+  }
+
+ private:
+  std::shared_ptr<fe::graph::Graph> graph_;
+};
+
+std::shared_ptr<fe::graph::Graph> new_graph(const GraphSpec& spec) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(io_type(spec.dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  graph->set_sm_version(spec.sm_version);  // spares the frontend its own device queries
+  return graph;
+}
+
+template <class Attributes>
+void set_mask(Attributes& attributes, const GraphSpec& spec) {
+  if (spec.causal) {
+    attributes.set_diagonal_alignment(diagonal(spec.alignment)).set_diagonal_band_right_bound(0);
+  }
+}
+
+void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
+  auto q = graph.tensor(describe(spec, kQ));
+  auto k = graph.tensor(describe(spec, kK));
+  auto v = graph.tensor(describe(spec, kV));
+  const bool stats = spec.operands[kLse].present;
+  auto attributes = fe::graph::SDPA_attributes().set_name("sdpa_forward").set_generate_stats(stats).set_attn_scale(
+      spec.scale);
+  set_mask(attributes, spec);
+  auto [o, lse] = graph.sdpa(q, k, v, attributes);
+  mark_output(o, spec, kO);
+  if (stats) mark_output(lse, spec, kLse);
+}
+
+void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
+  auto q = graph.tensor(describe(spec, kQ));
+  auto k = graph.tensor(describe(spec, kK));
+  auto v = graph.tensor(describe(spec, kV));
+  auto o = graph.tensor(describe(spec, kO));
+  auto d_o = graph.tensor(describe(spec, kGradO));
+  auto lse = graph.tensor(describe(spec, kLse));
+  auto attributes = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(spec.scale);
+  set_mask(attributes, spec);
+  auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, lse, attributes);
+  mark_output(dq, spec, kGradQ);
+  mark_output(dk, spec, kGradK);
+  mark_output(dv, spec, kGradV);
+}
+
+}  // namespace
+
+std::shared_ptr<const BuiltGraph> build_graph(const GraphSpec& spec, void* cudnn_handle) {
+  auto handle = static_cast<cudnnHandle_t>(cudnn_handle);
+  try {
+    auto graph = new_graph(spec);
+    if (spec.op == GraphOp::forward) add_forward(*graph, spec); else add_backward(*graph, spec);
+    check(graph->validate(), "rejected the graph");
+    check(graph->build_operation_graph(handle), "could not build the operation graph");
+    check(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "found no execution plan");
+    check(graph->check_support(handle), "supports no engine for this configuration");
+    check(graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "could not build a plan");
+
+    auto built = std::make_shared<FrontendGraph>(graph);
+    built->workspace_bytes = graph->get_workspace_size();
+    for (int64_t uid : graph->get_variant_pack_uids_sorted()) built->operand_order.push_back(Slot(uid - 1));
+    return built;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw BackendError(std::string("cudnn-frontend: ") + e.what());
+  }
+}
+
+void set_frontend_cudnn_library(void* dl_handle) { fe::cudnn_dlhandle = dl_handle; }
+
+int64_t compiled_frontend_version() { return CUDNN_FRONTEND_VERSION; }
+int64_t compiled_cudnn_version() { return CUDNN_VERSION; }
+int64_t compiled_cuda_version() { return CUDART_VERSION; }
+
+}  // namespace stridedfa

@@ -1,0 +1,131 @@
+// Orchestration of one call: validate -> describe the graph -> cache lookup (build on miss) ->
+// execute on the caller's stream.
+#include "stridedfa/sdpa.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "stridedfa/cudnn_graphs.hpp"
+#include "stridedfa/errors.hpp"
+#include "stridedfa/graph_cache.hpp"
+#include "stridedfa/runtime.hpp"
+
+namespace stridedfa {
+namespace {
+
+// cuDNN never steps along an extent-1 axis, so its stride is free; giving it a canonical value
+// (as if it were the outermost axis) lets calls that differ only there share one graph.
+OperandDesc describe_operand(const TensorView& t) {
+  OperandDesc d;
+  d.present = t.present;
+  if (!t.present) return d;
+  int64_t outer = 1;
+  for (int i = 0; i < 4; ++i) {
+    if (t.dims[i] != 1) outer = std::max(outer, t.strides[i] * t.dims[i]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    d.dims[i] = t.dims[i];
+    d.strides[i] = t.dims[i] == 1 ? outer : t.strides[i];
+  }
+  return d;
+}
+
+GraphSpec spec_for(GraphOp op, const Problem& p, const SdpaOptions& o, const TensorView* const* operands) {
+  GraphSpec spec;
+  spec.op = op;
+  spec.dtype = p.dtype;
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (operands[s]) spec.operands[s] = describe_operand(*operands[s]);
+  }
+  spec.scale = static_cast<float>(o.has_scale ? o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_qk)));
+  spec.causal = o.causal;
+  spec.alignment = o.alignment;
+  const DeviceInfo& device = device_info(p.device);
+  spec.device = device.ordinal;
+  spec.sm_version = device.sm_version;
+  spec.cudnn_version = cudnn_runtime_version();
+  return spec;
+}
+
+void check_options(const SdpaOptions& options) {
+  if (options.has_scale && !std::isfinite(options.scale)) {
+    throw LayoutError("scale must be a finite number, got " + std::to_string(options.scale));
+  }
+}
+
+PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands) {
+  PreparedCall call;
+  call.problem = problem;
+  if (problem.nothing_to_do) return call;
+  if (!libraries_loaded()) {
+    throw BackendError("cuDNN is not loaded; stridedfa loads it on the first GPU call (see stridedfa.info())");
+  }
+  const GraphSpec spec = spec_for(op, problem, options, operands);
+  call.graph = graph_cache().get_or_build(spec.key(), [&] {
+    DeviceGuard guard(spec.device);
+    return build_graph(spec, cudnn_handle_for(spec.device, 0));
+  });
+  call.workspace_bytes = call.graph->workspace_bytes;
+  call.n_ptrs = static_cast<int>(call.graph->operand_order.size());
+  for (int i = 0; i < call.n_ptrs; ++i) {
+    call.ptrs[i] = reinterpret_cast<void*>(operands[call.graph->operand_order[size_t(i)]]->data);
+  }
+  return call;
+}
+
+}  // namespace
+
+std::vector<int64_t> GraphSpec::key() const {
+  std::vector<int64_t> k;
+  k.reserve(16 + kNumSlots * 9);
+  k.push_back(static_cast<int64_t>(op));
+  k.push_back(int64_t(dtype.code) | int64_t(dtype.bits) << 8 | int64_t(dtype.lanes) << 16);
+  for (const OperandDesc& d : operands) {
+    k.push_back(d.present);
+    if (!d.present) continue;
+    k.insert(k.end(), d.dims, d.dims + 4);
+    k.insert(k.end(), d.strides, d.strides + 4);
+  }
+  int32_t scale_bits;
+  std::memcpy(&scale_bits, &scale, sizeof scale_bits);
+  k.push_back(scale_bits);
+  k.push_back(causal);
+  k.push_back(static_cast<int64_t>(alignment));
+  k.push_back(device);
+  k.push_back(sm_version);
+  k.push_back(cudnn_version);
+  return k;
+}
+
+PreparedCall prepare_forward(const ForwardArgs& a, const SdpaOptions& options) {
+  check_options(options);
+  const Problem problem = validate_forward(a);
+  const TensorView lse = stats_as_4d(a.lse);
+  const TensorView* operands[kNumSlots] = {&a.q, &a.k, &a.v, &a.out, a.lse.present ? &lse : nullptr};
+  return prepare(GraphOp::forward, problem, options, operands);
+}
+
+PreparedCall prepare_backward(const BackwardArgs& a, const SdpaOptions& options) {
+  check_options(options);
+  const Problem problem = validate_backward(a);
+  const TensorView lse = stats_as_4d(a.lse);
+  const TensorView* operands[kNumSlots] = {&a.q, &a.k, &a.v, &a.out, &lse, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v};
+  return prepare(GraphOp::backward, problem, options, operands);
+}
+
+void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
+  if (call.problem.nothing_to_do) return;
+  DeviceGuard guard(call.problem.device);
+  void* handle = cudnn_handle_for(call.problem.device, stream);
+  void* pooled = nullptr;
+  if (call.workspace_bytes > 0 && workspace == nullptr) workspace = pooled = pool_alloc(call.workspace_bytes, stream);
+  try {
+    call.graph->execute(handle, call.ptrs, workspace);
+  } catch (...) {
+    if (pooled) pool_free(pooled, stream);
+    throw;
+  }
+  if (pooled) pool_free(pooled, stream);
+}
+
+}  // namespace stridedfa

@@ -1,0 +1,325 @@
+// The validator: every rule a call must satisfy before anything is built or launched. Each failure
+// names the tensor, the axis, the offending value and the fix. Rules and why they exist:
+//   - CUDA device, one ordinal; fp16/bf16 operands of one dtype, fp32 softmax statistics.
+//   - Logical shapes agree: batch, h_q a multiple of h_kv, d_qk, d_v, s_q, s_kv.
+//   - head_dim stride 1, no negative or zero (broadcast) strides on axes with extent > 1.
+//   - 16-byte alignment of every pointer and of every stride (in bytes) of an axis with extent > 1:
+//     cuDNN moves data with 16-byte vector loads and TMA and does not check; on Hopper a misaligned
+//     operand gives wrong numbers silently (cudnn-frontend <= 1.23 never rejected it).
+//   - Outputs are writable and share no byte with themselves, each other or any input (exact).
+//   - Every output empty: nothing to do. Extent-1 axes may carry any stride.
+#include <algorithm>
+#include <sstream>
+#include <vector>
+
+#include "stridedfa/errors.hpp"
+#include "stridedfa/overlap.hpp"
+#include "stridedfa/sdpa.hpp"
+
+namespace stridedfa {
+namespace {
+
+constexpr int64_t kAlignment = 16;  // bytes
+const char* const kAxisNames[4] = {"batch", "heads", "seq", "head_dim"};
+
+std::string shape_str(const TensorView& t) {
+  std::ostringstream s;
+  s << "(";
+  for (int i = 0; i < t.ndim; ++i) s << (i ? ", " : "") << t.dims[i];
+  s << (t.ndim == 1 ? ",)" : ")");
+  return s.str();
+}
+
+std::string axis_str(int axis) {
+  return "axis " + std::to_string(axis) + " (" + (axis < 4 ? kAxisNames[axis] : "?") + ")";
+}
+
+bool is_half(DLDataType d) {
+  return d.lanes == 1 && d.bits == 16 && (d.code == kDLFloat || d.code == kDLBfloat);
+}
+bool is_float32(DLDataType d) { return d.lanes == 1 && d.bits == 32 && d.code == kDLFloat; }
+bool same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+class Validator {
+ public:
+  // Basic per-tensor rules: 4 axes, CUDA, dtype class.
+  void operand(const TensorView& t) {
+    if (t.ndim != 4) {
+      throw LayoutError(std::string(t.name) + ": expected 4 axes (batch, heads, seq, head_dim), got " +
+                        std::to_string(t.ndim) + " with shape " + shape_str(t) +
+                        ". Give the logical (b, h, s, d) view; a bshd tensor is x.transpose(1, 2).");
+    }
+    device(t);
+    if (!is_half(t.dtype)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
+                        " is not supported; attention operands must be float16 or bfloat16.");
+    }
+  }
+
+  void stats(const TensorView& t) {
+    bool shape_ok = t.ndim == 3 || (t.ndim == 4 && t.dims[3] == 1);
+    if (!shape_ok) {
+      throw LayoutError(std::string(t.name) + ": expected shape (batch, heads of q, seq of q) or with a trailing axis of 1, got " +
+                        shape_str(t) + ".");
+    }
+    device(t);
+    if (!is_float32(t.dtype)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
+                        " is not supported; the softmax statistics (log-sum-exp) are float32.");
+    }
+  }
+
+  void device(const TensorView& t) {
+    if (t.device_type != kDLCUDA) {
+      throw LayoutError(std::string(t.name) + " needs a CUDA device; it lives in " + device_type_name(t.device_type) +
+                        ". Move it to the GPU first (torch: x.cuda(), CuPy: cupy.asarray(x), JAX: jax.device_put(x, gpu)).");
+    }
+  }
+
+  void same_device_and_dtype(const TensorView& ref, const TensorView& t, bool check_dtype) {
+    if (t.device_id != ref.device_id) {
+      throw LayoutError(std::string(t.name) + " is on cuda:" + std::to_string(t.device_id) + " but " + ref.name +
+                        " is on cuda:" + std::to_string(ref.device_id) + "; all tensors of a call must be on one device.");
+    }
+    if (check_dtype && !same_dtype(t.dtype, ref.dtype)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) + " differs from " + ref.name + "'s " +
+                        dtype_name(ref.dtype) + "; all attention operands of a call share one dtype.");
+    }
+  }
+
+  void shape(const TensorView& t, const int64_t (&expected)[4], const char* meaning) {
+    for (int axis = 0; axis < 4; ++axis) {
+      if (t.dims[axis] != expected[axis]) {
+        std::ostringstream s;
+        s << t.name << ": shape " << shape_str(t) << " does not match " << meaning << " = (" << expected[0] << ", "
+          << expected[1] << ", " << expected[2] << ", " << expected[3] << "); " << axis_str(axis) << " is "
+          << t.dims[axis] << ", expected " << expected[axis] << ".";
+        throw LayoutError(s.str());
+      }
+    }
+  }
+
+  // Stride and pointer rules for a non-empty tensor.
+  void memory(const TensorView& t, bool is_output, bool is_stats) {
+    if (t.numel() == 0) return;
+    const int64_t item = t.itemsize();
+    for (int axis = 0; axis < t.ndim; ++axis) {
+      const int64_t extent = t.dims[axis], stride = t.strides[axis];
+      if (extent == 1) continue;  // never stepped along: any stride is fine
+      if (stride < 0) {
+        throw LayoutError(std::string(t.name) + ": " + axis_str(axis) + " has negative stride " + std::to_string(stride) +
+                          "; cuDNN cannot walk memory backwards. Pass a copy (e.g. x.contiguous()).");
+      }
+      if (stride == 0) {
+        if (is_output) {
+          throw LayoutError(std::string(t.name) + ": " + axis_str(axis) + " has stride 0 (a broadcast view); an output needs " +
+                            "its own memory for every element. Allocate it with torch.empty / cupy.empty.");
+        }
+        throw LayoutError(std::string(t.name) + ": " + axis_str(axis) + " has stride 0 (a broadcast view), which cuDNN " +
+                          "cannot read. Materialise it (x.contiguous()); for GQA pass k and v with their own h_kv heads, " +
+                          "stridedfa maps query heads onto them itself.");
+      }
+      if (!is_stats && axis == 3) {
+        if (stride != 1) {
+          throw LayoutError(std::string(t.name) + ": " + axis_str(axis) + " has stride " + std::to_string(stride) +
+                            "; cuDNN needs the head_dim axis contiguous (stride 1). Pass a view whose last logical " +
+                            "axis is contiguous in memory, or a copy (x.contiguous()).");
+        }
+        continue;
+      }
+      if (!is_stats && (stride * item) % kAlignment != 0) {
+        std::ostringstream s;
+        s << t.name << ": " << axis_str(axis) << " has stride " << stride << " elements = " << stride * item
+          << " bytes, not a multiple of " << kAlignment << " bytes; cuDNN's vector loads would read misaligned "
+          << "data (wrong results on Hopper). Pad that axis to a multiple of " << kAlignment / item
+          << " elements or pass a contiguous copy.";
+        throw LayoutError(s.str());
+      }
+    }
+    if (t.data % kAlignment != 0) {
+      std::ostringstream s;
+      s << t.name << ": data pointer 0x" << std::hex << t.data << std::dec << " is " << t.data % kAlignment
+        << " bytes past a " << kAlignment << "-byte boundary; cuDNN needs every operand " << kAlignment
+        << "-byte aligned. This happens with a slice that starts mid-row (e.g. x[..., 1:]); pass a copy or "
+        << "re-slice at an aligned offset.";
+      throw LayoutError(s.str());
+    }
+  }
+
+  void writable(const TensorView& t) {
+    if (t.read_only) {
+      throw LayoutError(std::string(t.name) + " is read-only (its producer marked it so, or it is an immutable " +
+                        "JAX array); outputs are written in place, so pass a writable array.");
+    }
+    switch (internal_overlap(t)) {
+      case Overlap::none: return;
+      case Overlap::overlaps:
+        throw LayoutError(std::string(t.name) + ": two of its elements share memory (strides " + strides_str(t) +
+                          " for shape " + shape_str(t) + "); an output needs distinct memory for every element.");
+      case Overlap::unknown:
+        throw LayoutError(std::string(t.name) + ": stridedfa could not prove that its elements do not share memory " +
+                          "(strides " + strides_str(t) + " are too irregular to decide quickly); pass a dense output.");
+    }
+  }
+
+  void disjoint(const TensorView& out, const TensorView& other) {
+    if (!other.present) return;
+    switch (memory_overlap(out, other)) {
+      case Overlap::none: return;
+      case Overlap::overlaps:
+        throw LayoutError(std::string(out.name) + " overlaps " + other.name + " in memory; outputs are written in place and " +
+                          "must not share memory with each other or with any input. Give " + out.name +
+                          " its own buffer.");
+      case Overlap::unknown:
+        throw LayoutError(std::string("stridedfa could not prove that ") + out.name + " and " + other.name +
+                          " do not overlap (their strides are too irregular to decide quickly); give " + out.name +
+                          " its own buffer.");
+    }
+  }
+
+  static std::string strides_str(const TensorView& t) {
+    std::ostringstream s;
+    s << "(";
+    for (int i = 0; i < t.ndim; ++i) s << (i ? ", " : "") << t.strides[i];
+    s << ")";
+    return s.str();
+  }
+};
+
+// Shared by forward and backward: the attention operands' shapes.
+Problem problem_from(const TensorView& q, const TensorView& k, const TensorView& v) {
+  Problem p;
+  p.b = q.dims[0];
+  p.h_q = q.dims[1];
+  p.s_q = q.dims[2];
+  p.d_qk = q.dims[3];
+  p.h_kv = k.dims[1];
+  p.s_kv = k.dims[2];
+  p.d_v = v.dims[3];
+  p.device = q.device_id;
+  p.dtype = q.dtype;
+  if (k.dims[0] != p.b || v.dims[0] != p.b) {
+    const TensorView& bad = k.dims[0] != p.b ? k : v;
+    throw LayoutError(std::string(bad.name) + ": batch (axis 0) is " + std::to_string(bad.dims[0]) + " but q's is " +
+                      std::to_string(p.b) + "; q, k and v must share the batch size.");
+  }
+  if (k.dims[3] != p.d_qk) {
+    throw LayoutError("k: head_dim (axis 3) is " + std::to_string(k.dims[3]) + " but q's is " + std::to_string(p.d_qk) +
+                      "; q and k must share head_dim (v may differ).");
+  }
+  if (v.dims[1] != p.h_kv || v.dims[2] != p.s_kv) {
+    int axis = v.dims[1] != p.h_kv ? 1 : 2;
+    throw LayoutError("v: " + axis_str(axis) + " is " + std::to_string(v.dims[axis]) + " but k's is " +
+                      std::to_string(k.dims[axis]) + "; k and v must share heads and seq.");
+  }
+  if (p.h_kv == 0 ? p.h_q != 0 : p.h_q % p.h_kv != 0) {
+    throw LayoutError("q has " + std::to_string(p.h_q) + " heads and k has " + std::to_string(p.h_kv) +
+                      "; the heads of q must be a multiple of the heads of k and v (GQA; MQA is 1 kv head).");
+  }
+  return p;
+}
+
+void require_nonempty_problem(const Problem& p) {
+  const int64_t extents[] = {p.b, p.h_q, p.h_kv, p.s_q, p.s_kv, p.d_qk, p.d_v};
+  const char* names[] = {"batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v"};
+  for (int i = 0; i < 7; ++i) {
+    if (extents[i] == 0) {
+      throw UnsupportedError(std::string(names[i]) + " is 0 while an output has elements; attention over an empty " +
+                             "axis is not defined by cuDNN. Skip the call or give inputs with that axis non-empty.");
+    }
+  }
+}
+
+}  // namespace
+
+TensorView stats_as_4d(const TensorView& lse) {
+  TensorView t = lse;
+  if (t.ndim == 3) {
+    t.ndim = 4;
+    t.dims[3] = 1;
+    t.strides[3] = 1;
+  }
+  return t;
+}
+
+Problem validate_forward(const ForwardArgs& a) {
+  Validator check;
+  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out}) check.operand(*t);
+  if (a.lse.present) check.stats(a.lse);
+  for (const TensorView* t : {&a.k, &a.v, &a.out}) check.same_device_and_dtype(a.q, *t, true);
+  if (a.lse.present) check.same_device_and_dtype(a.q, a.lse, false);
+
+  Problem p = problem_from(a.q, a.k, a.v);
+  const int64_t out_shape[4] = {p.b, p.h_q, p.s_q, p.d_v};
+  check.shape(a.out, out_shape, "(batch, heads of q, seq of q, head_dim of v)");
+  const TensorView lse = stats_as_4d(a.lse);
+  if (a.lse.present) {
+    const int64_t lse_shape[4] = {p.b, p.h_q, p.s_q, 1};
+    check.shape(lse, lse_shape, "(batch, heads of q, seq of q, 1)");
+  }
+
+  if (a.out.numel() == 0 && (!a.lse.present || lse.numel() == 0)) {
+    p.nothing_to_do = true;
+    return p;
+  }
+  require_nonempty_problem(p);
+
+  for (const TensorView* t : {&a.q, &a.k, &a.v}) check.memory(*t, false, false);
+  check.memory(a.out, true, false);
+  if (a.lse.present) check.memory(lse, true, true);
+
+  check.writable(a.out);
+  for (const TensorView* in : {&a.q, &a.k, &a.v}) check.disjoint(a.out, *in);
+  if (a.lse.present) {
+    check.writable(lse);
+    for (const TensorView* other : {&a.q, &a.k, &a.v, &a.out}) check.disjoint(lse, *other);
+  }
+  return p;
+}
+
+Problem validate_backward(const BackwardArgs& a) {
+  Validator check;
+  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v}) check.operand(*t);
+  check.stats(a.lse);
+  for (const TensorView* t : {&a.k, &a.v, &a.out, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v}) {
+    check.same_device_and_dtype(a.q, *t, true);
+  }
+  check.same_device_and_dtype(a.q, a.lse, false);
+
+  Problem p = problem_from(a.q, a.k, a.v);
+  const int64_t out_shape[4] = {p.b, p.h_q, p.s_q, p.d_v};
+  check.shape(a.out, out_shape, "(batch, heads of q, seq of q, head_dim of v)");
+  check.shape(a.grad_out, out_shape, "out's shape (batch, heads of q, seq of q, head_dim of v)");
+  const TensorView lse = stats_as_4d(a.lse);
+  const int64_t lse_shape[4] = {p.b, p.h_q, p.s_q, 1};
+  check.shape(lse, lse_shape, "(batch, heads of q, seq of q, 1)");
+  const int64_t q_shape[4] = {p.b, p.h_q, p.s_q, p.d_qk};
+  const int64_t k_shape[4] = {p.b, p.h_kv, p.s_kv, p.d_qk};
+  const int64_t v_shape[4] = {p.b, p.h_kv, p.s_kv, p.d_v};
+  check.shape(a.grad_q, q_shape, "q's shape");
+  check.shape(a.grad_k, k_shape, "k's shape");
+  check.shape(a.grad_v, v_shape, "v's shape");
+
+  if (a.grad_q.numel() == 0 && a.grad_k.numel() == 0 && a.grad_v.numel() == 0) {
+    p.nothing_to_do = true;
+    return p;
+  }
+  require_nonempty_problem(p);
+
+  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.grad_out}) check.memory(*t, false, false);
+  check.memory(lse, false, true);
+  for (const TensorView* t : {&a.grad_q, &a.grad_k, &a.grad_v}) check.memory(*t, true, false);
+
+  const TensorView* outputs[] = {&a.grad_q, &a.grad_k, &a.grad_v};
+  for (int i = 0; i < 3; ++i) {
+    check.writable(*outputs[i]);
+    for (const TensorView* in : {&a.q, &a.k, &a.v, &a.out, &a.grad_out}) check.disjoint(*outputs[i], *in);
+    check.disjoint(*outputs[i], lse);
+    for (int j = 0; j < i; ++j) check.disjoint(*outputs[i], *outputs[j]);
+  }
+  return p;
+}
+
+}  // namespace stridedfa

@@ -1,0 +1,42 @@
+"""stridedfa: stride-true fused attention.
+
+cuDNN's fused scaled-dot-product attention for any DLPack tensor (torch, CuPy, JAX, ...), with every
+tensor described to cuDNN by its real strides: q/k/v views into packed buffers need no copy and no
+layout enum, and outputs are written wherever the caller wants them. Every call is validated before
+anything runs.
+
+    stridedfa.sdpa_forward(q, k, v, out, lse=None, ...)      # any DLPack tensors, outputs in place
+    stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, ...)
+    stridedfa.torch.attention(q, k, v, causal=True)          # torch.Tensor, differentiable
+    stridedfa.info()                                         # what was found, or why not
+
+Importing stridedfa needs no GPU, no cuDNN and no framework; cuDNN and the CUDA runtime are loaded
+at the first GPU call.
+"""
+
+from stridedfa._core import cache_clear, cache_info, sdpa_backward, sdpa_forward
+from stridedfa._errors import BackendError, LayoutError, StridedFAError, UnsupportedError
+from stridedfa._info import info
+from stridedfa._version import __version__
+
+__all__ = [
+    "BackendError",
+    "LayoutError",
+    "StridedFAError",
+    "UnsupportedError",
+    "__version__",
+    "cache_clear",
+    "cache_info",
+    "info",
+    "sdpa_backward",
+    "sdpa_forward",
+]
+
+
+def __getattr__(name: str):
+    # Framework adapters import their framework, so they load on first use: stridedfa.torch.
+    if name in ("torch", "reference"):
+        import importlib
+
+        return importlib.import_module(f"stridedfa.{name}")
+    raise AttributeError(f"module 'stridedfa' has no attribute {name!r}")
