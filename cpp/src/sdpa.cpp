@@ -3,7 +3,9 @@
 #include "stridedfa/sdpa.hpp"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "stridedfa/cudnn_graphs.hpp"
 #include "stridedfa/errors.hpp"
@@ -30,7 +32,8 @@ OperandDesc describe_operand(const TensorView& t) {
   return d;
 }
 
-GraphSpec spec_for(GraphOp op, const Problem& p, const SdpaOptions& o, const TensorView* const* operands) {
+GraphSpec spec_for(GraphOp op, const Problem& p, const SdpaOptions& o, const TensorView* const* operands,
+                   int32_t sm_version, int64_t cudnn_version) {
   GraphSpec spec;
   spec.op = op;
   spec.dtype = p.dtype;
@@ -40,10 +43,9 @@ GraphSpec spec_for(GraphOp op, const Problem& p, const SdpaOptions& o, const Ten
   spec.scale = static_cast<float>(o.has_scale ? o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_qk)));
   spec.causal = o.causal;
   spec.alignment = o.alignment;
-  const DeviceInfo& device = device_info(p.device);
-  spec.device = device.ordinal;
-  spec.sm_version = device.sm_version;
-  spec.cudnn_version = cudnn_runtime_version();
+  spec.device = p.device;
+  spec.sm_version = sm_version;
+  spec.cudnn_version = cudnn_version;
   return spec;
 }
 
@@ -60,7 +62,8 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   if (!libraries_loaded()) {
     throw BackendError("cuDNN is not loaded; stridedfa loads it on the first GPU call (see stridedfa.info())");
   }
-  const GraphSpec spec = spec_for(op, problem, options, operands);
+  const GraphSpec spec =
+      spec_for(op, problem, options, operands, device_info(problem.device).sm_version, cudnn_runtime_version());
   call.graph = graph_cache().get_or_build(spec.key(), [&] {
     DeviceGuard guard(spec.device);
     return build_graph(spec, cudnn_handle_for(spec.device, 0));
@@ -97,20 +100,47 @@ std::vector<int64_t> GraphSpec::key() const {
   return k;
 }
 
+// The operands of a call in slot order (absent ones null); the statistics as their 4-axis view.
+struct Operands {
+  TensorView lse;
+  const TensorView* slots[kNumSlots] = {};
+
+  explicit Operands(const ForwardArgs& a) : lse(stats_as_4d(a.lse)) {
+    const TensorView* s[] = {&a.q, &a.k, &a.v, &a.out, a.lse.present ? &lse : nullptr};
+    std::copy(std::begin(s), std::end(s), slots);
+  }
+  explicit Operands(const BackwardArgs& a) : lse(stats_as_4d(a.lse)) {
+    const TensorView* s[] = {&a.q, &a.k, &a.v, &a.out, &lse, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v};
+    std::copy(std::begin(s), std::end(s), slots);
+  }
+  Operands(const Operands&) = delete;  // slots point into this object
+  Operands& operator=(const Operands&) = delete;
+};
+
 PreparedCall prepare_forward(const ForwardArgs& a, const SdpaOptions& options) {
   check_options(options);
   const Problem problem = validate_forward(a);
-  const TensorView lse = stats_as_4d(a.lse);
-  const TensorView* operands[kNumSlots] = {&a.q, &a.k, &a.v, &a.out, a.lse.present ? &lse : nullptr};
-  return prepare(GraphOp::forward, problem, options, operands);
+  return prepare(GraphOp::forward, problem, options, Operands(a).slots);
 }
 
 PreparedCall prepare_backward(const BackwardArgs& a, const SdpaOptions& options) {
   check_options(options);
   const Problem problem = validate_backward(a);
-  const TensorView lse = stats_as_4d(a.lse);
-  const TensorView* operands[kNumSlots] = {&a.q, &a.k, &a.v, &a.out, &lse, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v};
-  return prepare(GraphOp::backward, problem, options, operands);
+  return prepare(GraphOp::backward, problem, options, Operands(a).slots);
+}
+
+std::vector<int64_t> forward_graph_key(const ForwardArgs& a, const SdpaOptions& options, int32_t sm_version,
+                                       int64_t cudnn_version) {
+  check_options(options);
+  const Problem problem = validate_forward(a);
+  return spec_for(GraphOp::forward, problem, options, Operands(a).slots, sm_version, cudnn_version).key();
+}
+
+std::vector<int64_t> backward_graph_key(const BackwardArgs& a, const SdpaOptions& options, int32_t sm_version,
+                                        int64_t cudnn_version) {
+  check_options(options);
+  const Problem problem = validate_backward(a);
+  return spec_for(GraphOp::backward, problem, options, Operands(a).slots, sm_version, cudnn_version).key();
 }
 
 void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {

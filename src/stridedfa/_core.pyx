@@ -15,6 +15,7 @@ from cpython.pycapsule cimport (PyCapsule_GetPointer, PyCapsule_IsValid,
 from libc.stdint cimport int64_t, uintptr_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
+from libcpp.vector cimport vector
 
 from stridedfa._cpp cimport (BackwardArgs, CacheStats, CausalAlignment, DeviceInfo, ErrorKind,
                              ForwardArgs, PreparedCall, Problem, SdpaOptions, TensorView,
@@ -50,6 +51,10 @@ cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     Problem validate_backward(const BackwardArgs& args) except +raise_core_error
     PreparedCall prepare_forward(const ForwardArgs& args, const SdpaOptions& options) except +raise_core_error
     PreparedCall prepare_backward(const BackwardArgs& args, const SdpaOptions& options) except +raise_core_error
+    vector[int64_t] forward_graph_key(const ForwardArgs& args, const SdpaOptions& options, int sm_version,
+                                      int64_t cudnn_version) except +raise_core_error
+    vector[int64_t] backward_graph_key(const BackwardArgs& args, const SdpaOptions& options, int sm_version,
+                                       int64_t cudnn_version) except +raise_core_error
     void execute(const PreparedCall& call, uintptr_t stream, void* workspace) except +raise_core_error
 
 cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
@@ -260,10 +265,10 @@ cdef ensure_libraries():
     set_libraries(<void*><uintptr_t>libs.cudnn.handle, cudart)
 
 
-cdef object workspace_pointer(object allocator, int64_t nbytes, int device, list keep_alive):
-    pointer, owner = allocator(nbytes, device)
-    keep_alive.append(owner)
-    return pointer
+cdef enum Mode:
+    RUN = 0       # validate, look up or build the graph, execute
+    VALIDATE = 1  # validate only (returns what validation established)
+    KEY = 2       # validate and return the graph-cache key for given device facts
 
 
 cdef dict problem_dict(Problem p):
@@ -272,87 +277,61 @@ cdef dict problem_dict(Problem p):
             "nothing_to_do": p.nothing_to_do}
 
 
-cdef run_forward(tuple tensors, SdpaOptions options, object stream, object workspace_allocator,
-                 bint validate_only=False):
-    cdef ForwardArgs args
-    cdef TensorView* views[5]
-    cdef Owned owned[5]
-    cdef CallStream st
-    cdef PreparedCall call
-    cdef Problem problem
-    cdef void* workspace = NULL
-    cdef uintptr_t workspace_address
-    cdef int i
-    views[0] = &args.q; views[1] = &args.k; views[2] = &args.v; views[3] = &args.out; views[4] = &args.lse
-    for i in range(5):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
-    keep_alive = []
-    parse_stream(stream, &st)
-    try:
-        for i in range(5):
-            if tensors[i] is not None:
-                intake(tensors[i], SLOT_NAMES[i], i >= 3, &st, views[i], &owned[i])
-        if validate_only:
-            with nogil:
-                problem = validate_forward(args)
-            return problem_dict(problem)
-        if not libraries_loaded():
-            with nogil:
-                validate_forward(args)  # bad input is reported even where cuDNN is missing
-            ensure_libraries()
-        with nogil:
-            call = prepare_forward(args, options)
-        if call.workspace_bytes > 0 and workspace_allocator is not None:
-            workspace_address = workspace_pointer(workspace_allocator, call.workspace_bytes,
-                                                  call.problem.device, keep_alive)
-            workspace = <void*>workspace_address
-        with nogil:
-            execute(call, st.handle, workspace)
-    finally:
-        release(owned, 5)
-
-
-cdef run_backward(tuple tensors, SdpaOptions options, object stream, object workspace_allocator,
-                  bint validate_only=False):
-    cdef BackwardArgs args
+cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream,
+                object workspace_allocator, Mode mode=RUN, int sm_version=0, int64_t cudnn_version=0):
+    """One call: intake of every tensor (slot order), then validation / preparation / execution.
+    Consumed DLPack tensors are released on every path, exactly once."""
+    cdef ForwardArgs fwd
+    cdef BackwardArgs bwd
     cdef TensorView* views[9]
     cdef Owned owned[9]
     cdef CallStream st
     cdef PreparedCall call
     cdef Problem problem
+    cdef vector[int64_t] key
     cdef void* workspace = NULL
     cdef uintptr_t workspace_address
-    cdef int i
-    views[0] = &args.q; views[1] = &args.k; views[2] = &args.v; views[3] = &args.out
-    views[4] = &args.lse; views[5] = &args.grad_out; views[6] = &args.grad_q
-    views[7] = &args.grad_k; views[8] = &args.grad_v
-    for i in range(9):
+    cdef int i, n = 9 if backward else 5, first_output = 6 if backward else 3
+    if backward:
+        views[0] = &bwd.q; views[1] = &bwd.k; views[2] = &bwd.v; views[3] = &bwd.out
+        views[4] = &bwd.lse; views[5] = &bwd.grad_out; views[6] = &bwd.grad_q
+        views[7] = &bwd.grad_k; views[8] = &bwd.grad_v
+    else:
+        views[0] = &fwd.q; views[1] = &fwd.k; views[2] = &fwd.v; views[3] = &fwd.out; views[4] = &fwd.lse
+    for i in range(n):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     keep_alive = []
     parse_stream(stream, &st)
     try:
-        for i in range(9):
-            intake(tensors[i], SLOT_NAMES[i], i >= 6, &st, views[i], &owned[i])
-        if validate_only:
+        for i in range(n):
+            if tensors[i] is not None:
+                intake(tensors[i], SLOT_NAMES[i], i >= first_output, &st, views[i], &owned[i])
+        if mode == VALIDATE:
             with nogil:
-                problem = validate_backward(args)
+                problem = validate_backward(bwd) if backward else validate_forward(fwd)
             return problem_dict(problem)
-        if not libraries_loaded():
+        if mode == KEY:
             with nogil:
-                validate_backward(args)
+                if backward:
+                    key = backward_graph_key(bwd, options, sm_version, cudnn_version)
+                else:
+                    key = forward_graph_key(fwd, options, sm_version, cudnn_version)
+            return tuple(key)
+        if not libraries_loaded():
+            with nogil:  # bad input is reported even where cuDNN is missing
+                problem = validate_backward(bwd) if backward else validate_forward(fwd)
             ensure_libraries()
         with nogil:
-            call = prepare_backward(args, options)
+            call = prepare_backward(bwd, options) if backward else prepare_forward(fwd, options)
         if call.workspace_bytes > 0 and workspace_allocator is not None:
-            workspace_address = workspace_pointer(workspace_allocator, call.workspace_bytes,
-                                                  call.problem.device, keep_alive)
+            workspace_address, owner = workspace_allocator(call.workspace_bytes, call.problem.device)
+            keep_alive.append(owner)
             workspace = <void*>workspace_address
         with nogil:
             execute(call, st.handle, workspace)
     finally:
-        release(owned, 9)
+        release(owned, n)
 
 
 def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
@@ -396,7 +375,7 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
     """
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, &options)
-    run_forward((q, k, v, out, lse), options, stream, None)
+    run(False, (q, k, v, out, lse), options, stream, None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
@@ -417,7 +396,7 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
     """
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, &options)
-    run_backward((q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream, None)
+    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream, None)
 
 
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator):
@@ -425,7 +404,7 @@ def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspa
     owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, &options)
-    run_forward((q, k, v, out, lse), options, stream, workspace_allocator)
+    run(False, (q, k, v, out, lse), options, stream, workspace_allocator)
 
 
 def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
@@ -433,22 +412,41 @@ def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal
     """sdpa_backward for framework adapters (see _forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, &options)
-    run_backward((q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream,
-                 workspace_allocator)
+    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream,
+        workspace_allocator)
 
 
 def _validate_forward(q, k, v, out, lse=None, stream=None):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
     the pointers are never dereferenced). Returns what validation established, or raises."""
     cdef SdpaOptions options
-    return run_forward((q, k, v, out, lse), options, stream, None, True)
+    return run(False, (q, k, v, out, lse), options, stream, None, VALIDATE)
 
 
 def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None):
     """Intake and validation of a backward call, nothing else (see _validate_forward)."""
     cdef SdpaOptions options
-    return run_backward((q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream,
-                        None, True)
+    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream, None,
+               VALIDATE)
+
+
+def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False,
+                       causal_alignment="top_left", sm_version=90, cudnn_version=91900):
+    """The graph-cache key a forward call would use on a device with these facts (validates
+    first; needs no GPU). Calls with equal keys share one cuDNN graph."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    return run(False, (q, k, v, out, lse), options, None, None, KEY, sm_version, cudnn_version)
+
+
+def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
+                        causal=False, causal_alignment="top_left", sm_version=90,
+                        cudnn_version=91900):
+    """The graph-cache key of a backward call (see _forward_graph_key)."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, None, None,
+               KEY, sm_version, cudnn_version)
 
 
 # --- Cache, versions, diagnostics -----------------------------------------------------------------

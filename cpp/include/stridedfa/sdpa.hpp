@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "stridedfa/tensor_view.hpp"
 
@@ -64,6 +65,13 @@ Problem validate_backward(const BackwardArgs& args);
 // Validate, then look up or build the graph. Throws BackendError when cuDNN is not loaded.
 PreparedCall prepare_forward(const ForwardArgs& args, const SdpaOptions& options);
 PreparedCall prepare_backward(const BackwardArgs& args, const SdpaOptions& options);
+
+// The graph-cache key of a call on a device of compute capability `sm_version` with cuDNN
+// `cudnn_version` (validates first). Calls with equal keys share one cuDNN graph.
+std::vector<int64_t> forward_graph_key(const ForwardArgs& args, const SdpaOptions& options, int32_t sm_version,
+                                       int64_t cudnn_version);
+std::vector<int64_t> backward_graph_key(const BackwardArgs& args, const SdpaOptions& options, int32_t sm_version,
+                                        int64_t cudnn_version);
 
 // Launch on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream). `workspace`
 // must hold call.workspace_bytes on the call's device and stay valid for the stream's work; when

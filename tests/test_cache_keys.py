@@ -1,0 +1,99 @@
+"""Graph-cache keys: everything that determines a cuDNN graph is in the key (CPU-only).
+
+Omissions here are silent wrong results elsewhere (FlashInfer keyed without strides; PyTorch without
+dO/stats layout), so every stride of every operand must separate keys, while strides cuDNN never
+uses (extent-1 axes) must not.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from stridedfa import _core
+from helpers.fake_dlpack import FakeTensor
+
+B, H, S, D = 2, 4, 32, 64
+_addresses = itertools.count(1)
+
+
+def t(shape=(B, H, S, D), strides=None, dtype="bfloat16"):
+    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_addresses) * (1 << 30))
+
+
+def bshd(shape=(B, H, S, D)):
+    b, h, s, d = shape
+    return t(shape, (s * h * d, d, h * d, 1))
+
+
+def fwd_key(**kw):
+    args = dict(q=t(), k=t(), v=t(), out=t(), lse=None)
+    options = {name: kw.pop(name) for name in ("scale", "causal", "causal_alignment", "sm_version",
+                                                 "cudnn_version") if name in kw}
+    args.update(kw)
+    return _core._forward_graph_key(args["q"], args["k"], args["v"], args["out"], args["lse"], **options)
+
+
+def bwd_key(**kw):
+    args = dict(q=t(), k=t(), v=t(), out=t(), grad_out=t(), lse=t((B, H, S), dtype="float32"),
+                grad_q=t(), grad_k=t(), grad_v=t())
+    args.update(kw)
+    return _core._backward_graph_key(*(args[n] for n in ("q", "k", "v", "out", "grad_out", "lse", "grad_q",
+                                                          "grad_k", "grad_v")))
+
+
+def test_same_layout_same_key_whatever_the_addresses():
+    assert fwd_key() == fwd_key()
+
+
+@pytest.mark.parametrize("slot", ["q", "k", "v", "out"])
+def test_forward_one_operand_layout_changes_the_key(slot):
+    assert fwd_key(**{slot: bshd()}) != fwd_key()
+
+
+@pytest.mark.parametrize("slot", ["q", "k", "v", "out", "grad_out", "grad_q", "grad_k", "grad_v"])
+def test_backward_one_operand_layout_changes_the_key(slot):
+    assert bwd_key(**{slot: bshd()}) != bwd_key()
+
+
+def test_a_single_stride_changes_the_key():
+    padded = t(strides=(H * S * (D + 8), S * (D + 8), D + 8, 1))  # rows padded by 8 elements
+    assert fwd_key(k=padded) != fwd_key()
+    batch_gap = t(strides=(H * S * D + 64, S * D, D, 1))
+    assert fwd_key(v=batch_gap) != fwd_key()
+
+
+def test_stats_layout_changes_the_backward_key():
+    other = t((B, H, S), strides=(S, B * S, 1), dtype="float32")  # heads outermost
+    assert bwd_key(lse=other) != bwd_key()
+
+
+def test_presence_of_stats_changes_the_forward_key():
+    assert fwd_key(lse=t((B, H, S), dtype="float32")) != fwd_key()
+
+
+@pytest.mark.parametrize("option", [
+    {"scale": 0.1}, {"causal": True}, {"causal": True, "causal_alignment": "bottom_right"},
+    {"sm_version": 100}, {"cudnn_version": 92600},
+])
+def test_options_and_device_facts_change_the_key(option):
+    assert fwd_key(**option) != fwd_key()
+
+
+def test_dtype_and_shape_change_the_key():
+    half = dict(q=t(dtype="float16"), k=t(dtype="float16"), v=t(dtype="float16"), out=t(dtype="float16"))
+    assert fwd_key(**half) != fwd_key()
+    longer = dict(k=t((B, H, 2 * S, D)), v=t((B, H, 2 * S, D)))
+    assert fwd_key(**longer) != fwd_key()
+
+
+def test_extent_one_strides_do_not_change_the_key():
+    one = (1, H, S, D)
+    a = dict(q=t(one, (12345, S * D, D, 1)), k=t(one), v=t(one), out=t(one))
+    b = dict(q=t(one, (7, S * D, D, 1)), k=t(one), v=t(one), out=t(one))
+    assert fwd_key(**a) == fwd_key(**b)
+
+
+def test_default_scale_equals_explicit_default():
+    assert fwd_key() == fwd_key(scale=D ** -0.5)
