@@ -9,7 +9,7 @@ import pytest
 
 import stridedfa
 from stridedfa import _core
-from helpers.fake_dlpack import CPU, CUDA, ExchangeTensor, FakeTensor, StrictStreamTensor
+from helpers.fake_dlpack import CPU, ExchangeTensor, FakeTensor, StrictStreamTensor
 
 inspect = _core._inspect_dlpack
 

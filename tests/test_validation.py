@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import stridedfa
 from stridedfa import _core
-from helpers.fake_dlpack import CPU, FakeTensor, row_major
+from helpers.fake_dlpack import CPU, FakeTensor
 
 B, H, S, D = 2, 4, 16, 64
 GiB = 1 << 30

@@ -76,7 +76,7 @@ class _Attention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         scale, causal, causal_alignment = ctx.options
         grad_q, grad_k, grad_v = _like_input(q), _like_input(k), _like_input(v)
-        _core._backward(q.detach(), k.detach(), v.detach(), out, _readable(grad_out), lse,
+        _core._backward(_raw(q), _raw(k), _raw(v), out, _readable(grad_out), lse,
                         grad_q, grad_k, grad_v, scale, causal, causal_alignment, _stream(q),
                         _workspace)
         return grad_q, grad_k, grad_v, None, None, None
@@ -87,9 +87,14 @@ def _forward(q, k, v, scale, causal, causal_alignment, *, with_lse):
     out = _empty_in_order((b, h_q, s_q, v.shape[3]), _axis_order(q), q.dtype, q.device)
     # Packed (b, h, s) float32: the layout cuDNN's backward reads (it ignores strides before 9.26).
     lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device) if with_lse else None
-    _core._forward(q.detach(), k.detach(), v.detach(), out, lse, scale, causal, causal_alignment,
+    _core._forward(_raw(q), _raw(k), _raw(v), out, lse, scale, causal, causal_alignment,
                    _stream(q), _workspace)
     return out, lse
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    # The exchange API reads any tensor; __dlpack__ refuses tensors that require grad.
+    return t if _HAS_EXCHANGE_API else t.detach()
 
 
 def _stream(t: torch.Tensor):

@@ -1,0 +1,1 @@
+"""GPU tests (marked ``gpu``); a package so their module names never clash with tests/."""
