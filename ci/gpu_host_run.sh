@@ -19,14 +19,16 @@ cd /tmp  # import the installed package, never the source tree
   python3 -c "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } > "$OUT/env.txt" 2>&1
 
-timeout 180 python3 -X faulthandler -m stridedfa > "$OUT/demo.log" 2>&1
-echo "demo: exit $?" | tee -a "$OUT/summary.txt"
-
-timeout 420 python3 -X faulthandler -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEsx \
+# Most important first: a short lease may end before the later stages.
+timeout "${TESTS_TIMEOUT:-270}" python3 -X faulthandler -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEsx \
   --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
 tests_rc=$?
 echo "tests: exit $tests_rc; $(tail -n 1 "$OUT/pytest.log")" | tee -a "$OUT/summary.txt"
 
-timeout 420 python3 -X faulthandler "$REPO/benchmarks/bench_attention.py" --out "$OUT" $BENCH_ARGS > "$OUT/bench.log" 2>&1
+timeout "${BENCH_TIMEOUT:-200}" python3 -X faulthandler "$REPO/benchmarks/bench_attention.py" --out "$OUT" $BENCH_ARGS \
+  > "$OUT/bench.log" 2>&1
 echo "benchmark: exit $?" | tee -a "$OUT/summary.txt"
+
+timeout "${DEMO_TIMEOUT:-90}" python3 -X faulthandler -m stridedfa > "$OUT/demo.log" 2>&1
+echo "demo: exit $?" | tee -a "$OUT/summary.txt"
 exit $tests_rc

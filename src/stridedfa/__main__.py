@@ -1,6 +1,6 @@
 """``python -m stridedfa``: the environment report, then attention on packed-QKV views.
 
-With a CUDA GPU (and torch or CuPy to allocate memory) it runs cuDNN through stridedfa on q/k/v
+With a CUDA GPU (and torch to allocate device memory) it runs cuDNN through stridedfa on q/k/v
 views of one packed [b, s, 3, h, d] buffer, checks the result against the NumPy reference, checks
 that the packed views and contiguous copies give bit-identical output, and times the call. Without
 a GPU it runs the same check through the NumPy reference on a small problem and says what is
@@ -35,8 +35,8 @@ def gpu_unavailable(report: dict) -> str | None:
 
 def run_numpy(reason: str) -> int:
     print(f"\nNo GPU path: {reason}")
-    print("The cuDNN path needs an NVIDIA GPU (compute capability 8.0+), its driver, and torch or "
-          "CuPy for device memory. Running the NumPy reference on packed-QKV views instead.")
+    print("The cuDNN path needs an NVIDIA GPU (compute capability 8.0+), its driver, and torch with "
+          "CUDA for device memory. Running the NumPy reference on packed-QKV views instead.")
     rng = np.random.default_rng(0)
     b, s, h, d = 2, 64, 4, 32
     qkv = rng.standard_normal((b, s, 3, h, d)).astype(np.float32)
