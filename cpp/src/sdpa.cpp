@@ -16,7 +16,8 @@ namespace stridedfa {
 namespace {
 
 // cuDNN never steps along an extent-1 axis, so its stride is free; giving it a canonical value
-// (as if it were the outermost axis) lets calls that differ only there share one graph.
+// lets calls that differ only there share one graph. The last axis gets 1 (the frontend insists on
+// it even for the statistics' trailing axis of 1), the others the stride of an outermost axis.
 OperandDesc describe_operand(const TensorView& t) {
   OperandDesc d;
   d.present = t.present;
@@ -27,7 +28,7 @@ OperandDesc describe_operand(const TensorView& t) {
   }
   for (int i = 0; i < 4; ++i) {
     d.dims[i] = t.dims[i];
-    d.strides[i] = t.dims[i] == 1 ? outer : t.strides[i];
+    d.strides[i] = t.dims[i] != 1 ? t.strides[i] : i == 3 ? 1 : outer;
   }
   return d;
 }

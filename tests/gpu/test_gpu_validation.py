@@ -139,11 +139,16 @@ def _try_forward(args):
     return None
 
 
-def test_head_dim_cudnn_rejects_raises_unsupported(seed):
-    args = _valid_forward_args(seed, d=1024)
-    exc = _try_forward(args)
-    assert isinstance(exc, stridedfa.UnsupportedError), \
-        f"head_dim 1024: expected UnsupportedError, got {exc!r}"
+def test_configuration_cudnn_rejects_raises_unsupported(seed):
+    """bottom_right causal with s_q > s_kv leaves query rows without keys; cuDNN refuses it."""
+    q, k, v, _ = make_qkv("bhsd", B, H, H, 2 * S, S, D, D, F16, DEVICE, seed)
+    out, _ = poisoned_like_strided((B, H, 2 * S, D), dtype=F16, device=DEVICE)
+    lse = poisoned_lse(B, H, 2 * S, DEVICE)
+    with pytest.raises(stridedfa.UnsupportedError, match="cuDNN"):
+        stridedfa.sdpa_forward(q, k, v, out, lse=lse, causal=True, causal_alignment="bottom_right")
+    torch.cuda.synchronize()
+    assert_all_nan(out, "out")
+    assert_all_nan(lse, "lse")
 
 
 def test_head_dim_300_is_refused(seed):
@@ -152,7 +157,7 @@ def test_head_dim_300_is_refused(seed):
     assert isinstance(exc, (stridedfa.LayoutError, stridedfa.UnsupportedError)), repr(exc)
 
 
-@pytest.mark.parametrize("d", [264, 512])
+@pytest.mark.parametrize("d", [264, 512, 1024])  # cuDNN 9.19 on an H200 ran d=1024 correctly
 def test_large_head_dims_correct_or_unsupported(d, seed):
     """Beyond 256 cuDNN may or may not run a head dim; either way never a wrong result."""
     exc = _try_forward(_valid_forward_args(seed, d=d))
