@@ -8,21 +8,15 @@ file imports torch, JAX or CuPy at import time.
 import os
 import sys
 import zlib
-from pathlib import Path
 
 # JAX preallocates 75% of the GPU memory on its first use unless told otherwise; this must
 # be set before jax is imported anywhere in the process (subprocesses inherit it).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-_TESTS_DIR = str(Path(__file__).resolve().parents[1])
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)  # makes `helpers` importable
-
 import pytest  # noqa: E402
 
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU with CUDA (skipped without one)")
+# `helpers` is importable and the `gpu` marker registered through tests/conftest.py and
+# pyproject.toml.
 
 
 @pytest.fixture
