@@ -1,0 +1,53 @@
+"""How adapters lay out what they allocate: the one rule every framework adapter follows.
+
+Works on plain shape/stride tuples (in elements), so torch (also on fake tensors under
+torch.compile), CuPy and the core's own allocation path produce identical strides:
+
+- the attention output is dense in q's axis order (a bshd-ordered q gives a bshd-ordered out);
+- a gradient has its input's strides when the input is dense, else it is dense in the input's axis
+  order (q/k/v views of a packed buffer get compact gradients; the packed entry points instead
+  allocate one packed gradient buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def axis_order(strides: Sequence[int]) -> list[int]:
+    """Axes from outermost to innermost in memory; ties keep the logical order."""
+    return sorted(range(len(strides)), key=lambda axis: -strides[axis])
+
+
+def dense_strides(shape: Sequence[int], order: Sequence[int]) -> tuple[int, ...]:
+    """Strides of a dense array of `shape` whose axes lie in memory in `order` (outer to inner)."""
+    strides = [0] * len(shape)
+    step = 1
+    for axis in reversed(order):
+        strides[axis] = step
+        step *= max(int(shape[axis]), 1)
+    return tuple(strides)
+
+
+def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """True when the array covers exactly prod(shape) contiguous elements (any axis order)."""
+    expected = 1
+    for axis in sorted(range(len(shape)), key=lambda a: strides[a]):
+        if shape[axis] == 1:
+            continue
+        if strides[axis] != expected:
+            return False
+        expected *= shape[axis]
+    return True
+
+
+def output_strides(out_shape: Sequence[int], q_strides: Sequence[int]) -> tuple[int, ...]:
+    """Strides of the attention output: dense, in q's axis order."""
+    return dense_strides(out_shape, axis_order(q_strides))
+
+
+def gradient_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
+    """Strides of the gradient of an input with this shape and these strides."""
+    if is_dense(shape, strides):
+        return tuple(int(s) for s in strides)
+    return dense_strides(shape, axis_order(strides))
