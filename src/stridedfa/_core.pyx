@@ -20,8 +20,9 @@ from libcpp.vector cimport vector
 from stridedfa._cpp cimport (BackwardArgs, CacheStats, CausalAlignment, DeviceInfo, ErrorKind,
                              ForwardArgs, PreparedCall, Problem, SdpaOptions, TensorView,
                              classify_current_exception, dtype_name, graph_cache)
-from stridedfa._dlpack cimport (DLManagedTensor, DLManagedTensorVersioned, DLPackExchangeAPI,
-                                DLPACK_FLAG_READ_ONLY, DLPACK_MAJOR_VERSION, DLTensor, kDLCUDA)
+from stridedfa._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVersioned,
+                                DLPackExchangeAPI, DLPACK_FLAG_READ_ONLY, DLPACK_MAJOR_VERSION,
+                                DLPACK_MINOR_VERSION, DLDeviceType, DLTensor, kDLCUDA)
 
 from stridedfa._errors import BackendError, LayoutError, StridedFAError, UnsupportedError
 
@@ -278,7 +279,8 @@ cdef dict problem_dict(Problem p):
 
 
 cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream,
-                object workspace_allocator, Mode mode=RUN, int sm_version=0, int64_t cudnn_version=0):
+                object workspace_allocator, Mode mode=RUN, int sm_version=0, int64_t cudnn_version=0,
+                int64_t repeats=1):
     """One call: intake of every tensor (slot order), then validation / preparation / execution.
     Consumed DLPack tensors are released on every path, exactly once."""
     cdef ForwardArgs fwd
@@ -329,7 +331,8 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
             keep_alive.append(owner)
             workspace = <void*>workspace_address
         with nogil:
-            execute(call, st.handle, workspace)
+            for i in range(repeats):
+                execute(call, st.handle, workspace)
     finally:
         release(owned, n)
 
@@ -449,6 +452,15 @@ def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, 
                KEY, sm_version, cudnn_version)
 
 
+def _execute_repeatedly(q, k, v, out, lse=None, *, int64_t repeats, scale=None, causal=False,
+                        causal_alignment="top_left", stream=None):
+    """sdpa_forward whose prepared call is executed `repeats` times back to back in C++, for the
+    host-overhead benchmark's floor: per-call cost of the core's execute alone."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    run(False, (q, k, v, out, lse), options, stream, None, RUN, 0, 0, repeats)
+
+
 # --- Cache, versions, diagnostics -----------------------------------------------------------------
 
 def cache_info():
@@ -537,3 +549,6 @@ def _inspect_dlpack(obj, stream=None):
         }
     finally:
         release(&owned, 1)
+
+
+include "_framework_alloc.pxi"

@@ -38,12 +38,12 @@ cdef extern from "stridedfa/dlpack.h" nogil:
     ctypedef struct DLManagedTensor:
         DLTensor dl_tensor
         void* manager_ctx
-        void (*deleter)(DLManagedTensor*) noexcept
+        void (*deleter)(DLManagedTensor*) noexcept nogil
 
     ctypedef struct DLManagedTensorVersioned:
         DLPackVersion version
         void* manager_ctx
-        void (*deleter)(DLManagedTensorVersioned*) noexcept
+        void (*deleter)(DLManagedTensorVersioned*) noexcept nogil
         uint64_t flags
         DLTensor dl_tensor
 
@@ -51,8 +51,14 @@ cdef extern from "stridedfa/dlpack.h" nogil:
         DLPackVersion version
         DLPackExchangeAPIHeader* prev_api
 
+    ctypedef void (*DLPackSetError)(void* error_ctx, const char* kind, const char* message) noexcept
+
     ctypedef struct DLPackExchangeAPI:
         DLPackExchangeAPIHeader header
+        int (*managed_tensor_allocator)(DLTensor* prototype, DLManagedTensorVersioned** out,
+                                        void* error_ctx, DLPackSetError set_error) noexcept
+        int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned* tensor,
+                                                   void** out_py_object) noexcept
         int (*managed_tensor_from_py_object_no_sync)(void* py_object, DLManagedTensorVersioned** out) noexcept
         int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out) noexcept
         int (*current_work_stream)(DLDeviceType device_type, int32_t device_id, void** out_stream) noexcept

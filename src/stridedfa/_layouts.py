@@ -14,9 +14,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def axis_order(strides: Sequence[int]) -> list[int]:
-    """Axes from outermost to innermost in memory; ties keep the logical order."""
-    return sorted(range(len(strides)), key=lambda axis: -strides[axis])
+def axis_order(strides: Sequence[int], shape: Sequence[int] | None = None) -> list[int]:
+    """Axes from outermost to innermost in memory; ties keep the logical order.
+
+    With `shape`, axes of extent 1 go outermost (in logical order) whatever their strides: such a
+    stride is arbitrary (producers differ in what they export for it), so it must not decide the
+    strides of what is allocated from it.
+    """
+    if shape is None:
+        return sorted(range(len(strides)), key=lambda axis: -strides[axis])
+    return sorted(range(len(strides)),
+                  key=lambda axis: (shape[axis] != 1, -strides[axis] if shape[axis] != 1 else 0))
 
 
 def dense_strides(shape: Sequence[int], order: Sequence[int]) -> tuple[int, ...]:
@@ -42,12 +50,13 @@ def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
 
 
 def output_strides(out_shape: Sequence[int], q_strides: Sequence[int]) -> tuple[int, ...]:
-    """Strides of the attention output: dense, in q's axis order."""
-    return dense_strides(out_shape, axis_order(q_strides))
+    """Strides of the attention output: dense, in q's axis order. out and q share their b, h and s
+    extents, so out's shape tells which axes have extent 1."""
+    return dense_strides(out_shape, axis_order(q_strides, out_shape))
 
 
 def gradient_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
     """Strides of the gradient of an input with this shape and these strides."""
     if is_dense(shape, strides):
         return tuple(int(s) for s in strides)
-    return dense_strides(shape, axis_order(strides))
+    return dense_strides(shape, axis_order(strides, shape))

@@ -1,23 +1,34 @@
-"""The torch adapter: stridedfa attention as a differentiable torch function.
+"""The torch adapter: stridedfa attention as torch operators.
 
-Outputs and gradients are allocated with torch's caching allocator, cuDNN's workspace too, and the
-kernels run on torch's current stream. Inputs are read where they lie: q/k/v may be views of one
-packed projection (``qkv[:, :, i].transpose(1, 2)`` of a (b, s, 3, h, d) buffer) at no copy.
+Two entry points, both differentiable and usable under ``torch.compile(fullgraph=True)`` and CUDA
+graph capture:
+
+- :func:`attention` takes q, k, v with any valid strides (e.g. views of one packed projection);
+- :func:`packed_attention` takes the packed projection itself plus the axis along which q/k/v (or
+  k/v) interleave, and writes the backward's dQ/dK/dV straight into one packed gradient buffer.
+
+They are backed by registered operators (``torch.ops.stridedfa.*``, see ``torch.library``) whose
+fake implementations give exactly the strides the real kernels produce (``stridedfa._layouts``).
+Outputs, gradients and cuDNN's workspace come from torch's caching allocator, and the kernels run on
+torch's current stream. An eager call that needs no autograd skips the operator machinery: q, k, v
+are read, out is allocated and the kernel is queued in one C call (DLPack C exchange API,
+torch >= 2.10).
 """
 
-from __future__ import annotations
-
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from stridedfa import _core
+from stridedfa import _core, _layouts
+from stridedfa._errors import LayoutError
 
-__all__ = ["attention"]
+__all__ = ["attention", "packed_attention"]
 
-# torch >= 2.10 exports the DLPack C exchange API, through which the core reads tensors and the
-# current stream in well under a microsecond. Older torch goes through __dlpack__, which needs the
-# stream spelled out.
+# torch >= 2.10 exports the DLPack C exchange API: the core reads tensors and the current stream in
+# well under a microsecond and allocates through torch's allocator. Older torch goes through
+# __dlpack__, which needs the stream spelled out and tensors detached.
 _HAS_EXCHANGE_API = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
 _ALIGNMENT = 16  # bytes; cuDNN's requirement for pointers and strides
+_LOGICAL = "bhsd"  # the core's axis names: batch, heads, sequence, head_dim
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
@@ -41,7 +52,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     Returns:
         (batch, h_q, s_q, d_v) tensor laid out in q's axis order (a bshd-ordered q gives a
         bshd-ordered result). Gradients of q, k, v come back with the inputs' strides when those
-        are dense, and in the inputs' axis order otherwise (views of a packed buffer).
+        are dense, and in the inputs' axis order otherwise (views of a packed buffer); to get them
+        in one packed buffer, use :func:`packed_attention`.
 
     Raises:
         stridedfa.LayoutError, UnsupportedError, BackendError: see :func:`stridedfa.sdpa_forward`.
@@ -53,43 +65,264 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         out = stridedfa.torch.attention(q, k, v, causal=True)   # (2, 16, 1024, 128), bshd in memory
         out.sum().backward()
     """
-    if is_causal is not None:
-        if causal and not is_causal:
-            raise ValueError("causal=True and is_causal=False disagree; pass one of them")
-        causal = bool(is_causal)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Attention.apply(q, k, v, scale, causal, causal_alignment)
-    out, _ = _forward(q, k, v, scale, causal, causal_alignment, with_lse=False)
-    return out
+    causal = _causal(causal, is_causal)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if not needs_grad and _plain_eager(q, k, v):
+        return _core._forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
+    return torch.ops.stridedfa.attention_forward(q, k, v, scale, causal, causal_alignment, needs_grad)[0]
 
 
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, scale, causal, causal_alignment):
-        out, lse = _forward(q, k, v, scale, causal, causal_alignment, with_lse=True)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (scale, causal, causal_alignment)
-        return out
+def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
+                     q: torch.Tensor | None = None, scale: float | None = None, causal: bool = False,
+                     is_causal: bool | None = None, causal_alignment: str = "top_left") -> torch.Tensor:
+    """Attention on a packed projection, read in place and differentiated into one packed gradient.
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        scale, causal, causal_alignment = ctx.options
-        grad_q, grad_k, grad_v = _like_input(q), _like_input(k), _like_input(v)
-        _core._backward(_raw(q), _raw(k), _raw(v), out, _readable(grad_out), lse,
-                        grad_q, grad_k, grad_v, scale, causal, causal_alignment, _stream(q),
-                        _workspace)
-        return grad_q, grad_k, grad_v, None, None, None
+    ``packed`` holds q, k and v interleaved along axis ``dim`` (extent 3), or k and v (extent 2)
+    with ``q`` given separately. The other four axes are named by ``layout``, a permutation of
+    ``"bshd"`` (batch, sequence, heads, head_dim): a fused projection ``x @ w_qkv`` viewed as
+    (b, s, 3, h, d) is ``packed_attention(qkv, 2, layout="bshd")``; (s, b, 3, h, d) is
+    ``dim=2, layout="sbhd"``; (b, s, h, 3, d) is ``dim=3, layout="bshd"``.
+
+    The forward reads q/k/v as zero-copy views. The backward allocates one gradient buffer with
+    ``packed``'s strides (dense in its axis order if ``packed`` is not dense) and cuDNN writes
+    dQ/dK/dV straight into its slices: no per-tensor gradients, no concatenation.
+
+    Args:
+        packed: 5-D CUDA tensor, float16 or bfloat16.
+        dim: the axis of ``packed`` along which q/k/v (or k/v) interleave.
+        layout: the order of the remaining four axes, e.g. ``"bshd"`` or ``"bhsd"``.
+        q: with an extent-2 ``packed`` (k/v only): the queries, 4-D in the same ``layout``.
+        scale, causal, is_causal, causal_alignment: as in :func:`attention`.
+
+    Returns:
+        The output with the axes of ``layout`` (e.g. (b, s, h, d_v) for ``"bshd"``), dense in the
+        memory order of q. Its gradient flows into ``packed`` (and ``q``).
+
+    Example::
+
+        qkv = (x @ w_qkv).view(b, s, 3, h, d)                      # fused projection, no split
+        out = stridedfa.torch.packed_attention(qkv, 2, causal=True)  # (b, s, h, d)
+        y = out.reshape(b, s, h * d) @ w_o
+    """
+    causal = _causal(causal, is_causal)
+    dim = _check_packed(packed, dim, layout, q)
+    needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad))
+    return torch.ops.stridedfa.packed_attention_forward(packed, dim, layout, q, scale, causal,
+                                                        causal_alignment, needs_grad)[0]
 
 
-def _forward(q, k, v, scale, causal, causal_alignment, *, with_lse):
-    b, h_q, s_q, _ = q.shape
-    out = _empty_in_order((b, h_q, s_q, v.shape[3]), _axis_order(q), q.dtype, q.device)
-    # Packed (b, h, s) float32: the layout cuDNN's backward reads (it ignores strides before 9.26).
-    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device) if with_lse else None
+# --- Operators ------------------------------------------------------------------------------------
+
+@torch.library.custom_op(
+    "stridedfa::attention_forward", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment, "
+           "bool with_lse) -> (Tensor, Tensor)")
+def _attention_forward(q, k, v, scale, causal, causal_alignment, with_lse):
+    out, lse = _forward(q, k, v, scale, causal, causal_alignment, with_lse)
+    return out, (lse if with_lse else _no_lse(q))
+
+
+@_attention_forward.register_fake
+def _(q, k, v, scale, causal, causal_alignment, with_lse):
+    out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
+    return out, (_empty_lse(q) if with_lse else _no_lse(q))
+
+
+@torch.library.custom_op(
+    "stridedfa::attention_backward", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, float? scale, "
+           "bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)")
+def _attention_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
+    grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
+    _core._backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse),
+                    grad_q, grad_k, grad_v, scale, causal, causal_alignment, _stream(q), _workspace)
+    return grad_q, grad_k, grad_v
+
+
+@_attention_backward.register_fake
+def _(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
+    return _gradient_like(q), _gradient_like(k), _gradient_like(v)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, scale, causal, causal_alignment, with_lse = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = (scale, causal, causal_alignment)
+    ctx.with_lse = with_lse
+
+
+def _attention_autograd(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if not ctx.with_lse:
+        raise RuntimeError("stridedfa: this attention call was made without autograd (no input required "
+                           "grad when it ran), so it kept no statistics to differentiate with")
+    grad_q, grad_k, grad_v = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, grad_out,
+                                                                     *ctx.options)
+    return grad_q, grad_k, grad_v, None, None, None, None
+
+
+torch.library.register_autograd("stridedfa::attention_forward", _attention_autograd,
+                                setup_context=_attention_setup_context)
+
+
+@torch.library.custom_op(
+    "stridedfa::packed_attention_forward", mutates_args=(),
+    schema="(Tensor packed, int dim, str layout, Tensor? q, float? scale, bool causal, "
+           "str causal_alignment, bool with_lse) -> (Tensor, Tensor)")
+def _packed_attention_forward(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
+    q_l, k_l, v_l = _unpack(packed, dim, q)
+    out_l = _empty_packed_output(q_l, v_l)
+    lse = _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed)
+    to_logical = _to_logical(layout)
+    _core._forward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)),
+                   _raw(v_l.permute(to_logical)), out_l.permute(to_logical),
+                   lse if with_lse else None, scale, causal, causal_alignment, _stream(packed),
+                   _workspace)
+    return out_l, lse
+
+
+@_packed_attention_forward.register_fake
+def _(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
+    q_l, _, v_l = _unpack(packed, dim, q)
+    return (_empty_packed_output(q_l, v_l),
+            _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed))
+
+
+@torch.library.custom_op(
+    "stridedfa::packed_attention_backward", mutates_args=(),
+    schema="(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, "
+           "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor)")
+def _packed_attention_backward(packed, dim, layout, q, out, lse, grad_out, scale, causal,
+                               causal_alignment):
+    grad_packed = _gradient_like(packed)
+    grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
+    q_l, k_l, v_l = _unpack(packed, dim, q)
+    dq_l, dk_l, dv_l = _unpack(grad_packed, dim, grad_q if q is not None else None)
+    to_logical = _to_logical(layout)
+    _core._backward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)),
+                    _raw(v_l.permute(to_logical)), _raw(out.permute(to_logical)),
+                    _readable(grad_out.permute(to_logical)), _raw(lse), dq_l.permute(to_logical),
+                    dk_l.permute(to_logical), dv_l.permute(to_logical), scale, causal,
+                    causal_alignment, _stream(packed), _workspace)
+    return grad_packed, grad_q
+
+
+@_packed_attention_backward.register_fake
+def _(packed, dim, layout, q, out, lse, grad_out, scale, causal, causal_alignment):
+    return _gradient_like(packed), (_gradient_like(q) if q is not None else _no_lse(packed))
+
+
+def _packed_setup_context(ctx, inputs, output):
+    packed, dim, layout, q, scale, causal, causal_alignment, with_lse = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(packed, q, out, lse)
+    ctx.options = (dim, layout, scale, causal, causal_alignment)
+    ctx.with_lse = with_lse
+
+
+def _packed_autograd(ctx, grad_out, _grad_lse):
+    packed, q, out, lse = ctx.saved_tensors
+    if not ctx.with_lse:
+        raise RuntimeError("stridedfa: this packed_attention call was made without autograd (no input "
+                           "required grad when it ran), so it kept no statistics to differentiate with")
+    dim, layout, scale, causal, causal_alignment = ctx.options
+    grad_packed, grad_q = torch.ops.stridedfa.packed_attention_backward(
+        packed, dim, layout, q, out, lse, grad_out, scale, causal, causal_alignment)
+    return grad_packed, None, None, (grad_q if q is not None else None), None, None, None, None
+
+
+torch.library.register_autograd("stridedfa::packed_attention_forward", _packed_autograd,
+                                setup_context=_packed_setup_context)
+
+
+# --- Helpers --------------------------------------------------------------------------------------
+
+def _causal(causal: bool, is_causal: bool | None) -> bool:
+    if is_causal is None:
+        return bool(causal)
+    if causal and not is_causal:
+        raise ValueError("causal=True and is_causal=False disagree; pass one of them")
+    return bool(is_causal)
+
+
+def _plain_eager(q, k, v) -> bool:
+    """True when a call can bypass the operator: plain CUDA tensors, eager, no torch function or
+    dispatch mode active (those — fake tensors, tracing, opcheck — must see the operator)."""
+    return (_HAS_EXCHANGE_API and not torch.compiler.is_compiling()
+            and type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and q.is_cuda and not torch._C._is_torch_function_mode_enabled()
+            and _get_current_dispatch_mode() is None)
+
+
+def _forward(q, k, v, scale, causal, causal_alignment, with_lse):
+    if _HAS_EXCHANGE_API:
+        return _core._forward_alloc(q, k, v, scale, causal, causal_alignment, with_lse)
+    out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
+    lse = _empty_lse(q) if with_lse else None
     _core._forward(_raw(q), _raw(k), _raw(v), out, lse, scale, causal, causal_alignment,
                    _stream(q), _workspace)
     return out, lse
+
+
+def _empty_lse(q):
+    # Packed (b, h, s) float32: the layout cuDNN's backward reads (it ignores strides before 9.26).
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+
+
+def _no_lse(like):
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+def _gradient_like(t):
+    """A gradient buffer with t's strides when t is dense, else dense in t's axis order."""
+    return t.new_empty_strided(t.shape, _layouts.gradient_strides(t.shape, t.stride()))
+
+
+def _check_packed(packed, dim, layout, q) -> int:
+    if not isinstance(packed, torch.Tensor) or packed.dim() != 5:
+        raise LayoutError(f"packed must be a 5-D tensor (four axes named by layout plus the packing "
+                          f"axis); got {getattr(packed, 'shape', type(packed).__name__)}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -5 <= dim < 5:
+        raise ValueError(f"dim must be an axis of packed (-5 to 4), got {dim!r}")
+    dim %= 5
+    if sorted(layout) != sorted(_LOGICAL) or len(layout) != 4:
+        raise ValueError(f"layout must name packed's other four axes with the letters b, s, h, d "
+                         f"(e.g. 'bshd'), got {layout!r}")
+    want = 3 if q is None else 2
+    if packed.shape[dim] != want:
+        what = "q, k and v" if q is None else "k and v (q is given separately)"
+        raise LayoutError(f"packed must hold {what} along dim {dim}, i.e. extent {want} there; its shape "
+                          f"is {tuple(packed.shape)}")
+    if q is not None and q.dim() != 4:
+        raise LayoutError(f"q must be 4-D in layout {layout!r}; got shape {tuple(q.shape)}")
+    return dim
+
+
+def _unpack(packed, dim, q):
+    """q, k, v in the packed layout's axes: zero-copy slices of `packed` (q separate if given)."""
+    if q is None:
+        return packed.select(dim, 0), packed.select(dim, 1), packed.select(dim, 2)
+    return q, packed.select(dim, 0), packed.select(dim, 1)
+
+
+def _to_logical(layout: str) -> list[int]:
+    return [layout.index(axis) for axis in _LOGICAL]
+
+
+def _empty_packed_output(q_l, v_l):
+    """The output in the layout's axes: q's shape with v's head_dim, dense in q's memory order."""
+    shape = tuple(q_l.shape[:-1]) + (v_l.shape[-1],)
+    return q_l.new_empty_strided(shape, _layouts.output_strides(shape, q_l.stride()))
+
+
+def _empty_lse_for(q_l, layout):
+    sizes = dict(zip(layout, q_l.shape))
+    return q_l.new_empty((sizes["b"], sizes["h"], sizes["s"]), dtype=torch.float32)
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -110,35 +343,6 @@ def _workspace(nbytes: int, device: int):
     return buffer.data_ptr(), buffer
 
 
-def _axis_order(t: torch.Tensor) -> list[int]:
-    """Axes from outermost to innermost in memory (ties keep the logical order)."""
-    return sorted(range(t.dim()), key=lambda axis: -t.stride(axis))
-
-
-def _empty_in_order(shape, order, dtype, device) -> torch.Tensor:
-    physical = torch.empty([shape[axis] for axis in order], dtype=dtype, device=device)
-    inverse = [order.index(axis) for axis in range(len(order))]
-    return physical.permute(inverse)
-
-
-def _is_dense(t: torch.Tensor) -> bool:
-    expected = 1
-    for axis in sorted(range(t.dim()), key=lambda a: t.stride(a)):
-        if t.shape[axis] == 1:
-            continue
-        if t.stride(axis) != expected:
-            return False
-        expected *= t.shape[axis]
-    return True
-
-
-def _like_input(t: torch.Tensor) -> torch.Tensor:
-    """A gradient buffer with t's strides when t is dense, else dense in t's axis order."""
-    if _is_dense(t):
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return _empty_in_order(tuple(t.shape), _axis_order(t), t.dtype, t.device)
-
-
 def _readable(t: torch.Tensor) -> torch.Tensor:
     """grad_out as cuDNN can read it. Autograd may hand a broadcast gradient (stride 0, e.g. from
     out.sum().backward()) or another layout cuDNN cannot read; only then is a copy made."""
@@ -146,4 +350,4 @@ def _readable(t: torch.Tensor) -> torch.Tensor:
     ok = t.stride(-1) == 1 and t.data_ptr() % _ALIGNMENT == 0 and all(
         size == 1 or (stride > 0 and stride * item % _ALIGNMENT == 0)
         for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
-    return t if ok else t.contiguous()
+    return _raw(t) if ok else t.contiguous()
