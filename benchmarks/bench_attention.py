@@ -11,7 +11,9 @@ for each contender, in one process and one run:
 * ``torch_flash``      the same under ``SDPBackend.FLASH_ATTENTION`` (may be "n/a",
                        e.g. for GQA; the reason is recorded)
 * ``stridedfa``        ``stridedfa.torch.attention`` (autograd path: allocates
-                       out/lse, and grads in backward)
+                       out/lse, and grads in backward); on ``packed_qkv`` rows
+                       ``stridedfa.torch.packed_attention(qkv, 2)``, whose backward
+                       writes one packed gradient buffer (no assembly copies)
 * ``stridedfa_kernel`` ``stridedfa.sdpa_forward`` (and, for fwd+bwd,
                        ``stridedfa.sdpa_backward``) into preallocated out / lse /
                        grads -- no autograd, no output allocation: the generic DLPack path.
@@ -537,6 +539,10 @@ def run_case(torch, sfa, c, args, tp, res):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     def sfa_fwd(q, k, v):
+        if inp.packed:
+            # The packed entry point on the (b, s, 3, h, d) buffer the views come from: forward
+            # on zero-copy views, gradients written straight into one packed buffer.
+            return sfa.torch.packed_attention(q._base, 2, causal=causal).transpose(1, 2)
         return sfa.torch.attention(q, k, v, causal=causal)
 
     def kernel_fwd(q, k, v):

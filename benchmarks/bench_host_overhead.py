@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""Host time per attention call on a tiny problem: stridedfa's paths against torch SDPA (cuDNN).
+
+What is measured
+----------------
+The CPU time one call costs the caller before it returns (launch included), on a problem so
+small that the kernel itself is negligible: (b, h, s, d) = (1, 4, 64, 64) bf16, forward, no
+autograd. Contenders, all in one process and one run:
+
+* ``torch_sdpa_cudnn``  ``F.scaled_dot_product_attention`` under ``sdpa_kernel(CUDNN_ATTENTION)``
+* ``stridedfa_torch``   ``stridedfa.torch.attention`` (the torch adapter's eager path)
+* ``stridedfa_torch_op`` ``torch.ops.stridedfa.attention_forward`` (the registered operator, as
+  torch.compile and autograd call it)
+* ``stridedfa_generic`` ``stridedfa.sdpa_forward`` with torch tensors and a preallocated out
+  (the framework-neutral DLPack path)
+* ``stridedfa_cupy``    ``stridedfa.cupy.attention`` on CuPy arrays (if CuPy and the adapter exist)
+* ``stridedfa_generic_cupy`` ``stridedfa.sdpa_forward`` on CuPy arrays (``__dlpack__`` protocol)
+* ``core_execute_floor`` the core's C++ ``execute`` of the prepared call, repeated in a C++ loop:
+  the floor no Python entry point can beat.
+
+How it is timed
+---------------
+A batch = ``torch.cuda._sleep`` (a GPU spin far longer than the batch's host work) followed by
+``--calls`` calls with no synchronisation, timed with ``time.perf_counter_ns``. Every launch
+queues behind the spin, so the GPU never sets the pace and the launch queue never fills: the
+batch time is host time alone. (A batch where the spin had already finished when the last call
+returned is flagged; ``host_only_fraction`` says how many were clean.) Batches go round-robin
+over the contenders, the order reversed every other round, so slow drift of the host's clocks
+hits all of them alike; the per-call figure is the median over batches.
+
+The GPU host's CPU timings vary 2-3x between machines; compare the ratios, which are measured in
+one run: vs torch SDPA (target for ``stridedfa_torch``: <= 0.5) and vs the floor (target <= 1.3).
+
+Usage: ``python benchmarks/bench_host_overhead.py --out DIR [--quick]``; writes
+``DIR/bench_host_overhead.{json,md}`` and, when matplotlib is importable,
+``DIR/bench_host_overhead.png`` (else render it later with ``--plot DIR/bench_host_overhead.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+SHAPE = (1, 4, 64, 64)
+TARGET_VS_TORCH = 0.5
+TARGET_VS_FLOOR = 1.3
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def contenders(torch, sfa):
+    """[(name, call, context factory, calls-per-invocation)]."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = SHAPE
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(11)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(3))
+    out = torch.empty_like(q)
+    sdpa = F.scaled_dot_product_attention
+    attention = sfa.torch.attention
+    op = torch.ops.stridedfa.attention_forward
+    forward = sfa.sdpa_forward
+    null = contextlib.nullcontext
+    plan = [
+        ("torch_sdpa_cudnn", lambda: sdpa(q, k, v), lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION), 1),
+        ("stridedfa_torch", lambda: attention(q, k, v), null, 1),
+        ("stridedfa_torch_op", lambda: op(q, k, v, None, False, "top_left", False), null, 1),
+        ("stridedfa_generic", lambda: forward(q, k, v, out), null, 1),
+    ]
+    try:
+        import cupy
+
+        import stridedfa.cupy as sfa_cupy
+
+        qc, kc, vc = (cupy.from_dlpack(t) for t in (q, k, v))
+        outc = cupy.empty_like(qc)
+        cupy_attention = sfa_cupy.attention
+        plan.append(("stridedfa_cupy", lambda: cupy_attention(qc, kc, vc), null, 1))
+        plan.append(("stridedfa_generic_cupy", lambda: forward(qc, kc, vc, outc), null, 1))
+    except Exception as exc:  # noqa: BLE001  (CuPy or its adapter missing: say so in the results)
+        plan.append(("stridedfa_cupy", exc, null, 1))
+    return plan, (q, k, v, out)
+
+
+def sleep_cycles_for(torch, ms):
+    """GPU clock cycles that torch.cuda._sleep needs to spin for about `ms` milliseconds."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 10_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return int(cycles * ms / max(start.elapsed_time(end), 1e-3))
+
+
+def run(args):
+    import torch
+
+    import stridedfa as sfa
+    import stridedfa.torch  # noqa: F401  (registers the operators)
+
+    plan, (q, k, v, out) = contenders(torch, sfa)
+    results, errors = {}, {}
+    runnable = []
+    for name, fn, ctx, _ in plan:
+        if isinstance(fn, BaseException):
+            errors[name] = f"{type(fn).__name__}: {fn}"
+            continue
+        try:
+            with torch.no_grad(), ctx():
+                for _ in range(50):
+                    fn()
+            torch.cuda.synchronize()
+            runnable.append((name, fn, ctx))
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            log(f"{name}: ERROR {errors[name]}")
+    floor_name = "core_execute_floor"
+
+    def floor(n):
+        sfa._core._execute_repeatedly(q, k, v, out, repeats=n)
+
+    floor(50)
+    torch.cuda.synchronize()
+    runnable.append((floor_name, None, contextlib.nullcontext))
+
+    calls = args.calls
+    spin = sleep_cycles_for(torch, args.spin_ms)
+    samples = {name: [] for name, _, _ in runnable}
+    clean = {name: 0 for name, _, _ in runnable}
+    perf = time.perf_counter_ns
+    done = torch.cuda.Event()
+    rng = range(calls)
+    for rnd in range(args.rounds):
+        order = runnable if rnd % 2 == 0 else runnable[::-1]
+        for name, fn, ctx in order:
+            with torch.no_grad(), ctx():
+                torch.cuda.synchronize()
+                torch.cuda._sleep(spin)
+                done.record()
+                if fn is None:
+                    t0 = perf()
+                    floor(calls)
+                    t1 = perf()
+                else:
+                    t0 = perf()
+                    for _ in rng:
+                        fn()
+                    t1 = perf()
+                spinning = not done.query()
+                torch.cuda.synchronize()
+            samples[name].append((t1 - t0) / calls / 1e3)
+            clean[name] += spinning
+    for name, values in samples.items():
+        values_sorted = sorted(values)
+        results[name] = {
+            "us_per_call": statistics.median(values),
+            "p10_us": values_sorted[len(values) // 10],
+            "p90_us": values_sorted[(len(values) * 9) // 10],
+            "host_only_fraction": clean[name] / len(values),
+            "samples_us": [round(x, 3) for x in values],
+        }
+        log(f"{name:24s} {results[name]['us_per_call']:8.2f} us/call "
+            f"(p10 {results[name]['p10_us']:.2f}, p90 {results[name]['p90_us']:.2f}, "
+            f"host-only batches {results[name]['host_only_fraction']:.0%})")
+    torch_us = results.get("torch_sdpa_cudnn", {}).get("us_per_call")
+    floor_us = results[floor_name]["us_per_call"]
+    for r in results.values():
+        r["vs_torch_sdpa"] = r["us_per_call"] / torch_us if torch_us else None
+        r["vs_floor"] = r["us_per_call"] / floor_us
+    ours = results.get("stridedfa_torch", {})
+    targets = {
+        "stridedfa_torch_vs_torch_sdpa": {"value": ours.get("vs_torch_sdpa"), "target": TARGET_VS_TORCH},
+        "stridedfa_torch_vs_floor": {"value": ours.get("vs_floor"), "target": TARGET_VS_FLOOR},
+    }
+    for t in targets.values():
+        t["met"] = t["value"] is not None and t["value"] <= t["target"]
+    return {
+        "benchmark": "host_overhead",
+        "shape_bhsd": list(SHAPE),
+        "dtype": "bfloat16",
+        "calls_per_batch": calls,
+        "rounds": args.rounds,
+        "spin_ms": args.spin_ms,
+        "environment": environment(torch, sfa),
+        "results": results,
+        "errors": errors,
+        "targets": targets,
+    }
+
+
+def environment(torch, sfa):
+    env = {"python": platform.python_version(), "torch": torch.__version__,
+           "stridedfa": sfa.__version__, "device": torch.cuda.get_device_name(),
+           "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    with contextlib.suppress(Exception):
+        env["stridedfa_info"] = {k: v for k, v in sfa.info().items()
+                                 if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
+    with contextlib.suppress(Exception):
+        import cupy
+        env["cupy"] = cupy.__version__
+    return env
+
+
+def render_markdown(data):
+    rows = ["| path | host µs/call | p10–p90 | vs torch SDPA | vs C++ floor | host-only batches |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for name, r in sorted(data["results"].items(), key=lambda kv: kv[1]["us_per_call"]):
+        vt = "—" if r["vs_torch_sdpa"] is None else f"{r['vs_torch_sdpa']:.2f}"
+        rows.append(f"| {name} | {r['us_per_call']:.2f} | {r['p10_us']:.2f}–{r['p90_us']:.2f} | {vt} | "
+                    f"{r['vs_floor']:.2f} | {r['host_only_fraction']:.0%} |")
+    lines = [f"# Host overhead per call — {data['environment'].get('device', '?')}", "",
+             f"(b, h, s, d) = {tuple(data['shape_bhsd'])} {data['dtype']}, forward, no autograd; "
+             f"{data['calls_per_batch']} calls per batch behind a {data['spin_ms']} ms GPU spin, "
+             f"{data['rounds']} rounds; median per call.", "", *rows, "", "Targets:", ""]
+    for name, t in data["targets"].items():
+        value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+        lines.append(f"- {name}: {value} (target <= {t['target']}) — {'met' if t['met'] else 'NOT met'}")
+    if data["errors"]:
+        lines += ["", "Not measured:", ""] + [f"- {k}: {v}" for k, v in data["errors"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(data, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    items = sorted(data["results"].items(), key=lambda kv: kv[1]["us_per_call"])
+    names = [k for k, _ in items]
+    values = [r["us_per_call"] for _, r in items]
+    low = [r["us_per_call"] - r["p10_us"] for _, r in items]
+    high = [r["p90_us"] - r["us_per_call"] for _, r in items]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.5))
+    colors = ["tab:gray" if n == "core_execute_floor" else "tab:orange" if n.startswith("torch")
+              else "tab:blue" for n in names]
+    ax.barh(names, values, xerr=[low, high], color=colors)
+    torch_us = data["results"].get("torch_sdpa_cudnn", {}).get("us_per_call")
+    if torch_us:
+        ax.axvline(TARGET_VS_TORCH * torch_us, color="tab:red", linestyle="--",
+                   label=f"{TARGET_VS_TORCH}x torch SDPA")
+        ax.legend(loc="lower right")
+    ax.set_xlabel("host µs per call (median, p10–p90)")
+    ax.set_title(f"Attention host overhead, {tuple(data['shape_bhsd'])} bf16 — "
+                 f"{data['environment'].get('device', '')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_outputs(data, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, "bench_host_overhead")
+    with open(base + ".json", "w") as f:
+        json.dump(data, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(render_markdown(data))
+    try:
+        plot(data, base + ".png")
+    except ImportError:
+        log("matplotlib is not installed: no PNG (render later with --plot)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench-out")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--calls", type=int, default=100, help="calls per batch")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--spin-ms", type=float, default=30.0)
+    parser.add_argument("--plot", metavar="JSON", help="only render md/png from an earlier JSON")
+    args = parser.parse_args(argv)
+    if args.plot:
+        with open(args.plot) as f:
+            data = json.load(f)
+        write_outputs(data, os.path.dirname(os.path.abspath(args.plot)))
+        return 0
+    if args.rounds is None:
+        args.rounds = 15 if args.quick else 40
+    try:
+        data = run(args)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        return 1
+    write_outputs(data, args.out)
+    print(render_markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

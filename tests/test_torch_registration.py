@@ -1,0 +1,151 @@
+"""The torch adapter without a GPU: operator registration and schemas, fake kernels' strides (meta
+tensors), fullgraph tracing of a transformer block, the layout rule shared by C and Python, and the
+exchange-API allocation path on CPU tensors."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+import stridedfa  # noqa: E402
+import stridedfa.torch as sfa_torch  # noqa: E402
+from stridedfa import _core, _layouts  # noqa: E402
+
+META = dict(device="meta", dtype=torch.bfloat16)
+
+
+def test_operators_are_registered_with_their_schemas():
+    expected = {
+        "attention_forward": "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, "
+                             "str causal_alignment, bool with_lse) -> (Tensor, Tensor)",
+        "attention_backward": "(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, "
+                              "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)",
+        "packed_attention_forward": "(Tensor packed, int dim, str layout, Tensor? q, float? scale, "
+                                    "bool causal, str causal_alignment, bool with_lse) -> (Tensor, Tensor)",
+        "packed_attention_backward": "(Tensor packed, int dim, str layout, Tensor? q, Tensor out, "
+                                     "Tensor lse, Tensor grad_out, float? scale, bool causal, "
+                                     "str causal_alignment) -> (Tensor, Tensor)",
+    }
+    for name, schema in expected.items():
+        op = getattr(torch.ops.stridedfa, name).default
+        assert str(op._schema) == f"stridedfa::{name}{schema}"
+
+
+def _packed_views(b=2, s=64, h=4, d=64):
+    qkv = torch.empty(b, s, 3, h, d, **META)
+    return qkv, [qkv[:, :, i].transpose(1, 2) for i in range(3)]
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "bshd_view", "packed_view", "extent1_heads"])
+def test_fake_forward_strides_follow_the_layout_rule(kind):
+    if kind == "contiguous":
+        q = k = v = torch.empty(2, 4, 64, 32, **META)
+    elif kind == "bshd_view":
+        q = k = v = torch.empty(2, 64, 4, 32, **META).transpose(1, 2)
+    elif kind == "packed_view":
+        _, (q, k, v) = _packed_views()
+    else:
+        q = k = v = torch.empty(2, 64, 1, 32, **META).transpose(1, 2)
+    out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, False, "top_left", True)
+    assert out.shape == (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    assert out.stride() == _layouts.output_strides(out.shape, q.stride())
+    assert out.stride() == _core._output_strides(tuple(out.shape), q.stride())
+    assert lse.shape == (q.shape[0], q.shape[1], q.shape[2]) and lse.is_contiguous()
+    assert lse.dtype == torch.float32
+
+
+def test_fake_backward_and_packed_strides():
+    qkv, (q, k, v) = _packed_views()
+    out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", True)
+    grads = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, torch.empty_like(out), None, True,
+                                                   "top_left")
+    for grad, t in zip(grads, (q, k, v)):  # views of a packed buffer: compact, in their axis order
+        assert grad.stride() == _layouts.gradient_strides(t.shape, t.stride())
+        assert grad.is_contiguous() is False  # bshd order, not bhsd
+    out_p, lse_p = torch.ops.stridedfa.packed_attention_forward(qkv, 2, "bshd", None, None, True,
+                                                                "top_left", True)
+    assert out_p.shape == (2, 64, 4, 64) and out_p.is_contiguous()
+    grad_packed, grad_q = torch.ops.stridedfa.packed_attention_backward(
+        qkv, 2, "bshd", None, out_p, lse_p, torch.empty_like(out_p), None, True, "top_left")
+    assert grad_packed.shape == qkv.shape and grad_packed.stride() == qkv.stride()
+    assert grad_q.numel() == 0
+
+
+strides_strategy = st.lists(st.integers(0, 5000), min_size=4, max_size=4)
+shape_strategy = st.lists(st.integers(0, 9), min_size=4, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=shape_strategy, strides=strides_strategy)
+def test_c_and_python_layout_rules_agree(shape, strides):
+    assert _core._output_strides(tuple(shape), tuple(strides)) == _layouts.output_strides(shape, strides)
+
+
+def test_extent1_axes_do_not_steer_the_output_layout():
+    # The same memory described with different (arbitrary) strides on its extent-1 axis.
+    a = _layouts.output_strides((2, 1, 64, 32), (2048, 32, 32, 1))
+    b = _layouts.output_strides((2, 1, 64, 32), (2048, 99999, 32, 1))
+    assert a == b
+
+
+def test_exchange_api_allocation_on_cpu_tensors():
+    like = torch.randn(2, 3, 4, 8)
+    t = _core._allocate_like(like, (2, 5, 3, 8), (120, 8, 40, 1))
+    assert type(t) is torch.Tensor and t.shape == (2, 5, 3, 8) and t.stride() == (120, 8, 40, 1)
+    assert t.dtype == like.dtype and t.device == like.device
+    t.fill_(2.0)  # the whole strided extent is backed by memory
+    assert t.sum().item() == 2.0 * t.numel()
+    empty = _core._allocate_like(like, (2, 0, 3, 8), (0, 8, 40, 1))
+    assert empty.numel() == 0
+
+
+def test_cpu_tensors_get_a_layout_error_not_an_allocation():
+    x = torch.randn(1, 2, 16, 16, dtype=torch.bfloat16)
+    with pytest.raises(stridedfa.LayoutError, match="CUDA device"):
+        sfa_torch.attention(x, x, x)
+
+
+def _block(entry, x, w_qkv, w_o, h=4, d=64):
+    b, s, _ = x.shape
+    qkv = (x @ w_qkv).view(b, s, 3, h, d)
+    if entry == "packed":
+        out = sfa_torch.packed_attention(qkv, 2, causal=True)
+    else:
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        out = sfa_torch.attention(q, k, v, causal=True).transpose(1, 2)
+    return out.reshape(b, s, h * d) @ w_o
+
+
+@pytest.mark.parametrize("entry", ["packed", "views"])
+def test_block_traces_fullgraph_with_backward_and_no_recompile(entry):
+    """Dynamo + AOTAutograd trace the block (forward and backward) on meta tensors in one graph;
+    a second call with equal shapes and strides reuses it."""
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(lambda *a: _block(entry, *a), fullgraph=True, backend=counter)
+    args = [torch.empty(2, 64, 256, **META, requires_grad=True),
+            torch.empty(256, 768, **META, requires_grad=True),
+            torch.empty(256, 256, **META, requires_grad=True)]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled(*args).sum().backward()
+        fresh = [a.detach().clone().requires_grad_() for a in args]
+        compiled(*fresh).sum().backward()
+    assert counter.frame_count == 1
+    assert all(a.grad is not None and a.grad.shape == a.shape for a in args)
+    ops = {str(node.target) for node in counter.graphs[0].graph.nodes if node.op == "call_function"}
+    want = "stridedfa.packed_attention_forward" if entry == "packed" else "stridedfa.attention_forward"
+    assert any(want in op for op in ops), ops
+
+
+@pytest.mark.parametrize("args,error", [
+    (dict(dim=1), stridedfa.LayoutError),
+    (dict(dim=7), ValueError),
+    (dict(dim=2, layout="bsdx"), ValueError),
+])
+def test_packed_attention_argument_errors(args, error):
+    qkv, _ = _packed_views()
+    with pytest.raises(error):
+        sfa_torch.packed_attention(qkv, **args)
