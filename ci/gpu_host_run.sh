@@ -20,10 +20,14 @@ cd /tmp  # import the installed package, never the source tree
 } > "$OUT/env.txt" 2>&1
 
 # Most important first: a short lease may end before the later stages.
-timeout "${TESTS_TIMEOUT:-270}" python3 -X faulthandler -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEsx \
+timeout "${TESTS_TIMEOUT:-420}" python3 -X faulthandler -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEsx \
   --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
 tests_rc=$?
 echo "tests: exit $tests_rc; $(tail -n 1 "$OUT/pytest.log")" | tee -a "$OUT/summary.txt"
+
+timeout "${HOST_BENCH_TIMEOUT:-120}" python3 -X faulthandler "$REPO/benchmarks/bench_host_overhead.py" --out "$OUT" $BENCH_ARGS \
+  > "$OUT/bench_host_overhead.log" 2>&1
+echo "host-overhead benchmark: exit $?" | tee -a "$OUT/summary.txt"
 
 timeout "${BENCH_TIMEOUT:-200}" python3 -X faulthandler "$REPO/benchmarks/bench_attention.py" --out "$OUT" $BENCH_ARGS \
   > "$OUT/bench.log" 2>&1

@@ -149,3 +149,24 @@ def test_packed_attention_argument_errors(args, error):
     qkv, _ = _packed_views()
     with pytest.raises(error):
         sfa_torch.packed_attention(qkv, **args)
+
+
+def test_fake_kernels_trace_with_symbolic_shapes():
+    """Dynamic shapes (what opcheck's aot_dispatch_dynamic and torch.compile(dynamic=True) use):
+    the fake kernels must accept SymInt shapes and strides."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(qkv):
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", True)
+        grads = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, out, None, True, "top_left")
+        out_p, lse_p = torch.ops.stridedfa.packed_attention_forward(qkv, 2, "bshd", None, None, True,
+                                                                    "top_left", True)
+        grad_p, _ = torch.ops.stridedfa.packed_attention_backward(qkv, 2, "bshd", None, out_p, lse_p,
+                                                                  out_p, None, True, "top_left")
+        return (out, *grads, out_p, grad_p)
+
+    qkv = torch.empty(2, 64, 3, 4, 32, **META)
+    graph = make_fx(step, tracing_mode="symbolic")(qkv)
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert sum("stridedfa" in t for t in targets) == 4

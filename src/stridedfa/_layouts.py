@@ -21,10 +21,12 @@ def axis_order(strides: Sequence[int], shape: Sequence[int] | None = None) -> li
     stride is arbitrary (producers differ in what they export for it), so it must not decide the
     strides of what is allocated from it.
     """
+    # bool()/int() turn torch.SymInt comparisons (fake tensors under dynamic shapes) into guards.
     if shape is None:
-        return sorted(range(len(strides)), key=lambda axis: -strides[axis])
+        return sorted(range(len(strides)), key=lambda axis: -int(strides[axis]))
     return sorted(range(len(strides)),
-                  key=lambda axis: (shape[axis] != 1, -strides[axis] if shape[axis] != 1 else 0))
+                  key=lambda axis: (bool(shape[axis] != 1),
+                                    -int(strides[axis]) if bool(shape[axis] != 1) else 0))
 
 
 def dense_strides(shape: Sequence[int], order: Sequence[int]) -> tuple[int, ...]:
@@ -33,19 +35,20 @@ def dense_strides(shape: Sequence[int], order: Sequence[int]) -> tuple[int, ...]
     step = 1
     for axis in reversed(order):
         strides[axis] = step
-        step *= max(int(shape[axis]), 1)
+        if bool(shape[axis] > 1):
+            step = step * shape[axis]
     return tuple(strides)
 
 
 def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """True when the array covers exactly prod(shape) contiguous elements (any axis order)."""
     expected = 1
-    for axis in sorted(range(len(shape)), key=lambda a: strides[a]):
-        if shape[axis] == 1:
+    for axis in sorted(range(len(shape)), key=lambda a: int(strides[a])):
+        if bool(shape[axis] == 1):
             continue
-        if strides[axis] != expected:
+        if bool(strides[axis] != expected):
             return False
-        expected *= shape[axis]
+        expected = expected * shape[axis]
     return True
 
 
@@ -58,5 +61,5 @@ def output_strides(out_shape: Sequence[int], q_strides: Sequence[int]) -> tuple[
 def gradient_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
     """Strides of the gradient of an input with this shape and these strides."""
     if is_dense(shape, strides):
-        return tuple(int(s) for s in strides)
+        return tuple(strides)
     return dense_strides(shape, axis_order(strides, shape))

@@ -54,7 +54,8 @@ def _train_step(model, x, grad_y):
     y = model(x)
     y.backward(grad_y)
     return {"y": y.detach().clone(), "grad_x": x.grad.clone(),
-            **{f"grad_{n}": p.grad.clone() for n, p in model.named_parameters()}}
+            **{f"grad_{n.removeprefix('_orig_mod.')}": p.grad.clone()
+               for n, p in model.named_parameters()}}
 
 
 def _assert_same(got: dict, want: dict, what: str):
