@@ -15,6 +15,8 @@ autograd. Contenders, all in one process and one run:
   (the framework-neutral DLPack path)
 * ``stridedfa_cupy``    ``stridedfa.cupy.attention`` on CuPy arrays (if CuPy and the adapter exist)
 * ``stridedfa_generic_cupy`` ``stridedfa.sdpa_forward`` on CuPy arrays (``__dlpack__`` protocol)
+* ``diagnostic_intake_validate`` ``stridedfa._core._validate_forward``: DLPack intake and the
+  validator alone (no graph lookup, no launch) -- a breakdown of the generic path, not a contender
 * ``core_execute_floor`` the core's C++ ``execute`` of the prepared call, repeated in a C++ loop:
   the floor no Python entry point can beat.
 
@@ -72,12 +74,15 @@ def contenders(torch, sfa):
     attention = sfa.torch.attention
     op = torch.ops.stridedfa.attention_forward
     forward = sfa.sdpa_forward
+    validate = sfa._core._validate_forward
     null = contextlib.nullcontext
     plan = [
         ("torch_sdpa_cudnn", lambda: sdpa(q, k, v), lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION), 1),
         ("stridedfa_torch", lambda: attention(q, k, v), null, 1),
         ("stridedfa_torch_op", lambda: op(q, k, v, None, False, "top_left", False), null, 1),
         ("stridedfa_generic", lambda: forward(q, k, v, out), null, 1),
+        # A breakdown, not an attention call: intake + validation alone, nothing launched.
+        ("diagnostic_intake_validate", lambda: validate(q, k, v, out), null, 1),
     ]
     try:
         import cupy

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <future>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -64,7 +65,9 @@ GraphCache::GraphCache(size_t capacity) : impl_(new Impl) { impl_->capacity = ca
 GraphCache::~GraphCache() = default;
 
 std::shared_ptr<const BuiltGraph> GraphCache::get_or_build(const Key& key, const Builder& build) {
-  std::promise<std::shared_ptr<const BuiltGraph>> promise;
+  // Only a miss makes a promise: constructing one allocates, and destroying an unfulfilled one
+  // stores a broken_promise exception -- a cost every hit would otherwise pay.
+  std::unique_ptr<std::promise<std::shared_ptr<const BuiltGraph>>> promise;
   GraphFuture future;
   bool we_build = false;
   uint64_t generation = 0;
@@ -77,7 +80,8 @@ std::shared_ptr<const BuiltGraph> GraphCache::get_or_build(const Key& key, const
       future = it->second.graph;
     } else {
       ++impl_->counters.misses;
-      future = promise.get_future().share();
+      promise = std::make_unique<std::promise<std::shared_ptr<const BuiltGraph>>>();
+      future = promise->get_future().share();
       impl_->recency.push_front(key);
       generation = ++impl_->next_generation;
       impl_->entries.emplace(key, Impl::Entry{future, impl_->recency.begin(), generation});
@@ -90,13 +94,13 @@ std::shared_ptr<const BuiltGraph> GraphCache::get_or_build(const Key& key, const
   const auto start = std::chrono::steady_clock::now();
   bool failed = false;
   try {
-    promise.set_value(build());
+    promise->set_value(build());
   } catch (const UnsupportedError&) {
     failed = true;
-    promise.set_exception(std::current_exception());  // cached: the answer will not change
+    promise->set_exception(std::current_exception());  // cached: the answer will not change
   } catch (...) {
     failed = true;
-    promise.set_exception(std::current_exception());
+    promise->set_exception(std::current_exception());
     impl_->forget(key, generation);  // not cached: the next call tries again
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -16,7 +16,6 @@ torch >= 2.10).
 """
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from stridedfa import _core, _layouts
 from stridedfa._errors import LayoutError
@@ -65,10 +64,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         out = stridedfa.torch.attention(q, k, v, causal=True)   # (2, 16, 1024, 128), bshd in memory
         out.sum().backward()
     """
-    causal = _causal(causal, is_causal)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if is_causal is not None:
+        causal = _causal(causal, is_causal)
+    needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and _is_grad_enabled()
     if not needs_grad and _plain_eager(q, k, v):
-        return _core._forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
+        return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
     return torch.ops.stridedfa.attention_forward(q, k, v, scale, causal, causal_alignment, needs_grad)[0]
 
 
@@ -249,13 +249,21 @@ def _causal(causal: bool, is_causal: bool | None) -> bool:
     return bool(is_causal)
 
 
+# Looked up once: attention() is on the host-time hot path.
+_Tensor = torch.Tensor
+_is_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_dispatch_stack_depth = torch._C._len_torch_dispatch_stack
+_forward_alloc = _core._forward_alloc
+
+
 def _plain_eager(q, k, v) -> bool:
     """True when a call can bypass the operator: plain CUDA tensors, eager, no torch function or
     dispatch mode active (those — fake tensors, tracing, opcheck — must see the operator)."""
-    return (_HAS_EXCHANGE_API and not torch.compiler.is_compiling()
-            and type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
-            and q.is_cuda and not torch._C._is_torch_function_mode_enabled()
-            and _get_current_dispatch_mode() is None)
+    return (_HAS_EXCHANGE_API and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+            and q.is_cuda and not _is_compiling() and not _function_mode_enabled()
+            and _dispatch_stack_depth() == 0)
 
 
 def _forward(q, k, v, scale, causal, causal_alignment, with_lse):
