@@ -257,7 +257,11 @@ def plot(data, path):
     if torch_us:
         ax.axvline(TARGET_VS_TORCH * torch_us, color="tab:red", linestyle="--",
                    label=f"{TARGET_VS_TORCH}x torch SDPA")
-        ax.legend(loc="lower right")
+    floor_us = data["results"].get("core_execute_floor", {}).get("us_per_call")
+    if floor_us:
+        ax.axvline(TARGET_VS_FLOOR * floor_us, color="tab:purple", linestyle=":",
+                   label=f"{TARGET_VS_FLOOR}x C++ execute floor")
+    ax.legend(loc="lower right")
     ax.set_xlabel("host µs per call (median, p10–p90)")
     ax.set_title(f"Attention host overhead, {tuple(data['shape_bhsd'])} bf16 — "
                  f"{data['environment'].get('device', '')}")
