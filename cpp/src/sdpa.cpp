@@ -2,8 +2,9 @@
 // execute on the caller's stream.
 #include "stridedfa/sdpa.hpp"
 
-#include <cmath>
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 
@@ -144,12 +145,21 @@ std::vector<int64_t> backward_graph_key(const BackwardArgs& a, const SdpaOptions
   return spec_for(GraphOp::backward, problem, options, Operands(a).slots, sm_version, cudnn_version).key();
 }
 
+namespace {
+std::atomic<int64_t> own_workspace_count{0};
+}  // namespace
+
+int64_t own_workspace_allocations() { return own_workspace_count.load(std::memory_order_relaxed); }
+
 void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   if (call.problem.nothing_to_do) return;
   DeviceGuard guard(call.problem.device);
   void* handle = cudnn_handle_for(call.problem.device, stream);
   void* pooled = nullptr;
-  if (call.workspace_bytes > 0 && workspace == nullptr) workspace = pooled = pool_alloc(call.workspace_bytes, stream);
+  if (call.workspace_bytes > 0 && workspace == nullptr) {
+    workspace = pooled = pool_alloc(call.workspace_bytes, stream);
+    own_workspace_count.fetch_add(1, std::memory_order_relaxed);
+  }
   try {
     call.graph->execute(handle, call.ptrs, workspace);
   } catch (...) {

@@ -57,6 +57,7 @@ cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     vector[int64_t] backward_graph_key(const BackwardArgs& args, const SdpaOptions& options, int sm_version,
                                        int64_t cudnn_version) except +raise_core_error
     void execute(const PreparedCall& call, uintptr_t stream, void* workspace) except +raise_core_error
+    int64_t own_workspace_allocations()
 
 cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
     void set_libraries(void* cudnn_dl_handle, const string& cudart_path) except +raise_core_error
@@ -474,6 +475,12 @@ def cache_info():
     return {"hits": s.hits, "misses": s.misses, "builds": s.builds,
             "build_failures": s.build_failures, "evictions": s.evictions, "size": s.size,
             "maxsize": s.capacity, "build_seconds": s.build_seconds}
+
+
+def _own_workspace_allocations():
+    """How many workspaces the core allocated itself (cudaMallocAsync) because a call gave none;
+    adapters always pass one from their framework's allocator."""
+    return own_workspace_allocations()
 
 
 def cache_clear():

@@ -8,6 +8,7 @@ from helpers.cuda import require_cuda
 
 torch = require_cuda()
 
+import stridedfa  # noqa: E402
 import stridedfa.torch as sfa_torch  # noqa: E402
 
 from helpers.checks import bitexact_mismatch  # noqa: E402
@@ -145,12 +146,15 @@ def test_manual_cuda_graph_capture_replays_eager_result(with_backward, seed):
     torch.cuda.synchronize()
 
     graph = torch.cuda.CUDAGraph()
+    own_allocations = stridedfa._core._own_workspace_allocations()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.cuda.graph(graph):
             captured_out, captured_grad = step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    # Every workspace inside the capture came from torch's (capture-aware) allocator.
+    assert stridedfa._core._own_workspace_allocations() == own_allocations
 
     for round_ in range(2):
         fresh = torch.randn(packed.shape, device="cuda", dtype=DTYPE, generator=gen)

@@ -76,6 +76,11 @@ std::vector<int64_t> backward_graph_key(const BackwardArgs& args, const SdpaOpti
 // Launch on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream). `workspace`
 // must hold call.workspace_bytes on the call's device and stay valid for the stream's work; when
 // null, the workspace is taken from and returned to the device's stream-ordered pool.
+// How many times execute() allocated cuDNN's workspace itself (cudaMallocAsync) because the caller
+// passed none. Framework adapters always pass one from their allocator; tests check this stays put
+// (e.g. across a CUDA-graph capture).
+int64_t own_workspace_allocations();
+
 void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace);
 
 }  // namespace stridedfa
