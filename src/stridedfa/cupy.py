@@ -14,6 +14,8 @@ axis order.
 
 from __future__ import annotations
 
+import functools
+
 try:
     import cupy
     from cupy.cuda.stream import _BaseStream
@@ -23,9 +25,8 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
         f"({error}); install the wheel matching your CUDA, e.g. `pip install cupy-cuda13x`, "
         "or call stridedfa.sdpa_forward / stridedfa.attention with any DLPack tensors") from error
 
-from stridedfa import _core
+from stridedfa import _core, _layouts
 from stridedfa._errors import LayoutError
-from stridedfa._layouts import gradient_strides, output_strides
 
 __all__ = ["attention", "attention_backward"]
 
@@ -37,6 +38,10 @@ _get_device_id = cupy.cuda.runtime.getDevice
 _Device = cupy.cuda.Device
 _FLOAT32 = cupy.dtype(cupy.float32)
 _ALIGNMENT = 16  # bytes; cuDNN's requirement for pointers and strides
+
+# The layout rule sorts axes in Python; a model repeats a handful of shapes, so remember them.
+_output_strides = functools.lru_cache(maxsize=1024)(_layouts.output_strides)
+_gradient_strides = functools.lru_cache(maxsize=1024)(_layouts.gradient_strides)
 
 
 def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
@@ -121,7 +126,7 @@ def _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle):
         raise LayoutError(f"v must be 4-D (batch, h_kv, s_kv, d_v), got shape {tuple(v_shape)}")
     b, h_q, s_q, _ = q_shape
     out_shape = (b, h_q, s_q, v_shape[3])
-    out = _empty(out_shape, output_strides(out_shape, q_strides), q.dtype)
+    out = _empty(out_shape, _output_strides(out_shape, q_strides), q.dtype)
     # Packed (b, h, s): the layout cuDNN's backward reads (it ignores strides before 9.26).
     lse = _empty((b, h_q, s_q), (h_q * s_q, s_q, 1), _FLOAT32) if return_lse else None
     _core._forward(q, k, v, out, lse, scale, causal, causal_alignment, handle, _workspace)
@@ -133,7 +138,7 @@ def _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, hand
     grads = []
     for name, x in (("q", q), ("k", k), ("v", v)):
         shape, strides = _shape_and_strides(x, name)
-        grads.append(_empty(shape, gradient_strides(shape, strides), x.dtype))
+        grads.append(_empty(shape, _gradient_strides(shape, strides), x.dtype))
     grad_q, grad_k, grad_v = grads
     _core._backward(q, k, v, out, _readable(grad_out), lse, grad_q, grad_k, grad_v, scale, causal,
                     causal_alignment, handle, _workspace)
