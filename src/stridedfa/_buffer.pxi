@@ -98,6 +98,13 @@ cdef class DeviceBuffer:
     Attributes: ``shape``, ``strides`` (in elements), ``dtype`` (a name such as ``"float16"``),
     ``device`` (CUDA ordinal), ``nbytes``, ``data_ptr`` (device address) and ``stream`` (the
     cudaStream_t its contents are produced on; 0 is the legacy default stream).
+
+    ``__dlpack__(stream=s)`` follows the array-API rules (None or 1: the legacy default stream,
+    2: the per-thread default stream, -1: no synchronisation): a consumer stream other than the
+    producing one waits for the buffer's contents. The memory is returned stream-ordered on the
+    producing stream, so a stream given as a bare int handle must outlive the buffer (a stream
+    object is kept alive by the buffer); once the buffer was exported to another or an unknown
+    stream, the free waits for the device to finish instead.
     """
     cdef void* ptr
     cdef int64_t _nbytes
