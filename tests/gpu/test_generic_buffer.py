@@ -189,3 +189,22 @@ def test_export_to_another_stream_marks_the_buffer_shared_and_frees_safely(seed)
         stream.synchronize()
     for t in keep:
         _check(t, None, hosts, torch.float16)
+
+
+@pytest.mark.parametrize("consumer_stream", ["same", "other", "unknown"])
+def test_device_buffer_memory_is_returned(consumer_stream):
+    """2 GiB buffers, exported and dropped 100 times: 200 GiB in all, more than the GPU holds, so a
+    leak fails with out-of-memory."""
+    side = torch.cuda.Stream()
+    for _ in range(100):
+        buf = stridedfa._core._device_buffer((1 << 30,), (1,), "float16")
+        if consumer_stream == "same":
+            t = torch.from_dlpack(buf)  # torch's current stream: the legacy default, as buf's
+        elif consumer_stream == "other":
+            with torch.cuda.stream(side):
+                t = torch.from_dlpack(buf)
+        else:
+            t = torch.utils.dlpack.from_dlpack(buf.__dlpack__(stream=-1))
+        t[:1].fill_(1.0)
+        del buf, t
+    torch.cuda.synchronize()
