@@ -172,3 +172,33 @@ def test_cupy_is_a_lazy_attribute_of_stridedfa():
     import stridedfa
 
     assert stridedfa.cupy.attention.__module__ == "stridedfa.cupy"
+
+
+# --- sdpa_forward with CuPy arrays and no stream: CuPy's current stream ----------------------------
+
+def test_cupy_arrays_decide_the_call_stream_as_cupys_current(monkeypatch):
+    """CuPy has no DLPack exchange API; the core asks CuPy for its current stream instead, runs on
+    it and hands it to every producer, so CuPy arrays need no cross-stream event."""
+    pytest.importorskip("cupy")
+    import cupy
+
+    import stridedfa
+    from helpers.fake_dlpack import FakeTensor
+
+    class CupyLike(FakeTensor):  # a producer whose type lives in CuPy's namespace
+        pass
+
+    CupyLike.__module__ = "cupy._core.core"
+
+    class Current:
+        ptr = 0x6000
+
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda *args: Current())
+    q = CupyLike((1, 2, 16, 64), dtype="float16")
+    seen = stridedfa._core._inspect_dlpack(q)
+    assert seen["stream"] == 0x6000 and q.streams == [0x6000]
+
+    other = FakeTensor((1, 2, 16, 64), dtype="float16")  # not CuPy: the legacy default stream
+    assert stridedfa._core._inspect_dlpack(other)["stream"] == 0 and other.streams == [1]
+    explicit = CupyLike((1, 2, 16, 64), dtype="float16")  # an explicit stream wins
+    assert stridedfa._core._inspect_dlpack(explicit, stream=0x9000)["stream"] == 0x9000

@@ -320,3 +320,21 @@ def test_stridedfa_attention_dispatches_cupy_arrays(cupy, seed):
     assert isinstance(out, cp.ndarray) and isinstance(lse, cp.ndarray)
     want, want_lse = stridedfa.cupy.attention(q, k, v, causal=True, return_lse=True)
     assert cp.array_equal(out, want) and cp.array_equal(lse, want_lse)
+
+
+def test_sdpa_forward_with_cupy_arrays_runs_on_cupys_current_stream(cupy, seed):
+    """No stream argument: a CuPy q puts the call on CuPy's current stream, where the inputs are
+    written late (after a GPU sleep); any other stream would read their NaN poison."""
+    cp = cupy
+    rng = np.random.default_rng(seed)
+    (q, k, v), (hq, hk, hv) = _inputs(cp, rng, "bhsd", 2, 4, 4, 256, 256, 64)
+    side = cp.cuda.Stream(non_blocking=True)
+    inputs = _poisoned_inputs_written_late(cp, side, (q, k, v))
+    with side:
+        out = cp.full(q.shape, np.nan, dtype=cp.float16)
+        lse = cp.full(q.shape[:3], np.nan, dtype=cp.float32)
+        stridedfa.sdpa_forward(*inputs, out, lse=lse, causal=True)
+    side.synchronize()
+    want_out, want_lse = reference.sdpa_forward(hq, hk, hv, causal=True)
+    _check_close(cp.asnumpy(out), want_out, OUT_ATOL, OUT_RTOL, "out")
+    _check_close(cp.asnumpy(lse), want_lse, LSE_ATOL, 0.0, "lse")
