@@ -210,6 +210,22 @@ def _poisoned_inputs_written_late(cp, stream, sources):
     return targets
 
 
+def _busy_legacy_stream():
+    """A long GPU sleep on the legacy default stream: work wrongly queued there finishes late."""
+    with torch.cuda.stream(torch.cuda.default_stream()):
+        torch.cuda._sleep(2 * SLEEP_CYCLES)
+
+
+def _read_now(cp, *arrays):
+    """Host copies made on a fresh non-blocking stream, ordered after nothing: they show what is
+    in memory at this moment (call it after synchronising the stream the work should be on)."""
+    reader = cp.cuda.Stream(non_blocking=True)
+    with reader:
+        copies = [cp.asnumpy(a, stream=reader) for a in arrays]
+    reader.synchronize()
+    return copies
+
+
 @pytest.mark.parametrize("how", ["current_stream", "stream_object", "stream_handle",
                                  "cuda_stream_protocol"])
 def test_runs_on_cupys_current_stream_or_the_given_one(cupy, how, seed):
@@ -224,6 +240,7 @@ def test_runs_on_cupys_current_stream_or_the_given_one(cupy, how, seed):
 
     side = cp.cuda.Stream(non_blocking=True)
     inputs = _poisoned_inputs_written_late(cp, side, (q, k, v))
+    _busy_legacy_stream()
     if how == "current_stream":
         with side:
             out, lse = stridedfa.cupy.attention(*inputs, causal=True, return_lse=True)
@@ -240,12 +257,14 @@ def test_runs_on_cupys_current_stream_or_the_given_one(cupy, how, seed):
         grads = stridedfa.cupy.attention_backward(*inputs, out, lse, out, causal=True,
                                                   stream=stream)
     side.synchronize()  # only the side stream: the results must be complete now
-    assert cp.array_equal(out, want_out), f"out ({how})"
-    assert cp.array_equal(lse, want_lse), f"lse ({how})"
-    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads, want_grads):
-        assert not cp.isnan(got).any(), f"{name} ({how}) has NaN"
-        assert float(cp.abs(got.astype(cp.float32) - want.astype(cp.float32)).max()) <= \
-            1e-3 * float(cp.abs(want.astype(cp.float32)).max()), f"{name} ({how})"
+    got_out, got_lse, *got_grads = _read_now(cp, out, lse, *grads)
+    assert np.array_equal(got_out, cp.asnumpy(want_out)), f"out ({how})"
+    assert np.array_equal(got_lse, cp.asnumpy(want_lse)), f"lse ({how})"
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), got_grads, want_grads):
+        want = cp.asnumpy(want).astype(np.float32)
+        assert not np.isnan(got).any(), f"{name} ({how}) has NaN"
+        err = np.abs(got.astype(np.float32) - want).max()
+        assert err <= 1e-3 * np.abs(want).max(), f"{name} ({how}): max abs err {err:.3e}"
 
 
 def test_two_streams_concurrently_match_single_stream_runs(cupy, seed):
@@ -323,18 +342,24 @@ def test_stridedfa_attention_dispatches_cupy_arrays(cupy, seed):
 
 
 def test_sdpa_forward_with_cupy_arrays_runs_on_cupys_current_stream(cupy, seed):
-    """No stream argument: a CuPy q puts the call on CuPy's current stream, where the inputs are
-    written late (after a GPU sleep); any other stream would read their NaN poison."""
+    """No stream argument: a CuPy q puts the call on CuPy's current stream. The legacy default
+    stream is kept busy meanwhile, so results read right after syncing only the CuPy stream are
+    NaN poison if the call ran there."""
     cp = cupy
     rng = np.random.default_rng(seed)
     (q, k, v), (hq, hk, hv) = _inputs(cp, rng, "bhsd", 2, 4, 4, 256, 256, 64)
+    # build the graph first: nothing during the timed part may synchronise the device
+    stridedfa.sdpa_forward(q, k, v, cp.empty_like(q), lse=cp.empty(q.shape[:3], cp.float32),
+                           causal=True)
     side = cp.cuda.Stream(non_blocking=True)
     inputs = _poisoned_inputs_written_late(cp, side, (q, k, v))
+    _busy_legacy_stream()  # the stream the call ran on before CuPy's current stream was used
     with side:
         out = cp.full(q.shape, np.nan, dtype=cp.float16)
         lse = cp.full(q.shape[:3], np.nan, dtype=cp.float32)
         stridedfa.sdpa_forward(*inputs, out, lse=lse, causal=True)
     side.synchronize()
+    got_out, got_lse = _read_now(cp, out, lse)
     want_out, want_lse = reference.sdpa_forward(hq, hk, hv, causal=True)
-    _check_close(cp.asnumpy(out), want_out, OUT_ATOL, OUT_RTOL, "out")
-    _check_close(cp.asnumpy(lse), want_lse, LSE_ATOL, 0.0, "lse")
+    _check_close(got_out, want_out, OUT_ATOL, OUT_RTOL, "out")
+    _check_close(got_lse, want_lse, LSE_ATOL, 0.0, "lse")
