@@ -131,7 +131,8 @@ def test_forward_without_lse_allocates_only_out(adapter):
     assert len(adapter.record["allocations"]) == 1
 
 
-def test_backward_allocates_gradients_by_the_layout_rule(adapter):
+def test_backward_allocates_gradients_by_the_layout_rule(adapter, monkeypatch):
+    monkeypatch.setattr(adapter, "_ndarray", FakeArray)  # the fakes stand in for cupy.ndarray
     dense_bshd = ((2, 8, 64, 128), (64 * 8 * 128, 128, 8 * 128, 1))
     q = FakeArray(*dense_bshd, "float16")
     k = FakeArray(*PACKED_BSHD, "float16")  # a packed view: compact gradient in its axis order
@@ -144,6 +145,12 @@ def test_backward_allocates_gradients_by_the_layout_rule(adapter):
     (args,) = adapter.record["backward"]
     assert args[:6] == (q, k, v, "out", "grad_out", "lse")  # the core's argument order
     assert args[6:9] == grads and args[12] == 5
+
+
+def test_backward_needs_cupy_arrays_for_the_gradients_it_allocates(adapter):
+    q = FakeArray(*PACKED_BSHD, "float16")
+    with pytest.raises(TypeError, match=r"attention_backward takes q as a cupy.ndarray"):
+        adapter._backward(q, q, q, None, None, None, None, False, "top_left", 0)
 
 
 def test_inputs_that_are_not_4d_are_layout_errors(adapter):

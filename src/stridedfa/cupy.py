@@ -54,7 +54,7 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
         q: (batch, h_q, s_q, d_qk) ``cupy.ndarray``, float16 (or bfloat16 where CuPy has it), any
             valid strides: a bshd array ``x`` is passed as ``x.transpose(0, 2, 1, 3)``.
         k: (batch, h_kv, s_kv, d_qk); h_q must be a multiple of h_kv (GQA/MQA need no repeat).
-            k and v may also be other DLPack tensors on the same device.
+            In the forward, k and v may also be other DLPack tensors on the same device.
         v: (batch, h_kv, s_kv, d_v).
         scale: defaults to ``1 / sqrt(d_qk)``.
         causal: mask keys after the query position.
@@ -137,6 +137,9 @@ def _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, hand
     """Allocates the gradients on the current device and stream, then runs on `handle`."""
     grads = []
     for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, _ndarray):  # its gradient is allocated like it, by CuPy
+            raise TypeError(f"stridedfa.cupy.attention_backward takes {name} as a cupy.ndarray, "
+                            f"got {type(x).__module__}.{type(x).__qualname__}")
         shape, strides = _shape_and_strides(x, name)
         grads.append(_empty(shape, _gradient_strides(shape, strides), x.dtype))
     grad_q, grad_k, grad_v = grads
