@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_stridedfa_cupy_without_cupy_is_a_clear_import_error():
         assert "pip install cupy-cuda13x" in line
 
 
-# --- With CuPy importable (its arrays need a GPU, so fakes stand in for them) ----------------------
+# --- The adapter's logic (CuPy arrays need a GPU, so fakes stand in for them) ----------------------
 
 class FakeArray:
     """What the adapter reads of a cupy.ndarray: shape, strides in bytes, itemsize, dtype."""
@@ -62,10 +63,49 @@ class FakeArray:
         self.strides = tuple(s * self.itemsize for s in strides_elements)
 
 
+def _fake_cupy():
+    """The little of CuPy that importing stridedfa.cupy touches, for machines without CuPy (CI).
+    One instance per process: the core remembers the cupy.cuda module it has seen."""
+    import numpy as np
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("fake CuPy: no CUDA here")
+
+    cupy = types.ModuleType("cupy")
+    cuda = types.ModuleType("cupy.cuda")
+    stream = types.ModuleType("cupy.cuda.stream")
+    runtime = types.SimpleNamespace(getDevice=unavailable)
+    stream._BaseStream = type("_BaseStream", (), {})
+    cuda.stream, cuda.runtime, cuda.alloc, cuda.Device = stream, runtime, unavailable, unavailable
+    cuda.get_current_stream = unavailable
+    cupy.cuda, cupy.ndarray, cupy.dtype, cupy.float32 = cuda, type("ndarray", (), {}), np.dtype, np.float32
+    cupy.__fake__ = True
+    return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.stream": stream}
+
+
+_FAKE_CUPY = _fake_cupy()
+
+
 @pytest.fixture
-def adapter(monkeypatch):
+def cupy_module(monkeypatch):
+    """CuPy if it is installed, else the fake one, installed in sys.modules for the test."""
+    try:
+        import cupy
+
+        return cupy
+    except ImportError:
+        for name, module in _FAKE_CUPY.items():
+            monkeypatch.setitem(sys.modules, name, module)
+        import stridedfa
+
+        monkeypatch.setattr(stridedfa, "cupy", None, raising=False)  # restored afterwards
+        monkeypatch.delitem(sys.modules, "stridedfa.cupy", raising=False)
+        return _FAKE_CUPY["cupy"]
+
+
+@pytest.fixture
+def adapter(monkeypatch, cupy_module):
     """stridedfa.cupy with CuPy's allocator, ndarray and the core's entry points recorded."""
-    pytest.importorskip("cupy")
     import stridedfa.cupy as adapter
     from stridedfa import _core
 
@@ -183,12 +223,10 @@ def test_cupy_is_a_lazy_attribute_of_stridedfa():
 
 # --- sdpa_forward with CuPy arrays and no stream: CuPy's current stream ----------------------------
 
-def test_cupy_arrays_decide_the_call_stream_as_cupys_current(monkeypatch):
+def test_cupy_arrays_decide_the_call_stream_as_cupys_current(monkeypatch, cupy_module):
     """CuPy has no DLPack exchange API; the core asks CuPy for its current stream instead, runs on
     it and hands it to every producer, so CuPy arrays need no cross-stream event."""
-    pytest.importorskip("cupy")
-    import cupy
-
+    cupy = cupy_module
     import stridedfa
     from helpers.fake_dlpack import FakeTensor
 
