@@ -126,9 +126,11 @@ cdef class DeviceBuffer:
                         "not directly")
 
     def __dealloc__(self):
-        if self.ptr != NULL:
-            buffer_free(self._device, self.ptr, self._stream, self._shared)
-            self.ptr = NULL
+        cdef void* ptr = self.ptr
+        self.ptr = NULL
+        if ptr != NULL:
+            with nogil:  # a shared buffer's free waits for the device; let other threads run
+                buffer_free(self._device, ptr, self._stream, self._shared)
 
     @property
     def shape(self):
