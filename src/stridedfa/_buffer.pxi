@@ -253,6 +253,8 @@ cdef DeviceBuffer new_buffer(tuple shape, tuple strides, DLDataType dtype, int32
     return buf
 
 
+from stridedfa import _layouts  # the one layout rule for what adapters allocate
+
 cdef DLDataType FLOAT32
 FLOAT32.code = 2  # kDLFloat
 FLOAT32.bits = 32
@@ -279,13 +281,12 @@ def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, str
     if qv.ndim != 4 or vv.ndim != 4:
         raise LayoutError(
             f"q and v must be 4-D (batch, heads, seq, head_dim); got {qv.ndim}-D q and {vv.ndim}-D v")
-    from stridedfa._layouts import output_strides
     b, h_q, s_q = qv.dims[0], qv.dims[1], qv.dims[2]
     out_shape = (b, h_q, s_q, vv.dims[3])
     q_strides = (qv.strides[0], qv.strides[1], qv.strides[2], qv.strides[3])
     handle = st.handle
     owner = stream if stream is not None and not isinstance(stream, int) else None
-    out = new_buffer(out_shape, output_strides(out_shape, q_strides), qv.dtype, qv.device_id,
+    out = new_buffer(out_shape, _layouts.output_strides(out_shape, q_strides), qv.dtype, qv.device_id,
                      handle, owner)
     lse = None
     if return_lse:
