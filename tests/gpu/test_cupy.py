@@ -82,9 +82,9 @@ CASES = {  # name: (layout, b, h_q, h_kv, s_q, s_kv, d, options)
     "bhsd": ("bhsd", 2, 4, 4, 128, 128, 64, {}),
     "bshd_causal": ("bshd", 2, 4, 4, 256, 256, 64, {"causal": True}),
     "packed_causal": ("packed", 2, 4, 4, 128, 128, 64, {"causal": True}),
-    "gqa_bshd": ("bshd", 1, 8, 2, 128, 192, 128, {"scale": 0.1}),
-    "bottom_right": ("bhsd", 2, 2, 1, 64, 192, 64, {"causal": True,
-                                                    "causal_alignment": "bottom_right"}),
+    "gqa_bshd": ("bshd", 1, 8, 2, 128, 256, 128, {"scale": 0.1}),
+    "mqa_bottom_right": ("bhsd", 2, 2, 1, 128, 256, 64, {"causal": True,
+                                                         "causal_alignment": "bottom_right"}),
 }
 
 
