@@ -245,6 +245,8 @@ cdef DeviceBuffer new_buffer(tuple shape, tuple strides, DLDataType dtype, int32
     buf._device = device
     buf._stream = stream
     buf._stream_owner = stream_owner
+    # cudaStreamPerThread (2) names another stream on every thread, and the free may run on any.
+    buf._shared = stream == 2
     buf._nbytes = (last + 1) * ((dtype.bits * dtype.lanes + 7) // 8) if extent else 0
     if buf._nbytes > 0:
         ensure_libraries()
