@@ -33,6 +33,11 @@ struct Api {
   decltype(&cudaGetDeviceProperties) GetDeviceProperties = nullptr;
   decltype(&cudaMallocAsync) MallocAsync = nullptr;
   decltype(&cudaFreeAsync) FreeAsync = nullptr;
+  decltype(&cudaDeviceSynchronize) DeviceSynchronize = nullptr;
+  decltype(&cudaEventCreateWithFlags) EventCreateWithFlags = nullptr;
+  decltype(&cudaEventRecord) EventRecord = nullptr;
+  decltype(&cudaStreamWaitEvent) StreamWaitEvent = nullptr;
+  decltype(&cudaEventDestroy) EventDestroy = nullptr;
 
   using CudnnStatus = int;
   size_t (*cudnnGetVersion)() = nullptr;
@@ -136,6 +141,11 @@ void set_libraries(void* cudnn_dl_handle, const std::string& cudart_path) {
           next.GetDeviceProperties, cudart_path);
   resolve(next.cudart, "cudaMallocAsync", next.MallocAsync, cudart_path);
   resolve(next.cudart, "cudaFreeAsync", next.FreeAsync, cudart_path);
+  resolve(next.cudart, "cudaDeviceSynchronize", next.DeviceSynchronize, cudart_path);
+  resolve(next.cudart, "cudaEventCreateWithFlags", next.EventCreateWithFlags, cudart_path);
+  resolve(next.cudart, "cudaEventRecord", next.EventRecord, cudart_path);
+  resolve(next.cudart, "cudaStreamWaitEvent", next.StreamWaitEvent, cudart_path);
+  resolve(next.cudart, "cudaEventDestroy", next.EventDestroy, cudart_path);
 
   int runtime_version = 0;
   if (next.RuntimeGetVersion(&runtime_version) != cudaSuccess || runtime_version / 1000 != CUDART_VERSION / 1000) {
@@ -267,6 +277,43 @@ void* pool_alloc(int64_t bytes, std::uintptr_t stream) {
 
 void pool_free(void* ptr, std::uintptr_t stream) {
   check_cuda(loaded_api().FreeAsync(ptr, reinterpret_cast<cudaStream_t>(stream)), "cudaFreeAsync (workspace)");
+}
+
+void* buffer_alloc(int32_t device, int64_t bytes, std::uintptr_t stream) {
+  // cudaMallocAsync on the legacy default stream draws from the current device's pool.
+  DeviceGuard guard(device);
+  void* ptr = nullptr;
+  check_cuda(loaded_api().MallocAsync(&ptr, size_t(bytes), reinterpret_cast<cudaStream_t>(stream)),
+             "cudaMallocAsync (output buffer)");
+  return ptr;
+}
+
+void buffer_free(int32_t device, void* ptr, std::uintptr_t stream, bool synchronize) noexcept {
+  if (!ptr || !libraries_loaded()) return;
+  try {
+    DeviceGuard guard(device);
+    const Api& a = api();
+    if (synchronize) {
+      // Consumers on other streams may still read the memory; nothing short of waiting for the
+      // whole device orders this free after their work. After it, any stream will do.
+      a.DeviceSynchronize();
+      stream = 0;
+    }
+    a.FreeAsync(ptr, reinterpret_cast<cudaStream_t>(stream));
+  } catch (...) {
+    // A deleter must not throw; a failed free during teardown only leaks.
+  }
+}
+
+void stream_wait_stream(int32_t device, std::uintptr_t consumer, std::uintptr_t producer) {
+  DeviceGuard guard(device);
+  const Api& a = loaded_api();
+  cudaEvent_t event = nullptr;
+  check_cuda(a.EventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  cudaError_t status = a.EventRecord(event, reinterpret_cast<cudaStream_t>(producer));
+  if (status == cudaSuccess) status = a.StreamWaitEvent(reinterpret_cast<cudaStream_t>(consumer), event, 0);
+  a.EventDestroy(event);  // safe while pending: released once the recorded work completes
+  check_cuda(status, "cudaEventRecord/cudaStreamWaitEvent");
 }
 
 }  // namespace stridedfa

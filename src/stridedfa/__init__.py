@@ -7,24 +7,29 @@ anything runs.
 
     stridedfa.sdpa_forward(q, k, v, out, lse=None, ...)      # any DLPack tensors, outputs in place
     stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, ...)
+    stridedfa.attention(q, k, v, causal=True)                # any DLPack tensor, outputs allocated
     stridedfa.torch.attention(q, k, v, causal=True)          # torch.Tensor, differentiable
+    stridedfa.cupy.attention(q, k, v, causal=True)           # cupy.ndarray, CuPy's pool and stream
     stridedfa.info()                                         # what was found, or why not
 
 Importing stridedfa needs no GPU, no cuDNN and no framework; cuDNN and the CUDA runtime are loaded
 at the first GPU call.
 """
 
-from stridedfa._core import cache_clear, cache_info, sdpa_backward, sdpa_forward
+from stridedfa._core import DeviceBuffer, cache_clear, cache_info, sdpa_backward, sdpa_forward
+from stridedfa._dispatch import attention
 from stridedfa._errors import BackendError, LayoutError, StridedFAError, UnsupportedError
 from stridedfa._info import info
 from stridedfa._version import __version__
 
 __all__ = [
     "BackendError",
+    "DeviceBuffer",
     "LayoutError",
     "StridedFAError",
     "UnsupportedError",
     "__version__",
+    "attention",
     "cache_clear",
     "cache_info",
     "info",
@@ -35,7 +40,7 @@ __all__ = [
 
 def __getattr__(name: str):
     # Framework adapters import their framework, so they load on first use: stridedfa.torch.
-    if name in ("torch", "reference"):
+    if name in ("torch", "cupy", "reference"):
         import importlib
 
         return importlib.import_module(f"stridedfa.{name}")

@@ -103,6 +103,22 @@ cdef int parse_stream(object stream, CallStream* st) except -1:
     return 0
 
 
+cdef object _cupy_cuda = None  # the cupy.cuda module, once a CuPy array has been seen
+
+
+cdef uintptr_t default_stream_of(object obj) except? 0:
+    """The stream a call runs on when `obj`, a producer without the DLPack C exchange API, is the
+    first to decide it: CuPy's current stream for CuPy arrays (what a CuPy caller expects, and no
+    cross-stream event is then needed), else the legacy default stream (0)."""
+    global _cupy_cuda
+    if not type(obj).__module__.startswith("cupy"):
+        return 0
+    if _cupy_cuda is None:
+        import cupy.cuda
+        _cupy_cuda = cupy.cuda
+    return <uintptr_t>_cupy_cuda.get_current_stream().ptr
+
+
 cdef object protocol_stream(uintptr_t handle):
     # The array-API stream protocol has no 0: the legacy default stream is spelled 1 (torch rejects
     # 0 and 2, JAX treats -1 as a handle; we never pass either).
@@ -226,7 +242,7 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
                 f"cupy.asarray(x), JAX: jax.device_put(x, gpu)).")
     if not st.decided:
         st.decided = True
-        st.handle = 0
+        st.handle = default_stream_of(obj)
     consume_capsule(call_dlpack(obj, protocol_stream(st.handle), name), name, view, owned)
     if is_output and type(obj).__module__.startswith(("jax", "jaxlib")):
         view.read_only = True  # JAX arrays are immutable though their DLPack export does not say so
@@ -358,10 +374,11 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
         causal: mask keys after the query position.
         causal_alignment: ``"top_left"``: query i sees keys j <= i. ``"bottom_right"``: query i sees
             keys j <= i + s_kv - s_q (the last query sees every key; for decoding with a KV cache).
-        stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, the
-            call runs on the current stream of the first argument whose producer offers the DLPack
-            C exchange API (torch's current stream), else on the legacy default stream; producers
-            on another stream are ordered before the call through ``__dlpack__(stream=...)``.
+        stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, q
+            decides: the call runs on its producer's current stream where the DLPack C exchange
+            API reports it (torch) and on CuPy's current stream for a CuPy array, else on the
+            legacy default stream; producers on another stream are ordered before the call
+            through ``__dlpack__(stream=...)``.
 
     Rules (checked before anything runs; a failure raises LayoutError naming the tensor, axis,
     value and fix, and writes nothing): one CUDA device; one dtype for q, k, v, out; head_dim
@@ -559,3 +576,4 @@ def _inspect_dlpack(obj, stream=None):
 
 
 include "_framework_alloc.pxi"
+include "_buffer.pxi"

@@ -48,4 +48,15 @@ void* cudnn_handle_for(int32_t device, std::uintptr_t stream);
 void* pool_alloc(int64_t bytes, std::uintptr_t stream);
 void pool_free(void* ptr, std::uintptr_t stream);
 
+// Device memory of stridedfa-owned outputs (DeviceBuffer): `bytes` from `device`'s default pool,
+// ordered on `stream`. Throws BackendError.
+void* buffer_alloc(int32_t device, int64_t bytes, std::uintptr_t stream);
+// Returns a DeviceBuffer's memory. Stream-ordered on `stream` when only that stream ever used it;
+// with `synchronize` (the memory was handed to consumers on other or unknown streams, whose work we
+// cannot see) it first waits for all work on the device. Runs from DLPack deleters: never throws.
+void buffer_free(int32_t device, void* ptr, std::uintptr_t stream, bool synchronize) noexcept;
+// Orders all work queued so far on `producer` before any later work on `consumer` (an event
+// recorded on one, waited on by the other). Throws BackendError.
+void stream_wait_stream(int32_t device, std::uintptr_t consumer, std::uintptr_t producer);
+
 }  // namespace stridedfa

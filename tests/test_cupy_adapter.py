@@ -1,0 +1,249 @@
+"""The CuPy adapter without a GPU: import behaviour, argument checks, and the layouts it allocates
+(with CuPy's allocator and the core replaced by recorders)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from stridedfa import _layouts
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True)
+
+
+def test_import_stridedfa_imports_no_framework():
+    result = _run("""
+        import sys, stridedfa
+        print(sorted(m for m in ("torch", "cupy", "jax", "jaxlib") if m in sys.modules))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_stridedfa_cupy_without_cupy_is_a_clear_import_error():
+    result = _run("""
+        import sys
+        sys.modules["cupy"] = None  # as if CuPy were not installed
+        import stridedfa
+        try:
+            stridedfa.cupy
+        except ImportError as error:
+            print("ImportError:", error)
+        try:
+            import stridedfa.cupy
+        except ImportError as error:
+            print("ImportError:", error)
+    """)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2, result.stdout
+    for line in lines:
+        assert line.startswith("ImportError: stridedfa.cupy needs CuPy"), line
+        assert "pip install cupy-cuda13x" in line
+
+
+# --- The adapter's logic (CuPy arrays need a GPU, so fakes stand in for them) ----------------------
+
+class FakeArray:
+    """What the adapter reads of a cupy.ndarray: shape, strides in bytes, itemsize, dtype."""
+
+    def __init__(self, shape, strides_elements, dtype):
+        import numpy as np
+
+        self.dtype = np.dtype(dtype)
+        self.itemsize = self.dtype.itemsize
+        self.shape = tuple(shape)
+        self.strides = tuple(s * self.itemsize for s in strides_elements)
+
+
+def _fake_cupy():
+    """The little of CuPy that importing stridedfa.cupy touches, for machines without CuPy (CI).
+    One instance per process: the core remembers the cupy.cuda module it has seen."""
+    import numpy as np
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("fake CuPy: no CUDA here")
+
+    cupy = types.ModuleType("cupy")
+    cuda = types.ModuleType("cupy.cuda")
+    stream = types.ModuleType("cupy.cuda.stream")
+    runtime = types.SimpleNamespace(getDevice=unavailable)
+    stream._BaseStream = type("_BaseStream", (), {})
+    cuda.stream, cuda.runtime, cuda.alloc, cuda.Device = stream, runtime, unavailable, unavailable
+    cuda.get_current_stream = unavailable
+    cupy.cuda, cupy.ndarray, cupy.dtype, cupy.float32 = cuda, type("ndarray", (), {}), np.dtype, np.float32
+    cupy.__fake__ = True
+    return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.stream": stream}
+
+
+_FAKE_CUPY = _fake_cupy()
+
+
+@pytest.fixture
+def cupy_module(monkeypatch):
+    """CuPy if it is installed, else the fake one, installed in sys.modules for the test."""
+    try:
+        import cupy
+
+        return cupy
+    except ImportError:
+        for name, module in _FAKE_CUPY.items():
+            monkeypatch.setitem(sys.modules, name, module)
+        import stridedfa
+
+        monkeypatch.setattr(stridedfa, "cupy", None, raising=False)  # restored afterwards
+        monkeypatch.delitem(sys.modules, "stridedfa.cupy", raising=False)
+        return _FAKE_CUPY["cupy"]
+
+
+@pytest.fixture
+def adapter(monkeypatch, cupy_module):
+    """stridedfa.cupy with CuPy's allocator, ndarray and the core's entry points recorded."""
+    import stridedfa.cupy as adapter
+    from stridedfa import _core
+
+    record = {"allocations": [], "arrays": [], "forward": [], "backward": []}
+
+    class Memory:
+        def __init__(self, nbytes):
+            self.nbytes = nbytes
+            self.ptr = 0x1000 * (len(record["allocations"]) + 1)
+
+    def alloc(nbytes):
+        record["allocations"].append(nbytes)
+        return Memory(nbytes)
+
+    def ndarray(shape, dtype, memptr, strides):
+        array = FakeArray(shape, [s // dtype.itemsize for s in strides], dtype)
+        array.memptr = memptr
+        record["arrays"].append(array)
+        return array
+
+    monkeypatch.setattr(adapter, "_alloc", alloc)
+    monkeypatch.setattr(adapter, "_new_array", ndarray)
+    monkeypatch.setattr(_core, "_forward", lambda *args: record["forward"].append(args))
+    monkeypatch.setattr(_core, "_backward", lambda *args: record["backward"].append(args))
+    adapter.record = record
+    return adapter
+
+
+def _elements(array):
+    return tuple(s // array.itemsize for s in array.strides)
+
+
+PACKED_BSHD = ((2, 4, 128, 64), (128 * 3 * 4 * 64, 64, 3 * 4 * 64, 1))  # q of a (b, s, 3, h, d) qkv
+
+
+@pytest.mark.parametrize("q_layout", [
+    ((2, 4, 128, 64), (4 * 128 * 64, 128 * 64, 64, 1)),   # bhsd
+    ((2, 4, 128, 64), (128 * 4 * 64, 64, 4 * 64, 1)),     # bshd (a transposed view)
+    PACKED_BSHD,
+])
+def test_forward_allocates_out_in_q_axis_order_and_packed_lse(adapter, q_layout):
+    shape, strides = q_layout
+    q = FakeArray(shape, strides, "float16")
+    v = FakeArray((2, 4, 256, 32), (4 * 256 * 32, 256 * 32, 32, 1), "float16")
+    out, lse = adapter._forward(q, q, v, 0.1, True, "bottom_right", True, 0x77)
+
+    assert out.shape == (2, 4, 128, 32) and out.dtype == q.dtype
+    assert _elements(out) == _layouts.output_strides((2, 4, 128, 32), strides)
+    assert lse.shape == (2, 4, 128) and lse.dtype.name == "float32"
+    assert _elements(lse) == (4 * 128, 128, 1)
+    assert adapter.record["allocations"] == [2 * 4 * 128 * 32 * 2, 2 * 4 * 128 * 4]
+    (args,) = adapter.record["forward"]
+    assert args[3] is out and args[4] is lse
+    assert args[5:9] == (0.1, True, "bottom_right", 0x77)  # scale, causal, alignment, stream
+    assert args[9] is adapter._workspace
+
+
+def test_forward_without_lse_allocates_only_out(adapter):
+    q = FakeArray(*PACKED_BSHD, "float16")
+    out = adapter._forward(q, q, q, None, False, "top_left", False, 0)
+    assert isinstance(out, FakeArray)
+    assert adapter.record["forward"][0][4] is None
+    assert len(adapter.record["allocations"]) == 1
+
+
+def test_backward_allocates_gradients_by_the_layout_rule(adapter, monkeypatch):
+    monkeypatch.setattr(adapter, "_ndarray", FakeArray)  # the fakes stand in for cupy.ndarray
+    dense_bshd = ((2, 8, 64, 128), (64 * 8 * 128, 128, 8 * 128, 1))
+    q = FakeArray(*dense_bshd, "float16")
+    k = FakeArray(*PACKED_BSHD, "float16")  # a packed view: compact gradient in its axis order
+    v = FakeArray((2, 4, 128, 64), (4 * 128 * 64, 128 * 64, 64, 1), "float16")
+    grads = adapter._backward(q, k, v, "out", "lse", "grad_out", None, False, "top_left", 5)
+    for grad, x in zip(grads, (q, k, v)):
+        assert grad.shape == x.shape
+        assert _elements(grad) == _layouts.gradient_strides(x.shape, _elements(x))
+    assert _elements(grads[0]) == dense_bshd[1]  # dense input: the same strides
+    (args,) = adapter.record["backward"]
+    assert args[:6] == (q, k, v, "out", "grad_out", "lse")  # the core's argument order
+    assert args[6:9] == grads and args[12] == 5
+
+
+def test_backward_needs_cupy_arrays_for_the_gradients_it_allocates(adapter):
+    q = FakeArray(*PACKED_BSHD, "float16")
+    with pytest.raises(TypeError, match=r"attention_backward takes q as a cupy.ndarray"):
+        adapter._backward(q, q, q, None, None, None, None, False, "top_left", 0)
+
+
+def test_inputs_that_are_not_4d_are_layout_errors(adapter):
+    import stridedfa
+
+    q = FakeArray((4, 128, 64), (128 * 64, 64, 1), "float16")
+    with pytest.raises(stridedfa.LayoutError, match=r"q must be 4-D"):
+        adapter._forward(q, q, q, None, False, "top_left", False, 0)
+
+
+def test_q_must_be_a_cupy_array(adapter):
+    with pytest.raises(TypeError, match=r"takes q as a cupy.ndarray.*FakeArray"):
+        adapter.attention(FakeArray(*PACKED_BSHD, "float16"), None, None)
+    with pytest.raises(TypeError, match=r"attention_backward takes q as a cupy.ndarray"):
+        adapter.attention_backward(object(), None, None, None, None, None)
+
+
+@pytest.mark.parametrize("stream,error", [("s", TypeError), (True, TypeError), (-3, ValueError)])
+def test_bad_streams_are_refused_before_any_cuda_call(adapter, stream, error):
+    with pytest.raises(error, match="stream"):
+        adapter._call_stream(stream)
+
+
+def test_cupy_is_a_lazy_attribute_of_stridedfa():
+    pytest.importorskip("cupy")
+    import stridedfa
+
+    assert stridedfa.cupy.attention.__module__ == "stridedfa.cupy"
+
+
+# --- sdpa_forward with CuPy arrays and no stream: CuPy's current stream ----------------------------
+
+def test_cupy_arrays_decide_the_call_stream_as_cupys_current(monkeypatch, cupy_module):
+    """CuPy has no DLPack exchange API; the core asks CuPy for its current stream instead, runs on
+    it and hands it to every producer, so CuPy arrays need no cross-stream event."""
+    cupy = cupy_module
+    import stridedfa
+    from helpers.fake_dlpack import FakeTensor
+
+    class CupyLike(FakeTensor):  # a producer whose type lives in CuPy's namespace
+        pass
+
+    CupyLike.__module__ = "cupy._core.core"
+
+    class Current:
+        ptr = 0x6000
+
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda *args: Current())
+    q = CupyLike((1, 2, 16, 64), dtype="float16")
+    seen = stridedfa._core._inspect_dlpack(q)
+    assert seen["stream"] == 0x6000 and q.streams == [0x6000]
+
+    other = FakeTensor((1, 2, 16, 64), dtype="float16")  # not CuPy: the legacy default stream
+    assert stridedfa._core._inspect_dlpack(other)["stream"] == 0 and other.streams == [1]
+    explicit = CupyLike((1, 2, 16, 64), dtype="float16")  # an explicit stream wins
+    assert stridedfa._core._inspect_dlpack(explicit, stream=0x9000)["stream"] == 0x9000
