@@ -15,6 +15,9 @@ autograd. Contenders, all in one process and one run:
   (the framework-neutral DLPack path)
 * ``stridedfa_cupy``    ``stridedfa.cupy.attention`` on CuPy arrays (if CuPy and the adapter exist)
 * ``stridedfa_generic_cupy`` ``stridedfa.sdpa_forward`` on CuPy arrays (``__dlpack__`` protocol)
+* ``stridedfa_dispatch_cupy`` ``stridedfa.attention`` on CuPy arrays (dispatcher + CuPy adapter)
+* ``stridedfa_dispatch_other_producer`` ``stridedfa.attention`` on a producer with only
+  ``__dlpack__`` (wrapping CuPy arrays): protocol intake, ``stridedfa.DeviceBuffer`` output
 * ``diagnostic_intake_validate`` ``stridedfa._core._validate_forward``: DLPack intake and the
   validator alone (no graph lookup, no launch) -- a breakdown of the generic path, not a contender
 * ``core_execute_floor`` the core's C++ ``execute`` of the prepared call, repeated in a C++ loop:
@@ -59,6 +62,19 @@ def log(*args):
     print(*args, flush=True)
 
 
+class Producer:
+    """A DLPack producer stridedfa has no adapter for (outputs become stridedfa.DeviceBuffer)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
 def contenders(torch, sfa):
     """[(name, call, context factory, calls-per-invocation)]."""
     import torch.nn.functional as F
@@ -94,6 +110,9 @@ def contenders(torch, sfa):
         cupy_attention = sfa_cupy.attention
         plan.append(("stridedfa_cupy", lambda: cupy_attention(qc, kc, vc), null, 1))
         plan.append(("stridedfa_generic_cupy", lambda: forward(qc, kc, vc, outc), null, 1))
+        plan.append(("stridedfa_dispatch_cupy", lambda: sfa.attention(qc, kc, vc), null, 1))
+        pq, pk, pv = (Producer(t) for t in (qc, kc, vc))
+        plan.append(("stridedfa_dispatch_other_producer", lambda: sfa.attention(pq, pk, pv), null, 1))
     except Exception as exc:  # noqa: BLE001  (CuPy or its adapter missing: say so in the results)
         plan.append(("stridedfa_cupy", exc, null, 1))
     return plan, (q, k, v, out)
