@@ -537,3 +537,6 @@ def _inspect_dlpack(obj, stream=None):
         }
     finally:
         release(&owned, 1)
+
+
+include "_jax_ffi.pxi"
