@@ -8,6 +8,7 @@ anything runs.
     stridedfa.sdpa_forward(q, k, v, out, lse=None, ...)      # any DLPack tensors, outputs in place
     stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, ...)
     stridedfa.torch.attention(q, k, v, causal=True)          # torch.Tensor, differentiable
+    stridedfa.jax.attention(q, k, v, causal=True)            # jax.Array; jit, grad, vmap
     stridedfa.info()                                         # what was found, or why not
 
 Importing stridedfa needs no GPU, no cuDNN and no framework; cuDNN and the CUDA runtime are loaded
@@ -34,8 +35,9 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # Framework adapters import their framework, so they load on first use: stridedfa.torch.
-    if name in ("torch", "reference"):
+    # Framework adapters import their framework, so they load on first use: stridedfa.torch,
+    # stridedfa.jax.
+    if name in ("torch", "jax", "reference"):
         import importlib
 
         return importlib.import_module(f"stridedfa.{name}")
