@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from stridedfa import _core
-from stridedfa._errors import LayoutError
+from stridedfa._errors import LayoutError, UnsupportedError
 
 # Built against jaxlib 0.6.2's FFI headers (see pyproject.toml): XLA runs handlers built against
 # older FFI headers, not newer ones, and jax.ffi.ffi_call with vmap_method is needed.
@@ -126,7 +126,8 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
     Raises:
         stridedfa.LayoutError: a dtype, rank, shape or alignment the kernels cannot read (raised
             while tracing, before anything is compiled or launched).
-        stridedfa.UnsupportedError: a configuration stridedfa cannot run (raised while tracing).
+        stridedfa.UnsupportedError: a configuration stridedfa cannot run, e.g. bottom-right causal
+            masking with s_q > s_kv (raised while tracing).
             Configurations only cuDNN itself can refuse (e.g. a head dimension the GPU's kernels
             lack) fail when the computation runs, as a JAX runtime error whose message starts
             with ``stridedfa UnsupportedError:``.
@@ -215,6 +216,10 @@ def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options) -> None
         if d % 8 != 0:
             raise LayoutError(f"{name}: head_dim (axis 3) is {d}; cuDNN needs 16-byte aligned rows, so "
                               f"head_dim must be a multiple of 8 for {dtypes[0]} arrays")
+    if options.causal and options.causal_alignment == "bottom_right" and s_q > s_k:
+        raise UnsupportedError(f"causal_alignment='bottom_right' with s_q ({s_q}) > s_kv ({s_k}) leaves the first "
+                               f"{s_q - s_k} query rows without any key; cuDNN refuses it (use 'top_left', or "
+                               f"s_q <= s_kv)")
     out_shape = _out_shape(q_shape, v_shape[3])
     _core._jax_validate(False, _LAYOUTS[options.layout],
                         (q_shape, k_shape, v_shape, out_shape, _lse_shape(q_shape, options.layout)),
