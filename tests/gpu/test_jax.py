@@ -147,8 +147,9 @@ def test_eager_jit_and_grad_match_reference(case, dtype, request):
 @pytest.mark.parametrize("case", [c for c in CASES if c[10] == "top_left" and c[7] == c[8]],
                          ids=lambda c: c[0])
 def test_matches_jax_cudnn_attention(case, dtype, request):
-    """Against jax.nn.dot_product_attention(implementation="cudnn") (bshd arrays, top-left causal
-    mask), outputs and all three gradients, within bf16 tolerance."""
+    """Against jax.nn.dot_product_attention(implementation="cudnn") (bshd arrays; its causal mask
+    is top-left; it requires d_v == d_qk), outputs and all three gradients, within bf16 tolerance.
+    Cases JAX's cuDNN path refuses (NotImplementedError) skip with its reason."""
     layout = case[1]
     options = _options(case)
     q, k, v, w = _inputs(case, dtype, _seed(request))
