@@ -216,8 +216,14 @@ def test_shapes_eval_grad_and_vmap(sj, jax, layout, q, k, v, out, dtype):
     assert (result.shape, str(result.dtype)) == (out, dtype)
     grads = jax.eval_shape(jax.grad(lambda *a: f(*a).astype("float32").sum(), (0, 1, 2)), *args)
     assert [(g.shape, str(g.dtype)) for g in grads] == [(s, dtype) for s in (q, k, v)]
-    batched = jax.eval_shape(jax.vmap(f), *[_spec(jax, (3, *s), dtype) for s in (q, k, v)])
+    batched_args = [_spec(jax, (3, *s), dtype) for s in (q, k, v)]
+    batched = jax.eval_shape(jax.vmap(f), *batched_args)
     assert batched.shape == (3, *out)
+    batched_grads = jax.eval_shape(jax.vmap(jax.grad(lambda *a: f(*a).astype("float32").sum(), (0, 1, 2))),
+                                   *batched_args)
+    assert [g.shape for g in batched_grads] == [(3, *s) for s in (q, k, v)]
+    shared_kv = jax.eval_shape(jax.vmap(f, in_axes=(0, None, None)), batched_args[0], *args[1:])
+    assert shared_kv.shape == (3, *out)
 
 
 def _custom_calls(text: str) -> list[str]:

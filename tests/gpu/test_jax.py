@@ -188,6 +188,12 @@ def test_vmap_folds_into_batch(request):
         one_grads = jax.grad(_loss(options), (0, 1, 2))(q[i], k[i], v[i], w[i])
         for name, a, b in zip(("grad_q", "grad_k", "grad_v"), grads, one_grads):
             _assert_close_to_scale(a[i], np.asarray(b, np.float32), BF16[3], f"vmapped {name}[{i}]")
+    # Unbatched k and v (in_axes None) are broadcast to the batch before the call.
+    shared = jax.jit(jax.vmap(lambda q, k, v: sj.attention(q, k, v, **options), in_axes=(0, None, None)))(q, k[0], v[0])
+    for i in range(2):
+        one = sj.attention(q[i], k[0], v[0], **options)
+        _assert_close(np.asarray(shared[i], np.float32), np.asarray(one, np.float32), BF16[0], BF16[1],
+                      f"vmapped out with shared k, v [{i}]")
 
 
 def test_jit_compiles_once_for_repeated_shapes(request):
