@@ -44,7 +44,7 @@ def _import_jax():
             f"({error}). Install it with: pip install -U 'jax[cuda13]'") from error
     found = getattr(jax, "__version__", "unknown")
     try:
-        import jax.ffi as ffi
+        from jax import ffi
     except ImportError:
         ffi = None
     if (_version_tuple(found) < MIN_JAX_VERSION or ffi is None
@@ -53,7 +53,7 @@ def _import_jax():
             f"stridedfa.jax needs JAX >= {needed} (for jax.ffi.ffi_call and "
             f"jax.ffi.register_ffi_target); found jax {found}. Upgrade with: "
             f"pip install -U 'jax[cuda13]'")
-    import jax.numpy  # noqa: F401
+    import jax.numpy
     return jax
 
 

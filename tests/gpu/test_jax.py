@@ -19,11 +19,11 @@ try:
 except RuntimeError as exc:  # no CUDA plugin, or it cannot see a device
     pytest.skip(f"JAX has no GPU backend: {exc}", allow_module_level=True)
 
-import jax.numpy as jnp  # noqa: E402
+import jax.numpy as jnp
 
-import stridedfa  # noqa: E402
-import stridedfa.jax as sj  # noqa: E402
-from stridedfa import reference  # noqa: E402
+import stridedfa
+import stridedfa.jax as sj
+from stridedfa import reference
 
 pytestmark = pytest.mark.gpu
 
@@ -246,7 +246,7 @@ def test_graphs_shared_with_sdpa_forward_and_torch(request):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
-    import stridedfa.torch  # noqa: F401
+    import stridedfa.torch
 
     b, h_q, h_kv, s_q, s_kv, d = 2, 8, 2, 192, 448, 64  # a problem no other test uses
     case = ("share", "bshd", b, h_q, h_kv, s_q, s_kv, d, d, True, "bottom_right")
@@ -331,7 +331,7 @@ def test_large_head_dims_correct_or_refused_with_stridedfa_error(d, request):
     except stridedfa.StridedFAError as exc:
         assert isinstance(exc, stridedfa.UnsupportedError), repr(exc)
         return
-    except Exception as exc:  # a JAX runtime error carrying the handler's message
+    except Exception as exc:  # noqa: BLE001  (a JAX runtime error carrying the handler's message)
         assert "stridedfa UnsupportedError" in str(exc), str(exc)
         return
     ref, _ = reference.sdpa_forward(*(_to_logical(x, "bshd") for x in (q, k, v)))
