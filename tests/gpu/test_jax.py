@@ -14,18 +14,29 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
-try:
-    GPU = jax.devices("gpu")[0]
-except RuntimeError as exc:  # no CUDA plugin, or it cannot see a device
-    pytest.skip(f"JAX has no GPU backend: {exc}", allow_module_level=True)
-
 import jax.numpy as jnp
 
 import stridedfa
-import stridedfa.jax as sj
 from stridedfa import reference
 
+try:
+    import stridedfa.jax as sj
+except ImportError as exc:  # a JAX too old for stridedfa.jax
+    pytest.skip(str(exc), allow_module_level=True)
+
 pytestmark = pytest.mark.gpu
+GPU = None  # JAX's first CUDA device, set by the fixture below
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _jax_gpu():
+    """Skips the module without a JAX CUDA backend; initialises it only when these tests run."""
+    global GPU
+    try:
+        GPU = jax.devices("gpu")[0]
+    except RuntimeError as exc:  # no CUDA plugin, or it cannot see a device
+        pytest.skip(f"JAX has no GPU backend: {exc}")
+
 
 DTYPES = {"float16": jnp.float16, "bfloat16": jnp.bfloat16}
 # Against the fp32 reference (the values tests/helpers/checks.py uses for torch).
