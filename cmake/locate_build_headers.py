@@ -4,8 +4,10 @@ CMakeLists.txt.
 Every header comes from a PyPI package in build-system.requires (see pyproject.toml), installed in
 the build environment: cudnn-frontend (nvidia-cudnn-frontend: <site-packages>/include), cuDNN
 (nvidia-cudnn-cu13: nvidia/cudnn/include) and the CUDA 13 runtime, crt, CCCL and NVRTC headers
-(nvidia/cu13/include and its cccl/). Where a full CUDA toolkit exists, CUDA_HOME (or CUDA_PATH)
-takes precedence for the CUDA headers; CUDNN_INCLUDE_DIR overrides the cuDNN headers.
+(nvidia/cu13/include and its cccl/), and XLA's header-only FFI API for the JAX handlers (jaxlib:
+jaxlib/include/xla/ffi/api). Where a full CUDA toolkit exists, CUDA_HOME (or CUDA_PATH) takes
+precedence for the CUDA headers; CUDNN_INCLUDE_DIR overrides the cuDNN headers and
+XLA_FFI_INCLUDE_DIR the XLA FFI headers (a folder holding xla/ffi/api/ffi.h).
 """
 
 from __future__ import annotations
@@ -73,8 +75,20 @@ def cuda_includes() -> list[str]:
     return folders
 
 
+def xla_ffi_include() -> str:
+    override = os.environ.get("XLA_FFI_INCLUDE_DIR")
+    # find_spec locates jaxlib without importing it (an import loads XLA: slow, and may fail here).
+    candidates = [override] if override else [os.path.join(d, "include") for d in package_dirs("jaxlib")]
+    found = first_with(candidates, os.path.join("xla", "ffi", "api", "ffi.h"))
+    if not found:
+        fail(f"xla/ffi/api/ffi.h not found (jaxlib in the build environment, or XLA_FFI_INCLUDE_DIR); "
+             f"looked in {candidates}")
+    return found
+
+
 if __name__ == "__main__":
     print(f"CUDNN_FRONTEND_INCLUDE_DIR={frontend_include()}")
     print(f"CUDNN_INCLUDE_DIR={cudnn_include()}")
     for folder in cuda_includes():
         print(f"CUDA_INCLUDE_DIRS={folder}")
+    print(f"XLA_FFI_INCLUDE_DIR={xla_ffi_include()}")

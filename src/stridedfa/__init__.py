@@ -10,6 +10,7 @@ anything runs.
     stridedfa.attention(q, k, v, causal=True)                # any DLPack tensor, outputs allocated
     stridedfa.torch.attention(q, k, v, causal=True)          # torch.Tensor, differentiable
     stridedfa.cupy.attention(q, k, v, causal=True)           # cupy.ndarray, CuPy's pool and stream
+    stridedfa.jax.attention(q, k, v, causal=True)            # jax.Array; jit, grad, vmap
     stridedfa.info()                                         # what was found, or why not
 
 Importing stridedfa needs no GPU, no cuDNN and no framework; cuDNN and the CUDA runtime are loaded
@@ -39,8 +40,9 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # Framework adapters import their framework, so they load on first use: stridedfa.torch.
-    if name in ("torch", "cupy", "reference"):
+    # Framework adapters import their framework, so they load on first use: stridedfa.torch,
+    # stridedfa.cupy, stridedfa.jax.
+    if name in ("torch", "cupy", "jax", "reference"):
         import importlib
 
         return importlib.import_module(f"stridedfa.{name}")

@@ -577,3 +577,4 @@ def _inspect_dlpack(obj, stream=None):
 
 include "_framework_alloc.pxi"
 include "_buffer.pxi"
+include "_jax_ffi.pxi"

@@ -1,0 +1,43 @@
+// The XLA FFI targets behind stridedfa.jax, and the one rule that turns an XLA buffer into the
+// core's TensorView.
+//
+// XLA hands a custom call dense row-major buffers. stridedfa.jax accepts q/k/v arrays in two axis
+// orders (a `layout` attribute): bshd arrays (batch, seq, heads, head_dim) and bhsd arrays
+// (batch, heads, seq, head_dim). Either is a strided view of the core's logical (b, h, s, d) axes:
+// for bshd the logical h axis has stride d and s has stride h * d, exactly like a torch
+// `x.transpose(1, 2)` of a contiguous (b, s, h, d) tensor, so JAX, torch and sdpa_forward calls on
+// the same problem share one cached cuDNN graph. Axes in front of the last three (vmap's batch axes)
+// fold into the batch axis, which a row-major buffer allows. The softmax statistics are float32
+// (b..., h, s), row-major.
+//
+// This header keeps XLA's headers out of everything but jax_ffi.cpp; jaxlib is never linked (the
+// handlers reach XLA only through the XLA_FFI_Api table it passes in each call frame).
+#pragma once
+
+#include <cstdint>
+
+#include "stridedfa/tensor_view.hpp"
+
+namespace stridedfa::jax_ffi {
+
+// Values of the handlers' `layout` attribute.
+enum class ArrayLayout : int64_t { bshd = 0, bhsd = 1 };
+
+// The (b, h, s, d) view of a dense row-major q/k/v/out-like buffer of `rank` >= 4 dims in `layout`.
+// Throws LayoutError for a rank below 4 or an unknown layout.
+TensorView array_view(const char* name, const int64_t* dims, int64_t rank, ArrayLayout layout, DLDataType dtype,
+                      int32_t device, std::uintptr_t data);
+
+// The (b, h, s) view of dense row-major float32 statistics of `rank` >= 3 dims (leading axes fold
+// into b). Throws LayoutError for a rank below 3.
+TensorView stats_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                      std::uintptr_t data);
+
+// The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
+// scale (f64), has_scale (bool: false means 1 / sqrt(d_qk)), causal (bool), causal_alignment
+// (i64: 0 top_left, 1 bottom_right), layout (i64: ArrayLayout).
+void* forward_handler();            // (q, k, v) -> (out, lse)
+void* forward_inference_handler();  // (q, k, v) -> (out): no statistics (cuDNN's inference graph)
+void* backward_handler();           // (q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)
+
+}  // namespace stridedfa::jax_ffi

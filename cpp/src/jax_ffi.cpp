@@ -1,0 +1,276 @@
+// XLA FFI handlers for stridedfa.jax: XLA's buffers become TensorViews, then the same
+// prepare -> graph cache -> execute path as every other call. Deliberately light: no
+// cudnn_frontend.h here, only XLA's three FFI API headers (from jaxlib, at build time).
+#include "stridedfa/jax_ffi.hpp"
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "stridedfa/errors.hpp"
+#include "stridedfa/sdpa.hpp"
+#include "xla/ffi/api/ffi.h"
+
+// CUDA declares cudaStream_t as `struct CUstream_st*`; PlatformStream needs only that pointer type,
+// so the CUDA headers stay out of this file.
+struct CUstream_st;
+
+namespace ffi = xla::ffi;
+
+namespace stridedfa::jax_ffi {
+
+TensorView array_view(const char* name, const int64_t* dims, int64_t rank, ArrayLayout layout, DLDataType dtype,
+                      int32_t device, std::uintptr_t data) {
+  if (rank < 4) {
+    throw LayoutError(std::string(name) + ": expected an array of 4 axes, got " + std::to_string(rank));
+  }
+  if (layout != ArrayLayout::bshd && layout != ArrayLayout::bhsd) {
+    throw LayoutError("unknown array layout code " + std::to_string(static_cast<int64_t>(layout)) +
+                      " (0: bshd, 1: bhsd)");
+  }
+  int64_t batch = 1;
+  for (int64_t i = 0; i < rank - 3; ++i) batch *= dims[i];
+  const int64_t outer = dims[rank - 3], inner = dims[rank - 2], d = dims[rank - 1];
+  const bool bshd = layout == ArrayLayout::bshd;
+  const int64_t h = bshd ? inner : outer, s = bshd ? outer : inner;
+  TensorView t;
+  t.name = name;
+  t.present = true;
+  t.ndim = 4;
+  const int64_t logical[4] = {batch, h, s, d};
+  const int64_t strides[4] = {outer * inner * d, bshd ? d : s * d, bshd ? h * d : d, 1};
+  for (int i = 0; i < 4; ++i) {
+    t.dims[i] = logical[i];
+    t.strides[i] = strides[i];
+  }
+  t.dtype = dtype;
+  t.device_type = kDLCUDA;
+  t.device_id = device;
+  t.data = data;
+  return t;
+}
+
+TensorView stats_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                      std::uintptr_t data) {
+  if (rank < 3) {
+    throw LayoutError(std::string(name) + ": expected statistics of 3 axes (batch, heads, seq), got " +
+                      std::to_string(rank));
+  }
+  int64_t batch = 1;
+  for (int64_t i = 0; i < rank - 2; ++i) batch *= dims[i];
+  const int64_t h = dims[rank - 2], s = dims[rank - 1];
+  TensorView t;
+  t.name = name;
+  t.present = true;
+  t.ndim = 3;
+  const int64_t logical[3] = {batch, h, s};
+  const int64_t strides[3] = {h * s, s, 1};
+  for (int i = 0; i < 3; ++i) {
+    t.dims[i] = logical[i];
+    t.strides[i] = strides[i];
+  }
+  t.dtype = dtype;
+  t.device_type = kDLCUDA;
+  t.device_id = device;
+  t.data = data;
+  return t;
+}
+
+namespace {
+
+using Stream = CUstream_st*;
+
+DLDataType dl_dtype(const char* name, ffi::DataType type) {
+  switch (type) {
+    case ffi::DataType::F16: return {kDLFloat, 16, 1};
+    case ffi::DataType::BF16: return {kDLBfloat, 16, 1};
+    case ffi::DataType::F32: return {kDLFloat, 32, 1};
+    case ffi::DataType::F64: return {kDLFloat, 64, 1};
+    default:
+      throw LayoutError(std::string(name) + ": XLA element type " + std::to_string(static_cast<int>(type)) +
+                        " is not float16 or bfloat16");
+  }
+}
+
+TensorView array_of(const char* name, const ffi::AnyBuffer& buffer, ArrayLayout layout, int32_t device) {
+  const auto dims = buffer.dimensions();
+  return array_view(name, dims.begin(), static_cast<int64_t>(dims.size()), layout,
+                    dl_dtype(name, buffer.element_type()), device,
+                    reinterpret_cast<std::uintptr_t>(buffer.untyped_data()));
+}
+
+TensorView stats_of(const char* name, const ffi::AnyBuffer& buffer, int32_t device) {
+  const auto dims = buffer.dimensions();
+  return stats_view(name, dims.begin(), static_cast<int64_t>(dims.size()), dl_dtype(name, buffer.element_type()),
+                    device, reinterpret_cast<std::uintptr_t>(buffer.untyped_data()));
+}
+
+struct Attrs {
+  double scale;
+  bool has_scale;
+  bool causal;
+  int64_t causal_alignment;
+  int64_t layout;
+};
+
+SdpaOptions options_of(const Attrs& a) {
+  if (a.causal_alignment != 0 && a.causal_alignment != 1) {
+    throw LayoutError("unknown causal_alignment code " + std::to_string(a.causal_alignment) +
+                      " (0: top_left, 1: bottom_right)");
+  }
+  SdpaOptions o;
+  o.has_scale = a.has_scale;
+  o.scale = a.scale;
+  o.causal = a.causal;
+  o.alignment = static_cast<CausalAlignment>(a.causal_alignment);
+  return o;
+}
+
+// cuDNN's workspace comes from XLA's allocator; it is released when the handler returns, which is
+// safe because XLA orders any reuse of that memory behind this call's work on the same stream.
+void launch(const PreparedCall& call, Stream stream, ffi::ScratchAllocator& scratch) {
+  void* workspace = nullptr;
+  if (call.workspace_bytes > 0 && !call.problem.nothing_to_do) {
+    const auto allocated = scratch.Allocate(static_cast<size_t>(call.workspace_bytes), 256);
+    if (!allocated.has_value()) {
+      throw BackendError("XLA could not allocate cuDNN's workspace of " + std::to_string(call.workspace_bytes) +
+                         " bytes");
+    }
+    workspace = *allocated;
+  }
+  execute(call, reinterpret_cast<std::uintptr_t>(stream), workspace);
+}
+
+// The core's exception in flight as an XLA error; the message starts with the stridedfa error kind.
+ffi::Error current_error() noexcept {
+  std::string message;
+  try {
+    switch (classify_current_exception(message)) {
+      case ErrorKind::layout:
+        return ffi::Error(ffi::ErrorCode::kInvalidArgument, "stridedfa LayoutError: " + message);
+      case ErrorKind::unsupported:
+        return ffi::Error(ffi::ErrorCode::kUnimplemented, "stridedfa UnsupportedError: " + message);
+      case ErrorKind::backend:
+        return ffi::Error(ffi::ErrorCode::kInternal, "stridedfa BackendError: " + message);
+      default:
+        return ffi::Error(ffi::ErrorCode::kInternal, "stridedfa internal error: " + message);
+    }
+  } catch (...) {  // building the message itself failed (out of memory)
+    return ffi::Error::Internal("stridedfa: error while reporting an error");
+  }
+}
+
+ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch, const ffi::AnyBuffer& q,
+                   const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, ffi::AnyBuffer& out,
+                   const ffi::AnyBuffer* lse, const Attrs& attrs) noexcept {
+  try {
+    const auto layout = static_cast<ArrayLayout>(attrs.layout);
+    ForwardArgs args;
+    args.q = array_of("q", q, layout, device);
+    args.k = array_of("k", k, layout, device);
+    args.v = array_of("v", v, layout, device);
+    args.out = array_of("out", out, layout, device);
+    if (lse) args.lse = stats_of("lse", *lse, device);
+    launch(prepare_forward(args, options_of(attrs)), stream, scratch);
+    return ffi::Error::Success();
+  } catch (...) {
+    return current_error();
+  }
+}
+
+ffi::Error forward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
+                        ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::Result<ffi::AnyBuffer> lse, double scale, bool has_scale, bool causal,
+                        int64_t causal_alignment, int64_t layout) {
+  return forward(stream, device, scratch, q, k, v, *out, &*lse, {scale, has_scale, causal, causal_alignment, layout});
+}
+
+ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
+                                  ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
+                                  double scale, bool has_scale, bool causal, int64_t causal_alignment,
+                                  int64_t layout) {
+  return forward(stream, device, scratch, q, k, v, *out, nullptr, {scale, has_scale, causal, causal_alignment, layout});
+}
+
+ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
+                         ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
+                         ffi::AnyBuffer grad_out, ffi::Result<ffi::AnyBuffer> grad_q,
+                         ffi::Result<ffi::AnyBuffer> grad_k, ffi::Result<ffi::AnyBuffer> grad_v, double scale,
+                         bool has_scale, bool causal, int64_t causal_alignment, int64_t layout) {
+  try {
+    const auto array_layout = static_cast<ArrayLayout>(layout);
+    BackwardArgs args;
+    args.q = array_of("q", q, array_layout, device);
+    args.k = array_of("k", k, array_layout, device);
+    args.v = array_of("v", v, array_layout, device);
+    args.out = array_of("out", out, array_layout, device);
+    args.lse = stats_of("lse", lse, device);
+    args.grad_out = array_of("grad_out", grad_out, array_layout, device);
+    args.grad_q = array_of("grad_q", *grad_q, array_layout, device);
+    args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
+    args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
+    launch(prepare_backward(args, options_of({scale, has_scale, causal, causal_alignment, layout})), stream,
+           scratch);
+    return ffi::Error::Success();
+  } catch (...) {
+    return current_error();
+  }
+}
+
+// The attributes every handler takes, in the order of the *_impl parameters.
+template <typename Binding>
+auto with_attrs(Binding binding) {
+  return std::move(binding)
+      .template Attr<double>("scale")
+      .template Attr<bool>("has_scale")
+      .template Attr<bool>("causal")
+      .template Attr<int64_t>("causal_alignment")
+      .template Attr<int64_t>("layout");
+}
+
+// The execution context every handler takes: XLA's stream, the device ordinal, its scratch memory.
+auto bind_context() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<Stream>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Ctx<ffi::ScratchAllocator>();
+}
+
+}  // namespace
+}  // namespace stridedfa::jax_ffi
+
+// Not command-buffer compatible (no ffi::Traits): a call may build a graph or allocate workspace.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_forward, stridedfa::jax_ffi::forward_impl,
+                              stridedfa::jax_ffi::with_attrs(stridedfa::jax_ffi::bind_context()
+                                                                 .Arg<ffi::AnyBuffer>()   // q
+                                                                 .Arg<ffi::AnyBuffer>()   // k
+                                                                 .Arg<ffi::AnyBuffer>()   // v
+                                                                 .Ret<ffi::AnyBuffer>()   // out
+                                                                 .Ret<ffi::AnyBuffer>()));  // lse
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_forward_inference, stridedfa::jax_ffi::forward_inference_impl,
+                              stridedfa::jax_ffi::with_attrs(stridedfa::jax_ffi::bind_context()
+                                                                 .Arg<ffi::AnyBuffer>()   // q
+                                                                 .Arg<ffi::AnyBuffer>()   // k
+                                                                 .Arg<ffi::AnyBuffer>()   // v
+                                                                 .Ret<ffi::AnyBuffer>()));  // out
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_backward, stridedfa::jax_ffi::backward_impl,
+                              stridedfa::jax_ffi::with_attrs(stridedfa::jax_ffi::bind_context()
+                                                                 .Arg<ffi::AnyBuffer>()   // q
+                                                                 .Arg<ffi::AnyBuffer>()   // k
+                                                                 .Arg<ffi::AnyBuffer>()   // v
+                                                                 .Arg<ffi::AnyBuffer>()   // out
+                                                                 .Arg<ffi::AnyBuffer>()   // lse
+                                                                 .Arg<ffi::AnyBuffer>()   // grad_out
+                                                                 .Ret<ffi::AnyBuffer>()   // grad_q
+                                                                 .Ret<ffi::AnyBuffer>()   // grad_k
+                                                                 .Ret<ffi::AnyBuffer>()));  // grad_v
+
+namespace stridedfa::jax_ffi {
+
+void* forward_handler() { return reinterpret_cast<void*>(&stridedfa_jax_sdpa_forward); }
+void* forward_inference_handler() { return reinterpret_cast<void*>(&stridedfa_jax_sdpa_forward_inference); }
+void* backward_handler() { return reinterpret_cast<void*>(&stridedfa_jax_sdpa_backward); }
+
+}  // namespace stridedfa::jax_ffi

@@ -1,0 +1,135 @@
+# The XLA FFI side of the boundary, for stridedfa.jax (included at the end of _core.pyx).
+#
+# The handlers themselves live in C++ (cpp/src/jax_ffi.cpp) and only need to be handed to JAX as
+# PyCapsules. Trace-time validation builds the handlers' own TensorViews (same function, fake
+# device addresses) and runs the core's validator on them, so a JAX call is refused before
+# anything is compiled or launched exactly when the handler would refuse it.
+
+from cpython.pycapsule cimport PyCapsule_New
+
+from stridedfa._dlpack cimport DLDataType
+
+cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
+    cdef enum class ArrayLayout(int64_t):
+        bshd
+        bhsd
+
+    TensorView jax_array_view "stridedfa::jax_ffi::array_view"(
+        const char* name, const int64_t* dims, int64_t rank, ArrayLayout layout, DLDataType dtype,
+        int device, uintptr_t data) except +raise_core_error
+    TensorView jax_stats_view "stridedfa::jax_ffi::stats_view"(
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
+        uintptr_t data) except +raise_core_error
+    void* jax_forward_handler "stridedfa::jax_ffi::forward_handler"()
+    void* jax_forward_inference_handler "stridedfa::jax_ffi::forward_inference_handler"()
+    void* jax_backward_handler "stridedfa::jax_ffi::backward_handler"()
+
+
+def _jax_ffi_targets():
+    """``{target name: PyCapsule of its XLA_FFI_Handler}`` for ``jax.ffi.register_ffi_target``
+    (platform "CUDA", typed FFI api_version 1)."""
+    return {
+        "stridedfa_sdpa_forward": PyCapsule_New(jax_forward_handler(), NULL, NULL),
+        "stridedfa_sdpa_forward_inference": PyCapsule_New(jax_forward_inference_handler(), NULL, NULL),
+        "stridedfa_sdpa_backward": PyCapsule_New(jax_backward_handler(), NULL, NULL),
+    }
+
+
+cdef void jax_slots(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorView** views) noexcept:
+    if backward:
+        views[0] = &bwd.q; views[1] = &bwd.k; views[2] = &bwd.v; views[3] = &bwd.out
+        views[4] = &bwd.lse; views[5] = &bwd.grad_out; views[6] = &bwd.grad_q
+        views[7] = &bwd.grad_k; views[8] = &bwd.grad_v
+    else:
+        views[0] = &fwd.q; views[1] = &fwd.k; views[2] = &fwd.v; views[3] = &fwd.out
+        views[4] = &fwd.lse
+
+
+cdef DLDataType jax_dtype(str name) except *:
+    cdef DLDataType t
+    t.lanes = 1
+    if name == "float16":
+        t.code, t.bits = 2, 16   # kDLFloat
+    elif name == "bfloat16":
+        t.code, t.bits = 4, 16   # kDLBfloat
+    elif name == "float32":
+        t.code, t.bits = 2, 32
+    elif name == "float64":
+        t.code, t.bits = 2, 64
+    else:
+        raise LayoutError(f"dtype {name} is not float16 or bfloat16")
+    return t
+
+
+cdef int jax_views(bint backward, int64_t layout, tuple shapes, str dtype, int device,
+                   TensorView** views) except -1:
+    """Fills the call's views (slot order) as the handler would, at distinct, 256-byte aligned
+    fake addresses: the validator never dereferences them."""
+    cdef int64_t dims[8]
+    cdef int n = 9 if backward else 5
+    cdef int i, j, rank
+    cdef DLDataType data_type = jax_dtype(dtype)
+    cdef DLDataType stats_type = jax_dtype("float32")
+    cdef uintptr_t address = 0x100000000
+    cdef int64_t nbytes
+    if len(shapes) != n:
+        raise ValueError(f"expected {n} shapes, got {len(shapes)}")
+    for i in range(n):
+        if shapes[i] is None:
+            if i != 4 or backward:
+                raise ValueError(f"{SLOT_NAMES[i].decode()}: a shape is required")
+            continue  # a forward without statistics (the inference target)
+        shape = tuple(shapes[i])
+        rank = len(shape)
+        if rank > 8:
+            raise LayoutError(f"{SLOT_NAMES[i].decode()}: {rank} axes; stridedfa reads at most 8")
+        nbytes = 4 if i == 4 else data_type.bits // 8
+        for j in range(rank):
+            dims[j] = shape[j]
+            nbytes *= shape[j]
+        if i == 4:
+            views[i][0] = jax_stats_view(SLOT_NAMES[i], dims, rank, stats_type, device, address)
+        else:
+            views[i][0] = jax_array_view(SLOT_NAMES[i], dims, rank, <ArrayLayout>layout, data_type,
+                                         device, address)
+        address += (nbytes + 511) // 256 * 256
+    return 0
+
+
+def _jax_validate(bint backward, int64_t layout, tuple shapes, str dtype):
+    """Runs the core's validation on the views the XLA handler would build for arrays of these
+    shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
+    may be None) in ``layout``
+    (0: bshd, 1: bhsd). Needs no GPU. Returns what validation established, or raises
+    LayoutError / UnsupportedError."""
+    cdef ForwardArgs fwd
+    cdef BackwardArgs bwd
+    cdef Problem problem
+    cdef TensorView* views[9]
+    jax_slots(backward, &fwd, &bwd, views)
+    jax_views(backward, layout, shapes, dtype, 0, views)
+    with nogil:
+        problem = validate_backward(bwd) if backward else validate_forward(fwd)
+    return problem_dict(problem)
+
+
+def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, scale=None,
+                   causal=False, causal_alignment="top_left", sm_version=90, cudnn_version=91900):
+    """The graph-cache key of the handler's call for these shapes on device 0 (see
+    _forward_graph_key): equal keys mean JAX and other callers share one cuDNN graph."""
+    cdef ForwardArgs fwd
+    cdef BackwardArgs bwd
+    cdef SdpaOptions options
+    cdef vector[int64_t] key
+    cdef TensorView* views[9]
+    cdef int sm = sm_version
+    cdef int64_t cudnn = cudnn_version
+    parse_options(scale, causal, causal_alignment, &options)
+    jax_slots(backward, &fwd, &bwd, views)
+    jax_views(backward, layout, shapes, dtype, 0, views)
+    with nogil:
+        if backward:
+            key = backward_graph_key(bwd, options, sm, cudnn)
+        else:
+            key = forward_graph_key(fwd, options, sm, cudnn)
+    return tuple(key)

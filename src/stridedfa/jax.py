@@ -1,0 +1,309 @@
+"""The JAX adapter: stridedfa attention as a JAX function that works eagerly, under ``jax.jit``,
+``jax.grad`` and ``jax.vmap``.
+
+Each call lowers to an XLA custom call (the typed XLA FFI) served by stridedfa's C++ core: the same
+validation, the same process-wide cuDNN graph cache and the same execution path as
+:func:`stridedfa.sdpa_forward` and :mod:`stridedfa.torch`. Outputs, the softmax statistics and
+cuDNN's workspace are allocated by XLA; kernels run on XLA's stream. Input arrays are only read.
+
+Importing this module imports JAX (``import stridedfa`` alone never does) and registers the custom
+call targets for the CUDA platform.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+from stridedfa import _core
+from stridedfa._errors import LayoutError, UnsupportedError
+
+# Built against jaxlib 0.6.2's FFI headers (see pyproject.toml): XLA runs handlers built against
+# older FFI headers, not newer ones, and jax.ffi.ffi_call with vmap_method is needed.
+MIN_JAX_VERSION = (0, 6, 2)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(part or 0) for part in match.groups()) if match else (0,)
+
+
+def _import_jax():
+    needed = ".".join(map(str, MIN_JAX_VERSION))
+    try:
+        import jax
+    except ImportError as error:
+        raise ImportError(
+            f"stridedfa.jax needs JAX >= {needed} with its CUDA backend, which could not be imported "
+            f"({error}). Install it with: pip install -U 'jax[cuda13]'") from error
+    found = getattr(jax, "__version__", "unknown")
+    try:
+        from jax import ffi
+    except ImportError:
+        ffi = None
+    if (_version_tuple(found) < MIN_JAX_VERSION or ffi is None
+            or not all(hasattr(ffi, name) for name in ("ffi_call", "register_ffi_target"))):
+        raise ImportError(
+            f"stridedfa.jax needs JAX >= {needed} (for jax.ffi.ffi_call and "
+            f"jax.ffi.register_ffi_target); found jax {found}. Upgrade with: "
+            f"pip install -U 'jax[cuda13]'")
+    import jax.numpy
+    return jax
+
+
+jax = _import_jax()
+jnp = jax.numpy
+
+__all__ = ["attention"]
+
+_LAYOUTS = {"bshd": 0, "bhsd": 1}  # the handlers' `layout` attribute (cpp/include/stridedfa/jax_ffi.hpp)
+_ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
+_DTYPES = ("float16", "bfloat16")
+_FORWARD = "stridedfa_sdpa_forward"  # (q, k, v) -> (out, lse)
+_FORWARD_INFERENCE = "stridedfa_sdpa_forward_inference"  # (q, k, v) -> out
+_BACKWARD = "stridedfa_sdpa_backward"  # (q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)
+
+# Registered once per process; JAX queues them until its CUDA plugin is loaded.
+for _name, _capsule in _core._jax_ffi_targets().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA", api_version=1)
+del _name, _capsule
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """The static configuration of a call (hashable: it keys JAX's caches)."""
+
+    layout: str
+    scale: float | None
+    causal: bool
+    causal_alignment: str
+
+    def attributes(self) -> dict[str, Any]:
+        # Typed numpy scalars fix the attribute types the handlers decode (f64, bool, i64).
+        return {
+            "scale": np.float64(0.0 if self.scale is None else self.scale),
+            "has_scale": np.bool_(self.scale is not None),
+            "causal": np.bool_(self.causal),
+            "causal_alignment": np.int64(_ALIGNMENTS[self.causal_alignment]),
+            "layout": np.int64(_LAYOUTS[self.layout]),
+        }
+
+
+def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, causal: bool = False,
+              is_causal: bool | None = None, causal_alignment: str = "top_left"):
+    """Scaled-dot-product attention with cuDNN's fused kernels, as a differentiable JAX function.
+
+    ``softmax(scale * q @ k^T + mask) @ v`` per batch and query head. Works eagerly, under
+    ``jax.jit``, ``jax.grad`` / ``jax.vjp`` (reverse mode, through stridedfa's cuDNN backward) and
+    ``jax.vmap`` (extra leading axes fold into the batch). Forward-mode differentiation
+    (``jax.jvp``) is not available.
+
+    Args:
+        q: query, float16 or bfloat16 array on a CUDA device: (batch, s_q, h_q, d_qk) for
+            ``layout="bshd"`` (the axis order of ``jax.nn.dot_product_attention``), or
+            (batch, h_q, s_q, d_qk) for ``layout="bhsd"``.
+        k: keys, (batch, s_kv, h_kv, d_qk) resp. (batch, h_kv, s_kv, d_qk); h_q must be a multiple
+            of h_kv (grouped-query attention; MQA is h_kv = 1, no repeat needed).
+        v: values, (batch, s_kv, h_kv, d_v) resp. (batch, h_kv, s_kv, d_v); same dtype as q and k.
+        layout: the axis order of q, k, v and of the result: ``"bshd"`` or ``"bhsd"``.
+        scale: score scale, a Python number (it is compiled into the call); ``1 / sqrt(d_qk)``
+            when None.
+        causal: mask keys after the query position. ``is_causal`` is accepted as JAX's name for it.
+        causal_alignment: ``"top_left"`` (query i sees keys j <= i) or ``"bottom_right"``
+            (query i sees keys j <= i + s_kv - s_q: the last query sees every key, as when decoding
+            against a KV cache).
+
+    Returns:
+        The attention output in ``layout``: (batch, s_q, h_q, d_v) for bshd, (batch, h_q, s_q, d_v)
+        for bhsd, in q's dtype.
+
+    Raises:
+        stridedfa.LayoutError: a dtype, rank, shape or alignment the kernels cannot read (raised
+            while tracing, before anything is compiled or launched).
+        stridedfa.UnsupportedError: a configuration stridedfa cannot run, e.g. bottom-right causal
+            masking with s_q > s_kv (raised while tracing).
+            Configurations only cuDNN itself can refuse (e.g. a head dimension the GPU's kernels
+            lack) fail when the computation runs, as a JAX runtime error whose message starts
+            with ``stridedfa UnsupportedError:``.
+        stridedfa.BackendError: cuDNN or the CUDA runtime cannot be loaded.
+        ValueError / TypeError: an unknown ``layout`` or ``causal_alignment``, a bad ``scale``.
+
+    Example::
+
+        q = jax.random.normal(key, (2, 1024, 16, 128), jnp.bfloat16)      # (b, s, h, d)
+        out = stridedfa.jax.attention(q, k, v, causal=True)               # (2, 1024, 16, 128)
+        grads = jax.grad(lambda q, k, v: stridedfa.jax.attention(q, k, v).sum(), (0, 1, 2))(q, k, v)
+    """
+    if is_causal is not None:
+        if causal and not is_causal:
+            raise ValueError("causal=True and is_causal=False disagree; pass one of them")
+        causal = bool(is_causal)
+    options = _options(layout, scale, causal, causal_alignment)
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    _check_devices(q, k, v)
+    _check_problem(tuple(q.shape), tuple(k.shape), tuple(v.shape),
+                   (str(q.dtype), str(k.dtype), str(v.dtype)), options)
+    _ensure_runtime()
+    return _attention(q, k, v, options)
+
+
+# --- Validation (at trace time: nothing is compiled or launched when it fails) -----------------
+
+def _options(layout, scale, causal, causal_alignment) -> _Options:
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be 'bshd' or 'bhsd', got {layout!r}")
+    if causal_alignment not in _ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}")
+    if scale is not None:
+        if isinstance(scale, jax.core.Tracer):
+            raise TypeError("scale must be a Python number: it is compiled into the call, so it cannot be "
+                            "a traced value (pass it as a static argument of jax.jit)")
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+            raise TypeError(f"scale must be a number or None, got {type(scale).__name__}")
+        scale = float(scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be a finite number, got {scale}")
+    return _Options(layout, scale, bool(causal), causal_alignment)
+
+
+def _axes(layout: str) -> str:
+    return "(batch, seq, heads, head_dim)" if layout == "bshd" else "(batch, heads, seq, head_dim)"
+
+
+def _logical(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
+    """(b, h, s, d) of a rank-4 array in `layout`."""
+    b, x, y, d = shape
+    return (b, y, x, d) if layout == "bshd" else (b, x, y, d)
+
+
+@functools.lru_cache(maxsize=512)
+def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options) -> None:
+    """Everything about a call that can be known from shapes and dtypes, with messages in the
+    caller's terms; then the core's own validation of the views the XLA handler will build.
+    Cached: a successful check is a pure function of its arguments."""
+    names = ("q", "k", "v")
+    for name, shape in zip(names, (q_shape, k_shape, v_shape)):
+        if len(shape) != 4:
+            raise LayoutError(f"{name}: expected 4 axes {_axes(options.layout)} for layout "
+                              f"{options.layout!r}, got shape {shape}")
+    for name, dtype in zip(names, dtypes):
+        if dtype not in _DTYPES:
+            raise LayoutError(f"{name}: dtype {dtype} is not supported; cuDNN's fused attention takes "
+                              f"float16 or bfloat16 (e.g. {name}.astype(jnp.bfloat16))")
+    if len(set(dtypes)) != 1:
+        raise LayoutError(f"q, k and v must share one dtype, got {dtypes[0]}, {dtypes[1]} and {dtypes[2]}")
+    (b, h_q, s_q, d_qk), (b_k, h_k, s_k, d_k), (b_v, h_v, s_v, d_v) = (
+        _logical(shape, options.layout) for shape in (q_shape, k_shape, v_shape))
+    axis = {"bshd": {"s": 1, "h": 2}, "bhsd": {"h": 1, "s": 2}}[options.layout]
+    if not b == b_k == b_v:
+        raise LayoutError(f"batch (axis 0) differs: q {b}, k {b_k}, v {b_v}")
+    if d_k != d_qk:
+        raise LayoutError(f"k: head_dim (axis 3) is {d_k} but q's is {d_qk}; q and k must share it")
+    if s_v != s_k:
+        raise LayoutError(f"v: seq (axis {axis['s']}) is {s_v} but k's is {s_k}; k and v must share it")
+    if h_v != h_k:
+        raise LayoutError(f"v: heads (axis {axis['h']}) is {h_v} but k's is {h_k}; k and v must share it")
+    if h_k == 0 or h_q % h_k != 0:
+        raise LayoutError(f"q has {h_q} heads and k/v have {h_k}; the heads of q must be a multiple of "
+                          f"those of k and v (GQA; MQA is 1 kv head)")
+    for name, d in (("q/k", d_qk), ("v", d_v)):
+        if d % 8 != 0:
+            raise LayoutError(f"{name}: head_dim (axis 3) is {d}; cuDNN needs 16-byte aligned rows, so "
+                              f"head_dim must be a multiple of 8 for {dtypes[0]} arrays")
+    if options.causal and options.causal_alignment == "bottom_right" and s_q > s_k:
+        raise UnsupportedError(f"causal_alignment='bottom_right' with s_q ({s_q}) > s_kv ({s_k}) leaves the first "
+                               f"{s_q - s_k} query rows without any key; cuDNN refuses it (use 'top_left', or "
+                               f"s_q <= s_kv)")
+    out_shape = _out_shape(q_shape, v_shape[3])
+    _core._jax_validate(False, _LAYOUTS[options.layout],
+                        (q_shape, k_shape, v_shape, out_shape, _lse_shape(q_shape, options.layout)),
+                        dtypes[0])
+
+
+def _check_devices(*arrays) -> None:
+    """Concrete arrays (eager calls) must live on a CUDA device: XLA has no CPU kernel for this."""
+    for name, x in zip(("q", "k", "v"), arrays):
+        if isinstance(x, jax.core.Tracer):
+            continue
+        platforms = sorted({device.platform for device in x.devices()})
+        if platforms != ["gpu"]:
+            raise LayoutError(
+                f"{name} lives on {'/'.join(platforms)}; stridedfa.jax runs on CUDA GPUs only. Move it "
+                f"with jax.device_put({name}, jax.devices('gpu')[0])")
+
+
+# --- Runtime ------------------------------------------------------------------------------------
+
+_runtime_lock = threading.Lock()
+_runtime_ready = False
+
+
+def _ensure_runtime() -> None:
+    """Loads cuDNN for the core before the first kernel runs. Done after JAX's GPU backend is up,
+    so that a cuDNN JAX already loaded is the one reused. Without a JAX GPU backend (tracing or
+    lowering on a CPU-only machine) there is nothing to load yet."""
+    global _runtime_ready
+    if _runtime_ready:
+        return
+    with _runtime_lock:
+        if _runtime_ready:
+            return
+        try:
+            jax.devices("gpu")
+        except RuntimeError:
+            return
+        _core._load_libraries()  # BackendError saying what was looked for
+        _runtime_ready = True
+
+
+# --- The differentiable function -----------------------------------------------------------------
+
+def _out_shape(q_shape, d_v):
+    return (*q_shape[:-1], d_v)
+
+
+def _lse_shape(q_shape, layout):
+    # float32 (batch..., h_q, s_q), row-major: what cuDNN's backward reads on every cuDNN version.
+    b, h, s, _ = _logical(q_shape[-4:], layout)
+    return (*q_shape[:-4], b, h, s)
+
+
+def _forward_call(q, k, v, options: _Options, with_lse: bool):
+    out = jax.ShapeDtypeStruct(_out_shape(q.shape, v.shape[-1]), q.dtype)
+    if not with_lse:
+        call = jax.ffi.ffi_call(_FORWARD_INFERENCE, out, vmap_method="broadcast_all")
+        return call(q, k, v, **options.attributes()), None
+    lse = jax.ShapeDtypeStruct(_lse_shape(q.shape, options.layout), jnp.float32)
+    call = jax.ffi.ffi_call(_FORWARD, (out, lse), vmap_method="broadcast_all")
+    out, lse = call(q, k, v, **options.attributes())
+    return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _attention(q, k, v, options: _Options):
+    return _forward_call(q, k, v, options, with_lse=False)[0]
+
+
+def _attention_fwd(q, k, v, options: _Options):
+    out, lse = _forward_call(q, k, v, options, with_lse=True)
+    return out, (q, k, v, out, lse)
+
+
+def _attention_bwd(options: _Options, residuals, grad_out):
+    q, k, v, out, lse = residuals
+    grad_out = grad_out.astype(out.dtype)
+    shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, grad_out.shape, q.shape, k.shape, v.shape)
+    _core._jax_validate(True, _LAYOUTS[options.layout], tuple(map(tuple, shapes)), str(q.dtype))
+    grads = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    call = jax.ffi.ffi_call(_BACKWARD, grads, vmap_method="broadcast_all")
+    grad_q, grad_k, grad_v = call(q, k, v, out, lse, grad_out, **options.attributes())
+    return grad_q, grad_k, grad_v
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)

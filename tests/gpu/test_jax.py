@@ -1,0 +1,355 @@
+"""stridedfa.jax on a GPU: eager, jit, grad and vmap against the fp32 NumPy reference and JAX's own
+cuDNN attention; inputs never written; one compilation per shape; graphs shared through the core's
+cache with JAX, sdpa_forward and torch callers; typed errors before launch.
+
+Needs JAX with its CUDA backend (skips otherwise); torch only for the cross-framework cache test.
+Run: ``python -m pytest -q -m gpu tests/gpu/test_jax.py`` from outside the source tree's src/.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp
+
+import stridedfa
+from stridedfa import reference
+
+try:
+    import stridedfa.jax as sj
+except ImportError as exc:  # a JAX too old for stridedfa.jax
+    pytest.skip(str(exc), allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+GPU = None  # JAX's first CUDA device, set by the fixture below
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _jax_gpu():
+    """Skips the module without a JAX CUDA backend; initialises it only when these tests run."""
+    global GPU
+    try:
+        GPU = jax.devices("gpu")[0]
+    except RuntimeError as exc:  # no CUDA plugin, or it cannot see a device
+        pytest.skip(f"JAX has no GPU backend: {exc}")
+
+
+DTYPES = {"float16": jnp.float16, "bfloat16": jnp.bfloat16}
+# Against the fp32 reference (the values tests/helpers/checks.py uses for torch).
+TOLERANCE = {  # dtype: (out atol, out rtol, lse atol, grad rel to max |ref|)
+    "float16": (5e-3, 5e-3, 2e-3, 1e-2),
+    "bfloat16": (2e-2, 1e-2, 2e-3, 3e-2),
+}
+BF16 = TOLERANCE["bfloat16"]
+
+# (id, layout, b, h_q, h_kv, s_q, s_kv, d_qk, d_v, causal, causal_alignment)
+CASES = [
+    ("bshd", "bshd", 2, 4, 4, 128, 128, 64, 64, False, "top_left"),
+    ("bhsd-causal", "bhsd", 2, 4, 4, 128, 128, 64, 64, True, "top_left"),
+    ("bshd-gqa-causal-tl-sq<skv", "bshd", 2, 8, 2, 64, 192, 128, 128, True, "top_left"),
+    ("bshd-gqa-causal-br-sq<skv", "bshd", 2, 8, 2, 64, 192, 128, 128, True, "bottom_right"),
+    ("bhsd-mqa-causal-br-sq<skv", "bhsd", 1, 4, 1, 128, 256, 64, 64, True, "bottom_right"),
+    ("bhsd-gqa-causal-tl-sq>skv", "bhsd", 1, 6, 2, 192, 128, 64, 64, True, "top_left"),
+    ("bshd-d192-128", "bshd", 1, 4, 4, 128, 128, 192, 128, False, "top_left"),
+]
+
+
+def _shape(layout, b, h, s, d):
+    return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
+
+
+def _to_logical(x, layout):
+    """A JAX array in `layout` as a float32 NumPy (b, h, s, d) array."""
+    x = np.asarray(x.astype(jnp.float32))
+    return x.transpose(0, 2, 1, 3) if layout == "bshd" else x
+
+
+def _seed(request) -> int:
+    return zlib.crc32(request.node.nodeid.encode()) & 0x7FFFFFFF
+
+
+def _inputs(case, dtype, seed):
+    _, layout, b, h_q, h_kv, s_q, s_kv, d_qk, d_v, _, _ = case
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    shapes = (_shape(layout, b, h_q, s_q, d_qk), _shape(layout, b, h_kv, s_kv, d_qk),
+              _shape(layout, b, h_kv, s_kv, d_v), _shape(layout, b, h_q, s_q, d_v))
+    q, k, v, w = (jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(DTYPES[dtype]), GPU)
+                  for key, shape in zip(keys, shapes))
+    return q, k, v, w  # w: the weights of the loss, i.e. the output gradient (random, never zeros)
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.view(np.uint16) if x.dtype.itemsize == 2 else x.copy()
+
+
+def _assert_unchanged(arrays, saved):
+    for name, x, before in zip("qkv", arrays, saved):
+        assert np.array_equal(_bits(x), before), f"{name} was written by the call"
+
+
+def _assert_close(actual, expected, atol, rtol, name):
+    actual = np.asarray(actual, np.float32)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    assert not np.isnan(actual).any(), f"{name}: NaN in the result"
+    err = np.abs(actual - expected)
+    bad = err > atol + rtol * np.abs(expected)
+    assert not bad.any(), (f"{name}: max abs err {err.max():.3e} (allowed {atol:.1e} + {rtol:.1e}*|ref|), "
+                           f"{int(bad.sum())} of {bad.size} elements out of tolerance")
+
+
+def _assert_close_to_scale(actual, expected, rel, name):
+    actual = np.asarray(actual, np.float32)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    assert not np.isnan(actual).any(), f"{name}: NaN in the result"
+    err, scale = float(np.abs(actual - expected).max()), float(np.abs(expected).max())
+    assert err <= rel * scale, f"{name}: max abs err {err:.3e} > {rel:.1e} * max |ref| ({scale:.3e})"
+
+
+def _options(case):
+    return {"layout": case[1], "causal": case[9], "causal_alignment": case[10]}
+
+
+def _loss(options):
+    def loss(q, k, v, w):
+        return jnp.sum(sj.attention(q, k, v, **options).astype(jnp.float32) * w.astype(jnp.float32))
+    return loss
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_eager_jit_and_grad_match_reference(case, dtype, request):
+    layout = case[1]
+    options = _options(case)
+    q, k, v, w = _inputs(case, dtype, _seed(request))
+    saved = [_bits(x) for x in (q, k, v)]
+    out_atol, out_rtol, lse_atol, grad_rel = TOLERANCE[dtype]
+    ql, kl, vl, wl = (_to_logical(x, layout) for x in (q, k, v, w))
+    ref_out, ref_lse = reference.sdpa_forward(ql, kl, vl, causal=case[9], causal_alignment=case[10])
+    ref_grads = reference.sdpa_backward(ql, kl, vl, wl, causal=case[9], causal_alignment=case[10])
+
+    eager = sj.attention(q, k, v, **options).block_until_ready()
+    assert eager.dtype == q.dtype and eager.shape == _shape(layout, case[2], case[3], case[5], case[8])
+    _assert_close(_to_logical(eager, layout), ref_out, out_atol, out_rtol, "eager out")
+
+    jitted = jax.jit(lambda q, k, v: sj.attention(q, k, v, **options))(q, k, v).block_until_ready()
+    _assert_close(_to_logical(jitted, layout), ref_out, out_atol, out_rtol, "jit out")
+
+    # The statistics the backward reads: float32 (b, h_q, s_q) natural-log logsumexp.
+    _, lse = jax.jit(lambda q, k, v: sj._forward_call(q, k, v, sj._options(layout, None, case[9], case[10]),
+                                                      with_lse=True))(q, k, v)
+    _assert_close(np.asarray(lse), ref_lse, lse_atol, 0.0, "lse")
+
+    grads = jax.jit(jax.grad(_loss(options), (0, 1, 2)))(q, k, v, w)
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads, ref_grads):
+        assert got.dtype == q.dtype
+        _assert_close_to_scale(_to_logical(got, layout), want, grad_rel, name)
+    eager_grads = jax.grad(_loss(options), (0, 1, 2))(q, k, v, w)
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), eager_grads, ref_grads):
+        _assert_close_to_scale(_to_logical(got, layout), want, grad_rel, f"eager {name}")
+    _assert_unchanged((q, k, v), saved)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("case", [c for c in CASES if c[10] == "top_left" and c[7] == c[8]],
+                         ids=lambda c: c[0])
+def test_matches_jax_cudnn_attention(case, dtype, request):
+    """Against jax.nn.dot_product_attention(implementation="cudnn") (bshd arrays; its causal mask
+    is top-left; it requires d_v == d_qk), outputs and all three gradients, within bf16 tolerance.
+    Cases JAX's cuDNN path refuses (NotImplementedError) skip with its reason."""
+    layout = case[1]
+    options = _options(case)
+    q, k, v, w = _inputs(case, dtype, _seed(request))
+    to_bshd = (lambda x: x) if layout == "bshd" else (lambda x: jnp.swapaxes(x, 1, 2))
+
+    def theirs(q, k, v):
+        return to_bshd(jax.nn.dot_product_attention(to_bshd(q), to_bshd(k), to_bshd(v), is_causal=case[9],
+                                                    implementation="cudnn"))
+
+    def loss_theirs(q, k, v, w):
+        return jnp.sum(theirs(q, k, v).astype(jnp.float32) * w.astype(jnp.float32))
+
+    try:
+        want = jax.jit(theirs)(q, k, v)
+        want_grads = jax.jit(jax.grad(loss_theirs, (0, 1, 2)))(q, k, v, w)
+    except NotImplementedError as exc:  # JAX's cuDNN path refuses some configurations
+        pytest.skip(f"jax.nn.dot_product_attention(implementation='cudnn') cannot run this case: {exc}")
+    got = jax.jit(lambda q, k, v: sj.attention(q, k, v, **options))(q, k, v)
+    got_grads = jax.jit(jax.grad(_loss(options), (0, 1, 2)))(q, k, v, w)
+    _assert_close(_to_logical(got, layout), _to_logical(want, layout), BF16[0], BF16[1], "out vs JAX cuDNN")
+    for name, a, b in zip(("grad_q", "grad_k", "grad_v"), got_grads, want_grads):
+        _assert_close_to_scale(_to_logical(a, layout), _to_logical(b, layout), BF16[3], f"{name} vs JAX cuDNN")
+
+
+def test_vmap_folds_into_batch(request):
+    case = CASES[2]
+    options = _options(case)
+    batched = [jnp.stack([x, x * 0.5]) for x in _inputs(case, "bfloat16", _seed(request))]
+    q, k, v, w = batched
+    out = jax.jit(jax.vmap(lambda q, k, v: sj.attention(q, k, v, **options)))(q, k, v)
+    grads = jax.jit(jax.vmap(jax.grad(_loss(options), (0, 1, 2))))(q, k, v, w)
+    for i in range(2):
+        one = sj.attention(q[i], k[i], v[i], **options)
+        _assert_close(np.asarray(out[i], np.float32), np.asarray(one, np.float32), BF16[0], BF16[1],
+                      f"vmapped out[{i}]")
+        one_grads = jax.grad(_loss(options), (0, 1, 2))(q[i], k[i], v[i], w[i])
+        for name, a, b in zip(("grad_q", "grad_k", "grad_v"), grads, one_grads):
+            _assert_close_to_scale(a[i], np.asarray(b, np.float32), BF16[3], f"vmapped {name}[{i}]")
+    # Unbatched k and v (in_axes None) are broadcast to the batch before the call.
+    shared = jax.jit(jax.vmap(lambda q, k, v: sj.attention(q, k, v, **options), in_axes=(0, None, None)))(q, k[0], v[0])
+    for i in range(2):
+        one = sj.attention(q[i], k[0], v[0], **options)
+        _assert_close(np.asarray(shared[i], np.float32), np.asarray(one, np.float32), BF16[0], BF16[1],
+                      f"vmapped out with shared k, v [{i}]")
+
+
+def test_jit_compiles_once_for_repeated_shapes(request):
+    case = CASES[1]
+    options = _options(case)
+    traces = []
+
+    @jax.jit
+    def f(q, k, v):
+        traces.append(q.shape)
+        return sj.attention(q, k, v, **options)
+
+    first = _inputs(case, "float16", _seed(request))
+    second = _inputs(case, "float16", _seed(request) + 1)
+    for q, k, v, _ in (first, second, first, second):
+        f(q, k, v).block_until_ready()
+    assert len(traces) == 1, f"traced {len(traces)} times for one shape"
+    if hasattr(f, "_cache_size"):
+        assert f._cache_size() == 1
+
+
+def _counters():
+    info = stridedfa.cache_info()
+    return {key: info[key] for key in ("hits", "misses", "builds")}
+
+
+def _delta(before, after):
+    return {key: after[key] - before[key] for key in before}
+
+
+def test_jax_calls_share_cached_graphs(request):
+    """A new problem builds its graph once; later JAX calls (eager or jitted, new data) hit."""
+    case = ("cache", "bshd", 1, 4, 4, 320, 320, 64, 64, True, "top_left")  # a shape no other test uses
+    options = _options(case)
+    q, k, v, _ = _inputs(case, "bfloat16", _seed(request))
+    before = _counters()
+    sj.attention(q, k, v, **options).block_until_ready()
+    assert _delta(before, _counters()) == {"hits": 0, "misses": 1, "builds": 1}
+    q2, k2, v2, _ = _inputs(case, "bfloat16", _seed(request) + 1)
+    before = _counters()
+    sj.attention(q2, k2, v2, **options).block_until_ready()
+    jax.jit(lambda q, k, v: sj.attention(q, k, v, **options))(q2, k2, v2).block_until_ready()
+    assert _delta(before, _counters()) == {"hits": 2, "misses": 0, "builds": 0}
+
+
+def test_graphs_shared_with_sdpa_forward_and_torch(request):
+    """The XLA handlers describe a bshd array exactly like torch's x.transpose(1, 2) of a contiguous
+    (b, s, h, d) tensor, so sdpa_forward / sdpa_backward and stridedfa.torch reuse the graphs JAX
+    calls built (forward without statistics, forward with statistics, backward)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    import stridedfa.torch
+
+    b, h_q, h_kv, s_q, s_kv, d = 2, 8, 2, 192, 448, 64  # a problem no other test uses
+    case = ("share", "bshd", b, h_q, h_kv, s_q, s_kv, d, d, True, "bottom_right")
+    options = _options(case)
+    q, k, v, w = _inputs(case, "bfloat16", _seed(request))
+
+    before = _counters()
+    sj.attention(q, k, v, **options).block_until_ready()  # forward without statistics
+    jax.block_until_ready(jax.grad(_loss(options), (0, 1, 2))(q, k, v, w))  # forward with them + backward
+    assert _delta(before, _counters()) == {"hits": 0, "misses": 3, "builds": 3}
+
+    device, dt = torch.device("cuda", GPU.id), torch.bfloat16
+    mask = {"causal": True, "causal_alignment": "bottom_right"}
+
+    def bshd(h, s, requires_grad=False):  # a contiguous (b, s, h, d) tensor seen as (b, h, s, d)
+        x = torch.randn(b, s, h, d, device=device, dtype=dt, requires_grad=requires_grad)
+        return x.transpose(1, 2)
+
+    tq, tk, tv = bshd(h_q, s_q), bshd(h_kv, s_kv), bshd(h_kv, s_kv)
+    out, grad_out = bshd(h_q, s_q), bshd(h_q, s_q)
+    lse = torch.empty(b, h_q, s_q, device=device, dtype=torch.float32)
+    grads = bshd(h_q, s_q), bshd(h_kv, s_kv), bshd(h_kv, s_kv)
+    before = _counters()
+    stridedfa.sdpa_forward(tq, tk, tv, out, **mask)
+    stridedfa.sdpa_forward(tq, tk, tv, out, lse=lse, **mask)
+    stridedfa.sdpa_backward(tq, tk, tv, out, grad_out, lse, *grads, **mask)
+    torch.cuda.synchronize()
+    assert _delta(before, _counters()) == {"hits": 3, "misses": 0, "builds": 0}
+
+    # The torch adapter's training forward allocates out and statistics like the JAX targets do.
+    lq, lk, lv = bshd(h_q, s_q, True), bshd(h_kv, s_kv, True), bshd(h_kv, s_kv, True)
+    before = _counters()
+    stridedfa.torch.attention(lq, lk, lv, **mask)
+    torch.cuda.synchronize()
+    assert _delta(before, _counters()) == {"hits": 1, "misses": 0, "builds": 0}
+
+
+def test_bad_configurations_raise_typed_errors_before_launch(request):
+    case = CASES[0]
+    q, k, v, _ = _inputs(case, "bfloat16", _seed(request))
+    before = _counters()
+    with pytest.raises(stridedfa.LayoutError, match="dtype float32"):
+        sj.attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32))
+    with pytest.raises(stridedfa.LayoutError, match="share one dtype"):
+        sj.attention(q, k.astype(jnp.float16), v)
+    with pytest.raises(stridedfa.LayoutError, match="multiple"):
+        sj.attention(q, k[:, :, :3], v[:, :, :3])
+    with pytest.raises(stridedfa.LayoutError, match="head_dim"):
+        sj.attention(q, k[..., :32], v)
+    with pytest.raises(stridedfa.LayoutError, match="expected 4 axes"):
+        jax.jit(lambda q, k, v: sj.attention(q[0], k[0], v[0]))(q, k, v)
+    with pytest.raises(ValueError, match="layout"):
+        sj.attention(q, k, v, layout="sbhd")
+    with pytest.raises(stridedfa.UnsupportedError, match="bottom_right"):  # query rows without keys
+        sj.attention(q, k[:, :64], v[:, :64], causal=True, causal_alignment="bottom_right")
+    with pytest.raises(stridedfa.LayoutError, match="lives on cpu"):
+        cpu = jax.devices("cpu")[0]
+        sj.attention(*(jax.device_put(x, cpu) for x in (q, k, v)))
+    assert _delta(before, _counters()) == {"hits": 0, "misses": 0, "builds": 0}
+
+
+def test_handler_errors_carry_the_stridedfa_error_kind():
+    """An error inside the XLA handler reaches the caller as a JAX runtime error whose message
+    starts with the core's error kind (attention() itself never passes a bad attribute; this
+    calls the target directly to provoke one)."""
+    q = jnp.ones((1, 64, 2, 64), jnp.bfloat16, device=GPU)
+    attributes = dict(sj._options("bshd", None, False, "top_left").attributes(), causal_alignment=np.int64(5))
+    call = jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))
+    with pytest.raises(Exception, match="stridedfa LayoutError: unknown causal_alignment code 5"):
+        jax.block_until_ready(call(q, q, q, **attributes))
+
+
+@pytest.mark.parametrize("d", [512, 1024])  # cuDNN 9.19 on an H200 ran d=1024 through sdpa_forward
+def test_large_head_dims_correct_or_refused_with_stridedfa_error(d, request):
+    """Beyond 256 cuDNN may or may not have a kernel: either a correct result, or an error that
+    names the stridedfa error kind (raised while tracing, or by the handler when it runs)."""
+    key = jax.random.PRNGKey(_seed(request))
+    q, k, v = (jax.device_put(jax.random.normal(kk, (1, 64, 2, d), jnp.float32).astype(jnp.bfloat16), GPU)
+               for kk in jax.random.split(key, 3))
+    try:
+        out = sj.attention(q, k, v).block_until_ready()
+    except stridedfa.StridedFAError as exc:
+        assert isinstance(exc, stridedfa.UnsupportedError), repr(exc)
+        return
+    except Exception as exc:  # noqa: BLE001  (a JAX runtime error carrying the handler's message)
+        assert "stridedfa UnsupportedError" in str(exc), str(exc)
+        return
+    ref, _ = reference.sdpa_forward(*(_to_logical(x, "bshd") for x in (q, k, v)))
+    _assert_close(_to_logical(out, "bshd"), ref, *TOLERANCE["bfloat16"][:2], f"out with head_dim {d}")
+
+
+def test_zero_sized_batch_returns_empty(request):
+    q = jnp.zeros((0, 64, 2, 64), jnp.bfloat16, device=GPU)
+    out = sj.attention(q, q, q).block_until_ready()
+    assert out.shape == (0, 64, 2, 64)

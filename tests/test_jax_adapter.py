@@ -1,0 +1,366 @@
+"""stridedfa.jax without a GPU: lazy import, clear errors for a missing or old JAX, trace-time
+validation, the custom calls and attributes it lowers to, the handlers' decoding of them, and the
+graph-cache keys it shares with other callers. (GPU behaviour: tests/gpu/test_jax.py.)"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers.fake_dlpack import FakeTensor, row_major
+
+import stridedfa
+from stridedfa import _core
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+
+
+# --- Import behaviour (no JAX needed) -----------------------------------------------------------
+
+def test_import_stridedfa_does_not_import_jax():
+    result = run_python("""
+        import sys
+        import stridedfa
+        stridedfa.info(); stridedfa.cache_info(); stridedfa.sdpa_forward
+        loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib'))
+        assert not loaded, loaded
+        print('ok')
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("spelling", ["import stridedfa.jax", "import stridedfa; stridedfa.jax"])
+def test_missing_jax_raises_clear_import_error(spelling):
+    result = run_python(f"""
+        import sys
+        sys.modules['jax'] = None  # what an uninstalled package looks like to import
+        try:
+            {spelling}
+        except ImportError as error:
+            print('ImportError:', error)
+        else:
+            print('imported')
+    """)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("ImportError:"), out
+    assert "stridedfa.jax needs JAX >= 0.6.2" in out
+    assert "pip install" in out
+
+
+@pytest.mark.parametrize("version, with_ffi", [("0.4.20", False), ("0.5.3", True), ("0.7.0", False)])
+def test_old_or_incomplete_jax_raises_version_error(version, with_ffi):
+    result = run_python(f"""
+        import sys, types
+        jax = types.ModuleType('jax'); jax.__version__ = {version!r}; jax.__path__ = []
+        sys.modules['jax'] = jax
+        if {with_ffi}:
+            ffi = types.ModuleType('jax.ffi')
+            ffi.ffi_call = ffi.register_ffi_target = lambda *a, **k: None
+            sys.modules['jax.ffi'] = jax.ffi = ffi
+        try:
+            import stridedfa.jax
+        except ImportError as error:
+            print('ImportError:', error)
+        else:
+            print('imported')
+    """)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("ImportError:"), out
+    assert f"found jax {version}" in out
+    assert "JAX >= 0.6.2" in out and "jax.ffi.ffi_call" in out
+
+
+def test_capsules_exist_and_differ():
+    targets = _core._jax_ffi_targets()
+    assert set(targets) == {"stridedfa_sdpa_forward", "stridedfa_sdpa_forward_inference",
+                            "stridedfa_sdpa_backward"}
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    pointers = {name: get(capsule, None) for name, capsule in targets.items()}
+    assert all(pointers.values()), pointers
+    assert len(set(pointers.values())) == 3
+
+
+# --- The views the handlers build, and the graphs they share (no JAX needed) ------------------------
+
+B, H_Q, H_KV, S_Q, S_KV, D = 2, 8, 2, 128, 256, 64
+
+
+def _fake(shape, strides, dtype="bfloat16", slot=0):
+    return FakeTensor(shape, strides, dtype, data=0x100000000000 + slot * (1 << 30))
+
+
+def _bshd_view(b, h, s, d, dtype="bfloat16", slot=0):
+    """A torch-style x.transpose(1, 2) of a contiguous (b, s, h, d) tensor, as a fake DLPack tensor."""
+    return _fake((b, h, s, d), (s * h * d, d, h * d, 1), dtype, slot)
+
+
+def _bhsd_view(b, h, s, d, dtype="bfloat16", slot=0):
+    return _fake((b, h, s, d), row_major((b, h, s, d)), dtype, slot)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("with_lse", [True, False])
+def test_forward_graph_key_equals_other_callers(layout, with_lse):
+    """A JAX call and an sdpa_forward/torch call on arrays with the same memory layout get the same
+    cache key, hence the same cuDNN graph."""
+    view = _bshd_view if layout == "bshd" else _bhsd_view
+    shape = (lambda b, h, s, d: (b, s, h, d)) if layout == "bshd" else (lambda b, h, s, d: (b, h, s, d))
+    options = {"scale": 0.125, "causal": True, "causal_alignment": "bottom_right"}
+    lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4) if with_lse else None
+    expected = _core._forward_graph_key(view(B, H_Q, S_Q, D, slot=0), view(B, H_KV, S_KV, D, slot=1),
+                                        view(B, H_KV, S_KV, D, slot=2), view(B, H_Q, S_Q, D, slot=3), lse,
+                                        **options)
+    shapes = (shape(B, H_Q, S_Q, D), shape(B, H_KV, S_KV, D), shape(B, H_KV, S_KV, D), shape(B, H_Q, S_Q, D),
+              (B, H_Q, S_Q) if with_lse else None)
+    key = _core._jax_graph_key(False, {"bshd": 0, "bhsd": 1}[layout], shapes, "bfloat16", **options)
+    assert key == expected
+
+
+def test_graph_key_depends_on_layout():
+    """Same shapes, other axis order: other strides, so another graph (never a wrong one)."""
+    shapes = ((B, 16, 16, D),) * 4 + ((B, 16, 16),)
+    assert _core._jax_graph_key(False, 0, shapes, "float16") != _core._jax_graph_key(False, 1, shapes, "float16")
+
+
+def test_backward_graph_key_equals_other_callers():
+    q, k, v = _bshd_view(B, H_Q, S_Q, D, slot=0), _bshd_view(B, H_KV, S_KV, D, slot=1), \
+        _bshd_view(B, H_KV, S_KV, D, slot=2)
+    out, grad_out = _bshd_view(B, H_Q, S_Q, D, slot=3), _bshd_view(B, H_Q, S_Q, D, slot=5)
+    lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4)
+    grads = (_bshd_view(B, H_Q, S_Q, D, slot=6), _bshd_view(B, H_KV, S_KV, D, slot=7),
+             _bshd_view(B, H_KV, S_KV, D, slot=8))
+    expected = _core._backward_graph_key(q, k, v, out, grad_out, lse, *grads, causal=True)
+    qs, kvs = (B, S_Q, H_Q, D), (B, S_KV, H_KV, D)
+    key = _core._jax_graph_key(True, 0, (qs, kvs, kvs, qs, (B, H_Q, S_Q), qs, qs, kvs, kvs), "bfloat16",
+                               causal=True)
+    assert key == expected
+
+
+def test_vmapped_arrays_fold_into_batch():
+    """Under jax.vmap the handler sees extra leading axes; row-major buffers let them fold into b."""
+    folded = _core._jax_validate(False, 0, ((3, B, S_Q, H_Q, D), (3, B, S_KV, H_KV, D), (3, B, S_KV, H_KV, D),
+                                            (3, B, S_Q, H_Q, D), (3, B, H_Q, S_Q)), "float16")
+    assert (folded["b"], folded["h_q"], folded["h_kv"], folded["s_q"], folded["s_kv"]) == \
+        (3 * B, H_Q, H_KV, S_Q, S_KV)
+    key_5d = _core._jax_graph_key(False, 1, ((3, B, H_Q, S_Q, D), (3, B, H_KV, S_KV, D), (3, B, H_KV, S_KV, D),
+                                             (3, B, H_Q, S_Q, D), None), "float16")
+    key_4d = _core._jax_graph_key(False, 1, ((3 * B, H_Q, S_Q, D), (3 * B, H_KV, S_KV, D),
+                                             (3 * B, H_KV, S_KV, D), (3 * B, H_Q, S_Q, D), None), "float16")
+    assert key_5d == key_4d
+
+
+def test_core_validation_of_handler_views_is_typed():
+    qs, kvs = (B, S_Q, H_Q, D), (B, S_KV, 3, D)
+    with pytest.raises(stridedfa.LayoutError, match="heads"):
+        _core._jax_validate(False, 0, (qs, kvs, kvs, qs, (B, H_Q, S_Q)), "bfloat16")
+    with pytest.raises(stridedfa.LayoutError, match="4 axes"):
+        _core._jax_validate(False, 0, ((S_Q, H_Q, D), kvs, kvs, qs, (B, H_Q, S_Q)), "bfloat16")
+    with pytest.raises(stridedfa.LayoutError, match="layout"):
+        _core._jax_validate(False, 7, (qs, qs, qs, qs, (B, H_Q, S_Q)), "bfloat16")
+    with pytest.raises(stridedfa.LayoutError, match="float16 or bfloat16"):
+        _core._jax_validate(False, 0, (qs, qs, qs, qs, (B, H_Q, S_Q)), "int8")
+
+
+# --- With JAX (CPU backend) ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sj():
+    pytest.importorskip("jax")
+    import stridedfa.jax
+
+    return stridedfa.jax
+
+
+@pytest.fixture(scope="module")
+def jax(sj):
+    import jax
+
+    return jax
+
+
+def _spec(jax, shape, dtype="bfloat16"):
+    return jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype))
+
+
+def test_stridedfa_jax_attribute_is_the_module(sj):
+    assert stridedfa.jax is sj
+    assert callable(sj.attention)
+
+
+@pytest.mark.parametrize("layout, q, k, v, out", [
+    ("bshd", (2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), (2, 128, 8, 64)),
+    ("bhsd", (2, 8, 128, 64), (2, 2, 256, 64), (2, 2, 256, 32), (2, 8, 128, 32)),
+    ("bshd", (1, 16, 4, 128), (1, 16, 1, 128), (1, 16, 1, 128), (1, 16, 4, 128)),
+])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_shapes_eval_grad_and_vmap(sj, jax, layout, q, k, v, out, dtype):
+    args = [_spec(jax, s, dtype) for s in (q, k, v)]
+
+    def f(q, k, v):
+        return sj.attention(q, k, v, layout=layout, causal=True)
+
+    result = jax.eval_shape(f, *args)
+    assert (result.shape, str(result.dtype)) == (out, dtype)
+    grads = jax.eval_shape(jax.grad(lambda *a: f(*a).astype("float32").sum(), (0, 1, 2)), *args)
+    assert [(g.shape, str(g.dtype)) for g in grads] == [(s, dtype) for s in (q, k, v)]
+    batched_args = [_spec(jax, (3, *s), dtype) for s in (q, k, v)]
+    batched = jax.eval_shape(jax.vmap(f), *batched_args)
+    assert batched.shape == (3, *out)
+    batched_grads = jax.eval_shape(jax.vmap(jax.grad(lambda *a: f(*a).astype("float32").sum(), (0, 1, 2))),
+                                   *batched_args)
+    assert [g.shape for g in batched_grads] == [(3, *s) for s in (q, k, v)]
+    shared_kv = jax.eval_shape(jax.vmap(f, in_axes=(0, None, None)), batched_args[0], *args[1:])
+    assert shared_kv.shape == (3, *out)
+
+
+def _custom_calls(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "custom_call" in line]
+
+
+def test_lowering_uses_inference_target_and_typed_attributes(sj, jax):
+    q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
+    f = jax.jit(lambda q, k, v: sj.attention(q, k, v, scale=0.3, causal=True, causal_alignment="bottom_right"))
+    calls = _custom_calls(f.lower(q, kv, kv).as_text())
+    assert len(calls) == 1 and "@stridedfa_sdpa_forward_inference(" in calls[0], calls
+    for attribute in ("causal = true", "causal_alignment = 1 : i64", "has_scale = true", "layout = 0 : i64",
+                      "scale = 3.000000e-01 : f64"):
+        assert attribute in calls[0], calls[0]
+
+
+def test_lowering_of_grad_uses_forward_with_statistics_and_backward(sj, jax):
+    q, kv = _spec(jax, (2, 8, 128, 64), "float16"), _spec(jax, (2, 2, 256, 64), "float16")
+    loss = lambda q, k, v: sj.attention(q, k, v, layout="bhsd").astype("float32").sum()
+    calls = _custom_calls(jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv).as_text())
+    assert len(calls) == 2, calls
+    assert "@stridedfa_sdpa_forward(" in calls[0] and "@stridedfa_sdpa_backward(" in calls[1]
+    for call in calls:
+        assert "has_scale = false" in call and "layout = 1 : i64" in call and "causal = false" in call
+
+
+def test_is_causal_alias(sj, jax):
+    q = _spec(jax, (1, 16, 2, 64))
+    text = jax.jit(lambda q: sj.attention(q, q, q, is_causal=True)).lower(q).as_text()
+    assert "causal = true" in _custom_calls(text)[0]
+    with pytest.raises(ValueError, match="disagree"):
+        jax.eval_shape(lambda q: sj.attention(q, q, q, causal=True, is_causal=False), q)
+
+
+BAD_CALLS = [
+    # (q, k, v, dtypes, kwargs, error, message)
+    ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("float32",) * 3, {}, stridedfa.LayoutError,
+     "dtype float32 is not supported"),
+    ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16", "float16", "bfloat16"), {},
+     stridedfa.LayoutError, "share one dtype"),
+    ((128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16",) * 3, {}, stridedfa.LayoutError,
+     r"q: expected 4 axes \(batch, seq, heads, head_dim\)"),
+    ((2, 8, 128, 64), (2, 2, 256, 64), (2, 2, 256), ("bfloat16",) * 3, {"layout": "bhsd"}, stridedfa.LayoutError,
+     r"v: expected 4 axes \(batch, heads, seq, head_dim\)"),
+    ((2, 128, 8, 64), (3, 256, 2, 64), (3, 256, 2, 64), ("bfloat16",) * 3, {}, stridedfa.LayoutError,
+     "batch"),
+    ((2, 128, 8, 64), (2, 256, 3, 64), (2, 256, 3, 64), ("bfloat16",) * 3, {}, stridedfa.LayoutError,
+     "multiple"),
+    ((2, 128, 8, 64), (2, 256, 2, 32), (2, 256, 2, 64), ("bfloat16",) * 3, {}, stridedfa.LayoutError,
+     "k: head_dim"),
+    ((2, 128, 8, 64), (2, 256, 2, 64), (2, 200, 2, 64), ("bfloat16",) * 3, {}, stridedfa.LayoutError,
+     r"v: seq \(axis 1\) is 200"),
+    ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 4, 64), ("bfloat16",) * 3, {}, stridedfa.LayoutError,
+     r"v: heads \(axis 2\) is 4"),
+    ((2, 128, 8, 60), (2, 256, 2, 60), (2, 256, 2, 64), ("float16",) * 3, {}, stridedfa.LayoutError,
+     "multiple of 8"),
+    ((2, 256, 8, 64), (2, 128, 2, 64), (2, 128, 2, 64), ("bfloat16",) * 3,
+     {"causal": True, "causal_alignment": "bottom_right"}, stridedfa.UnsupportedError, "without any key"),
+    ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16",) * 3, {"layout": "sbhd"}, ValueError,
+     "layout must be"),
+    ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16",) * 3, {"causal_alignment": "center"},
+     ValueError, "causal_alignment"),
+    ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16",) * 3, {"scale": True}, TypeError,
+     "scale"),
+    ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16",) * 3, {"scale": float("inf")},
+     ValueError, "finite"),
+]
+
+
+@pytest.mark.parametrize("q, k, v, dtypes, kwargs, error, message", BAD_CALLS)
+@pytest.mark.parametrize("how", ["eval_shape", "jit_lower"])
+def test_bad_calls_raise_typed_errors_while_tracing(sj, jax, q, k, v, dtypes, kwargs, error, message, how):
+    args = [_spec(jax, s, d) for s, d in zip((q, k, v), dtypes)]
+
+    def f(q, k, v):
+        return sj.attention(q, k, v, **kwargs)
+
+    with pytest.raises(error, match=message):
+        if how == "eval_shape":
+            jax.eval_shape(f, *args)
+        else:
+            jax.jit(f).lower(*args)
+
+
+def test_traced_scale_is_refused(sj, jax):
+    q = _spec(jax, (1, 16, 2, 64))
+    with pytest.raises(TypeError, match="static"):
+        jax.jit(lambda q, s: sj.attention(q, q, q, scale=s)).lower(q, 0.5)
+
+
+def test_eager_call_on_cpu_arrays_names_the_device(sj, jax):
+    q = jax.numpy.ones((1, 16, 2, 64), "bfloat16", device=jax.devices("cpu")[0])
+    with pytest.raises(stridedfa.LayoutError, match="q lives on cpu"):
+        sj.attention(q, q, q)
+
+
+def test_handlers_decode_every_operand_and_attribute(sj):
+    """Registered for the CPU platform (in a subprocess), each handler runs XLA's decoding of its
+    arguments, results and attributes; on CPU only the GPU stream (operand 0) cannot be had.
+    Anything else reported (a wrong attribute name or type, a missing result) fails here."""
+    result = run_python("""
+        import numpy as np
+        import jax, jax.numpy as jnp
+        import stridedfa.jax as sj
+        from stridedfa import _core
+        for name, capsule in _core._jax_ffi_targets().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        q = jnp.ones((1, 16, 2, 64), jnp.bfloat16)
+        kv = jnp.ones((1, 32, 1, 64), jnp.bfloat16)
+        options = sj._Options("bshd", 0.5, True, "bottom_right")
+        def backward(q, k, v):  # the backward alone: its inputs are made up, not computed
+            out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)
+            return sj._attention_bwd(options, (q, k, v, out, lse), out)
+        def wrong_attribute_type(q, k, v):
+            attributes = dict(options.attributes(), scale=np.float32(0.5))
+            return jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))(
+                q, k, v, **attributes)
+        calls = {
+            "inference": lambda q, k, v: sj._forward_call(q, k, v, options, with_lse=False)[0],
+            "forward": lambda q, k, v: sj._forward_call(q, k, v, options, with_lse=True),
+            "backward": backward,
+            "control": wrong_attribute_type,
+        }
+        for name, f in calls.items():
+            try:
+                jax.block_until_ready(jax.jit(f)(q, kv, kv))
+            except Exception as error:
+                message = str(error).replace(chr(10), " | ")
+                print(f"{name}: {message}")
+            else:
+                print(f"{name}: ran")
+    """)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
+    assert set(lines) == {"inference", "forward", "backward", "control"}, result.stdout
+    for name in ("inference", "forward", "backward"):
+        assert "bad operands at: 0)" in lines[name], (name, lines[name])
+        assert "platform stream" in lines[name], (name, lines[name])
+    # The control passes scale as f32: decoding must report that attribute too (operand 7: after
+    # 3 contexts, 3 arguments and 1 result, scale is the first attribute).
+    assert "bad operands at: 0, 7)" in lines["control"], lines["control"]
