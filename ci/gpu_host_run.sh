@@ -2,7 +2,7 @@
 # One GPU session on the H200 test host (no network; see shared GPU_HOST.md): installs the
 # stridedfa wheel carried in .whl/ (built by ci/build_wheel_for_gpu_host.sh), then runs the
 # environment report and demo, the whole test suite (CPU and GPU tests) and the benchmark, writing
-# every log to $OUT. Every stage runs even if one fails; the exit status is the test suite's.
+# every log to $OUT (bundled into logs.tgz at the end). Every stage runs even if one fails; the exit status is the test suite's.
 #   usage (from the repository root on the host): OUT=/some/dir ci/gpu_host_run.sh [--quick]
 set -u
 OUT=${OUT:?set OUT to a folder for the logs}
@@ -23,7 +23,9 @@ cd /tmp  # import the installed package, never the source tree
 timeout "${TESTS_TIMEOUT:-420}" python3 -X faulthandler -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEsx \
   --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
 tests_rc=$?
-echo "tests: exit $tests_rc; $(tail -n 1 "$OUT/pytest.log")" | tee -a "$OUT/summary.txt"
+echo "tests: # Few files travel back from the host: bundle the logs.
+(cd "$OUT" && tar czf logs.tgz ./*.log ./*.xml env.txt && rm -f ./*.log ./*.xml env.txt)
+exit $tests_rc; $(tail -n 1 "$OUT/pytest.log")" | tee -a "$OUT/summary.txt"
 
 timeout "${HOST_BENCH_TIMEOUT:-120}" python3 -X faulthandler "$REPO/benchmarks/bench_host_overhead.py" --out "$OUT" $BENCH_ARGS \
   > "$OUT/bench_host_overhead.log" 2>&1
@@ -35,4 +37,6 @@ echo "benchmark: exit $?" | tee -a "$OUT/summary.txt"
 
 timeout "${DEMO_TIMEOUT:-90}" python3 -X faulthandler -m stridedfa > "$OUT/demo.log" 2>&1
 echo "demo: exit $?" | tee -a "$OUT/summary.txt"
+# Few files travel back from the host: bundle the logs.
+(cd "$OUT" && tar czf logs.tgz ./*.log ./*.xml env.txt && rm -f ./*.log ./*.xml env.txt)
 exit $tests_rc

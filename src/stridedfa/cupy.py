@@ -14,6 +14,7 @@ axis order.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 try:
@@ -85,9 +86,9 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
     handle, alloc_stream = _call_stream(stream)
     device = q.data.device_id
     if alloc_stream is None and device == _get_device_id():  # the common case: nothing to switch
-        return _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle)
-    with _Allocation(alloc_stream, device):
-        return _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle)
+        return _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle, None)
+    return _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle,
+                    _Allocation(alloc_stream, device))
 
 
 def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = None,
@@ -111,40 +112,50 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
     handle, alloc_stream = _call_stream(stream)
     device = q.data.device_id
     if alloc_stream is None and device == _get_device_id():
-        return _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle)
-    with _Allocation(alloc_stream, device):
-        return _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle)
+        return _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle, None)
+    return _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle,
+                     _Allocation(alloc_stream, device))
 
 
 # --- Helpers ------------------------------------------------------------------------------------
 
-def _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle):
-    """Allocates out (and lse) on the current device and stream, then runs on `handle`."""
+def _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle, allocation):
+    """Allocates out (and lse) on the call's device and stream, then runs on `handle`.
+
+    `allocation` (None when they are already current) switches CuPy to them for allocations only:
+    the core reads the inputs under the caller's current stream, so CuPy's __dlpack__(stream=...)
+    orders the call after the work that produced them."""
     q_shape, q_strides = _shape_and_strides(q, "q")
     v_shape = v.shape
     if len(v_shape) != 4:
         raise LayoutError(f"v must be 4-D (batch, h_kv, s_kv, d_v), got shape {tuple(v_shape)}")
     b, h_q, s_q, _ = q_shape
     out_shape = (b, h_q, s_q, v_shape[3])
-    out = _empty(out_shape, _output_strides(out_shape, q_strides), q.dtype)
-    # Packed (b, h, s): the layout cuDNN's backward reads (it ignores strides before 9.26).
-    lse = _empty((b, h_q, s_q), (h_q * s_q, s_q, 1), _FLOAT32) if return_lse else None
-    _core._forward(q, k, v, out, lse, scale, causal, causal_alignment, handle, _workspace)
+    with allocation or _NOTHING:
+        out = _empty(out_shape, _output_strides(out_shape, q_strides), q.dtype)
+        # Packed (b, h, s): the layout cuDNN's backward reads (it ignores strides before 9.26).
+        lse = _empty((b, h_q, s_q), (h_q * s_q, s_q, 1), _FLOAT32) if return_lse else None
+    _core._forward(q, k, v, out, lse, scale, causal, causal_alignment, handle,
+                   _workspace if allocation is None else allocation.workspace)
     return (out, lse) if return_lse else out
 
 
-def _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle):
-    """Allocates the gradients on the current device and stream, then runs on `handle`."""
+def _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle, allocation):
+    """Allocates the gradients on the call's device and stream (see _forward), then runs on
+    `handle`."""
     grads = []
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, _ndarray):  # its gradient is allocated like it, by CuPy
             raise TypeError(f"stridedfa.cupy.attention_backward takes {name} as a cupy.ndarray, "
                             f"got {type(x).__module__}.{type(x).__qualname__}")
         shape, strides = _shape_and_strides(x, name)
-        grads.append(_empty(shape, _gradient_strides(shape, strides), x.dtype))
+        with allocation or _NOTHING:
+            grads.append(_empty(shape, _gradient_strides(shape, strides), x.dtype))
     grad_q, grad_k, grad_v = grads
+    # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced; the
+    # core then orders the call after it like any other input.
     _core._backward(q, k, v, out, _readable(grad_out), lse, grad_q, grad_k, grad_v, scale, causal,
-                    causal_alignment, handle, _workspace)
+                    causal_alignment, handle, _workspace if allocation is None else allocation.workspace)
     return grad_q, grad_k, grad_v
 
 
@@ -223,6 +234,7 @@ class _Allocation:
         self.device_context = None
 
     def __enter__(self):
+        self.device_context = None
         if self.device != _get_device_id():
             self.device_context = _Device(self.device)
             self.device_context.__enter__()
@@ -236,6 +248,13 @@ class _Allocation:
         if self.device_context is not None:
             self.device_context.__exit__(*exc)
         return False
+
+    def workspace(self, nbytes: int, device: int):
+        with self:
+            return _workspace(nbytes, device)
+
+
+_NOTHING = contextlib.nullcontext()
 
 
 def _readable(t):

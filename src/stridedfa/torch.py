@@ -10,9 +10,10 @@ graph capture:
 They are backed by registered operators (``torch.ops.stridedfa.*``, see ``torch.library``) whose
 fake implementations give exactly the strides the real kernels produce (``stridedfa._layouts``).
 Outputs, gradients and cuDNN's workspace come from torch's caching allocator, and the kernels run on
-torch's current stream. An eager call that needs no autograd skips the operator machinery: q, k, v
-are read, out is allocated and the kernel is queued in one C call (DLPack C exchange API,
-torch >= 2.10).
+torch's current stream. Eager calls skip the dispatcher (torch.compile, fake tensors and
+dispatch modes always see the operators): with autograd they run the same kernels through a plain
+torch.autograd.Function; without it, reading q, k, v, allocating out and queueing the kernel is one
+C call (DLPack C exchange API, torch >= 2.10).
 """
 
 import torch
@@ -67,7 +68,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     if is_causal is not None:
         causal = _causal(causal, is_causal)
     needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and _is_grad_enabled()
-    if not needs_grad and _plain_eager(q, k, v):
+    if _plain_eager(q, k, v):
+        if needs_grad:
+            return _EagerAttention.apply(q, k, v, scale, causal, causal_alignment)
         return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
     return torch.ops.stridedfa.attention_forward(q, k, v, scale, causal, causal_alignment, needs_grad)[0]
 
@@ -107,19 +110,28 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     causal = _causal(causal, is_causal)
     dim = _check_packed(packed, dim, layout, q)
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad))
+    if _plain_eager(packed, packed, packed if q is None else q):
+        if needs_grad:
+            return _EagerPackedAttention.apply(packed, dim, layout, q, scale, causal, causal_alignment)
+        return _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, False)[0]
     return torch.ops.stridedfa.packed_attention_forward(packed, dim, layout, q, scale, causal,
                                                         causal_alignment, needs_grad)[0]
 
 
 # --- Operators ------------------------------------------------------------------------------------
 
-@torch.library.custom_op(
-    "stridedfa::attention_forward", mutates_args=(),
-    schema="(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment, "
-           "bool with_lse) -> (Tensor, Tensor)")
-def _attention_forward(q, k, v, scale, causal, causal_alignment, with_lse):
+# Each operator's real kernel is a plain function, also called directly by the eager autograd
+# Functions below: same kernels, same bits, without the dispatcher's Python overhead.
+
+def _attention_forward_impl(q, k, v, scale, causal, causal_alignment, with_lse):
     out, lse = _forward(q, k, v, scale, causal, causal_alignment, with_lse)
     return out, (lse if with_lse else _no_lse(q))
+
+
+_attention_forward = torch.library.custom_op(
+    "stridedfa::attention_forward", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment, "
+           "bool with_lse) -> (Tensor, Tensor)")(_attention_forward_impl)
 
 
 @_attention_forward.register_fake
@@ -129,15 +141,17 @@ def _(q, k, v, scale, causal, causal_alignment, with_lse):
     return out, (_empty_lse(q) if with_lse else _no_lse(q))
 
 
-@torch.library.custom_op(
-    "stridedfa::attention_backward", mutates_args=(),
-    schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, float? scale, "
-           "bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)")
-def _attention_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
+def _attention_backward_impl(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
     _core._backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse),
                     grad_q, grad_k, grad_v, scale, causal, causal_alignment, _stream(q), _workspace)
     return grad_q, grad_k, grad_v
+
+
+_attention_backward = torch.library.custom_op(
+    "stridedfa::attention_backward", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, float? scale, "
+           "bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)")(_attention_backward_impl)
 
 
 @_attention_backward.register_fake
@@ -168,11 +182,7 @@ torch.library.register_autograd("stridedfa::attention_forward", _attention_autog
                                 setup_context=_attention_setup_context)
 
 
-@torch.library.custom_op(
-    "stridedfa::packed_attention_forward", mutates_args=(),
-    schema="(Tensor packed, int dim, str layout, Tensor? q, float? scale, bool causal, "
-           "str causal_alignment, bool with_lse) -> (Tensor, Tensor)")
-def _packed_attention_forward(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
+def _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
     q_l, k_l, v_l = _unpack(packed, dim, q)
     out_l = _empty_packed_output(q_l, v_l)
     lse = _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed)
@@ -184,6 +194,12 @@ def _packed_attention_forward(packed, dim, layout, q, scale, causal, causal_alig
     return out_l, lse
 
 
+_packed_attention_forward = torch.library.custom_op(
+    "stridedfa::packed_attention_forward", mutates_args=(),
+    schema="(Tensor packed, int dim, str layout, Tensor? q, float? scale, bool causal, "
+           "str causal_alignment, bool with_lse) -> (Tensor, Tensor)")(_packed_forward_impl)
+
+
 @_packed_attention_forward.register_fake
 def _(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
     q_l, _, v_l = _unpack(packed, dim, q)
@@ -191,12 +207,8 @@ def _(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
             _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed))
 
 
-@torch.library.custom_op(
-    "stridedfa::packed_attention_backward", mutates_args=(),
-    schema="(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, "
-           "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor)")
-def _packed_attention_backward(packed, dim, layout, q, out, lse, grad_out, scale, causal,
-                               causal_alignment):
+def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, scale, causal,
+                          causal_alignment):
     grad_packed = _gradient_like(packed)
     grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
     q_l, k_l, v_l = _unpack(packed, dim, q)
@@ -208,6 +220,12 @@ def _packed_attention_backward(packed, dim, layout, q, out, lse, grad_out, scale
                     dk_l.permute(to_logical), dv_l.permute(to_logical), scale, causal,
                     causal_alignment, _stream(packed), _workspace)
     return grad_packed, grad_q
+
+
+_packed_attention_backward = torch.library.custom_op(
+    "stridedfa::packed_attention_backward", mutates_args=(),
+    schema="(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, "
+           "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor)")(_packed_backward_impl)
 
 
 @_packed_attention_backward.register_fake
@@ -237,6 +255,44 @@ def _packed_autograd(ctx, grad_out, _grad_lse):
 
 torch.library.register_autograd("stridedfa::packed_attention_forward", _packed_autograd,
                                 setup_context=_packed_setup_context)
+
+
+# --- Eager autograd without the dispatcher -----------------------------------------------------
+
+class _EagerAttention(torch.autograd.Function):
+    """attention() in eager mode with autograd: the operators' kernels, called directly."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, causal_alignment):
+        out, lse = _attention_forward_impl(q, k, v, scale, causal, causal_alignment, True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (scale, causal, causal_alignment)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = _attention_backward_impl(q, k, v, out, lse, grad_out, *ctx.options)
+        return (*grads, None, None, None)
+
+
+class _EagerPackedAttention(torch.autograd.Function):
+    """packed_attention() in eager mode with autograd (see _EagerAttention)."""
+
+    @staticmethod
+    def forward(ctx, packed, dim, layout, q, scale, causal, causal_alignment):
+        out, lse = _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, True)
+        ctx.save_for_backward(packed, q, out, lse)
+        ctx.options = (dim, layout, scale, causal, causal_alignment)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        packed, q, out, lse = ctx.saved_tensors
+        dim, layout, scale, causal, causal_alignment = ctx.options
+        grad_packed, grad_q = _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, scale,
+                                                    causal, causal_alignment)
+        return grad_packed, None, None, (grad_q if q is not None else None), None, None, None
 
 
 # --- Helpers --------------------------------------------------------------------------------------
