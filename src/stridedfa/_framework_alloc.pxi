@@ -239,9 +239,9 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
         intake(q, b"q", False, &st, &fwd.q, &owned[0])
         intake(k, b"k", False, &st, &fwd.k, &owned[1])
         intake(v, b"v", False, &st, &fwd.v, &owned[2])
-        for view in (("q", fwd.q.ndim), ("v", fwd.v.ndim)):
-            if view[1] != 4:
-                raise LayoutError(f"{view[0]} must have 4 axes (batch, heads, seq, head_dim); it has {view[1]}")
+        if fwd.q.ndim != 4 or fwd.v.ndim != 4:
+            name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
+            raise LayoutError(f"{name} must have 4 axes (batch, heads, seq, head_dim); it has {ndim}")
         if fwd.q.device_type != kDLCUDA:
             with nogil:  # the validator names the device problem
                 validate_forward(fwd)
