@@ -119,7 +119,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
 
 # --- Helpers ------------------------------------------------------------------------------------
 
-def _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle, allocation):
+def _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle, allocation=None):
     """Allocates out (and lse) on the call's device and stream, then runs on `handle`.
 
     `allocation` (None when they are already current) switches CuPy to them for allocations only:
@@ -140,7 +140,7 @@ def _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle, alloc
     return (out, lse) if return_lse else out
 
 
-def _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle, allocation):
+def _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle, allocation=None):
     """Allocates the gradients on the call's device and stream (see _forward), then runs on
     `handle`."""
     grads = []
