@@ -40,7 +40,9 @@ the autograd leaf is the packed buffer, so autograd contenders pay the copies th
 assemble the packed gradient from three per-view gradients (that is the point);
 the kernel contender writes its gradients straight into the three views of one
 preallocated packed (b, s, 3, h, d) gradient buffer. The kernel contender's ``out``
-is always a contiguous (b, h_q, s, d) tensor.
+is a contiguous (b, h_q, s, d) tensor, on packed rows (b, s, h_q, d) in memory (q's
+order, as the other contenders' outputs); on packed rows grad_out is laid out (b, s, h, d)
+in memory too, as a fused-QKV model's output projection hands it back.
 
 How it is timed
 ---------------
@@ -425,7 +427,15 @@ class Inputs:
             self.leaves = [torch.randn(b, hq, s, d, device=dev, dtype=dt, generator=gen),
                            torch.randn(b, hkv, s, d, device=dev, dtype=dt, generator=gen),
                            torch.randn(b, hkv, s, d, device=dev, dtype=dt, generator=gen)]
-        self.grad_out = torch.randn(b, hq, s, d, device=dev, dtype=dt, generator=gen)
+        if self.packed:
+            # A fused-QKV model's attention output is (b, s, h, d) in memory (q's axis order) and
+            # its gradient arrives in that layout from the output projection; give every
+            # contender the gradient laid out so (a layout mismatch between O and dO slows
+            # cuDNN's backward at d=64 for everyone alike).
+            self.grad_out = torch.randn(b, s, hq, d, device=dev, dtype=dt,
+                                        generator=gen).transpose(1, 2)
+        else:
+            self.grad_out = torch.randn(b, hq, s, d, device=dev, dtype=dt, generator=gen)
 
     def views(self, leaves):
         if self.packed:
@@ -530,7 +540,8 @@ def run_case(torch, sfa, c, args, tp, res):
 
     inp = Inputs(torch, c, seed=1000 + c["config_index"])
     q, k, v = inp.detached_views()
-    out_buf = torch.empty(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
+    out_buf = (torch.empty(b, s, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               if inp.packed else torch.empty(b, hq, s, d, device="cuda", dtype=torch.bfloat16))
     lse_buf = torch.empty(b, hq, s, device="cuda", dtype=torch.float32)
 
     def torch_fwd(q, k, v):
