@@ -170,3 +170,18 @@ def test_fake_kernels_trace_with_symbolic_shapes():
     graph = make_fx(step, tracing_mode="symbolic")(qkv)
     targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
     assert sum("stridedfa" in t for t in targets) == 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=st.lists(st.integers(0, 6), min_size=5, max_size=5),
+       strides=st.lists(st.integers(0, 3000), min_size=5, max_size=5))
+def test_c_and_python_gradient_rules_agree(shape, strides):
+    # The packed entry point allocates its gradient in C; its fake kernel uses _layouts.
+    assert _core._gradient_strides(tuple(shape), tuple(strides)) == _layouts.gradient_strides(shape, strides)
+
+
+def test_dense_packed_gradient_keeps_the_packed_strides():
+    qkv, _ = _packed_views()
+    assert _core._gradient_strides(tuple(qkv.shape), qkv.stride()) == qkv.stride()
+    padded = torch.empty(2, 64, 3, 4, 80, **META)[..., :64]
+    assert _core._gradient_strides(tuple(padded.shape), padded.stride()) == (49152, 768, 256, 64, 1)

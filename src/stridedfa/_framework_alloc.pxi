@@ -36,8 +36,8 @@ cdef void record_allocation_error(void* context, const char* kind, const char* m
 cdef struct StridedTensor:
     DLManagedTensorVersioned managed
     DLManagedTensorVersioned* storage
-    int64_t shape[4]
-    int64_t strides[4]
+    int64_t shape[8]
+    int64_t strides[8]
 
 
 cdef void delete_strided_tensor(DLManagedTensorVersioned* self) noexcept nogil:
@@ -150,14 +150,14 @@ def _allocate_like(like, shape, strides):
     cdef TensorView view
     cdef Owned owned
     cdef CallStream st
-    cdef int64_t c_shape[4]
-    cdef int64_t c_strides[4]
+    cdef int64_t c_shape[8]
+    cdef int64_t c_strides[8]
     cdef int i, n = len(shape)
     cdef const DLPackExchangeAPI* api = exchange_api_of(type(like))
     if api == NULL or api.managed_tensor_allocator == NULL:
         raise TypeError(f"{type(like).__qualname__} does not offer the DLPack C exchange API's allocator")
-    if n > 4 or len(strides) != n:
-        raise ValueError("at most 4 axes, and as many strides as extents")
+    if n > 8 or len(strides) != n:
+        raise ValueError("at most 8 axes, and as many strides as extents")
     for i in range(n):
         c_shape[i] = shape[i]
         c_strides[i] = strides[i]
@@ -289,3 +289,294 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
             lse_tensor.deleter(lse_tensor)
+
+
+# --- The packed entry point: q/k/v (or k/v) as slices of one buffer, one packed gradient -----------
+
+cdef void select_and_order(const TensorView& packed, int dim, int index, const int* to_logical,
+                           const char* name, TensorView* out) noexcept nogil:
+    """out = packed.select(dim, index) with its four remaining (layout-ordered) axes permuted by
+    `to_logical` (or kept in layout order when it is NULL). No memory is touched."""
+    cdef int remaining[4]
+    cdef int i, n = 0
+    cdef int64_t itemsize
+    for i in range(5):
+        if i != dim:
+            remaining[n] = i
+            n += 1
+    out[0] = packed
+    out.name = name
+    out.ndim = 4
+    for i in range(4):
+        n = remaining[to_logical[i] if to_logical != NULL else i]
+        out.dims[i] = packed.dims[n]
+        out.strides[i] = packed.strides[n]
+    itemsize = (<int64_t>packed.dtype.bits * packed.dtype.lanes + 7) // 8
+    out.data = packed.data + <uintptr_t>(index * packed.strides[dim] * itemsize)
+
+
+cdef void reorder(const TensorView& layout_view, const int* to_logical, const char* name,
+                  TensorView* out) noexcept nogil:
+    """A 4-axis view in layout order, permuted to the core's (b, h, s, d) axes."""
+    cdef int i
+    out[0] = layout_view
+    out.name = name
+    for i in range(4):
+        out.dims[i] = layout_view.dims[to_logical[i]]
+        out.strides[i] = layout_view.strides[to_logical[i]]
+
+
+cdef bint is_dense_view(const int64_t* dims, const int64_t* strides, int ndim) noexcept nogil:
+    """Same rule as stridedfa._layouts.is_dense: axes by increasing stride (stable), extent-1 axes
+    skipped, each stride the product of the extents inside it."""
+    cdef int order[8]
+    cdef int i, j, axis
+    cdef int64_t expected = 1
+    for i in range(ndim):
+        order[i] = i
+    for i in range(1, ndim):
+        axis = order[i]
+        j = i - 1
+        while j >= 0 and strides[order[j]] > strides[axis]:
+            order[j + 1] = order[j]
+            j -= 1
+        order[j + 1] = axis
+    for i in range(ndim):
+        axis = order[i]
+        if dims[axis] == 1:
+            continue
+        if strides[axis] != expected:
+            return False
+        expected *= dims[axis]
+    return True
+
+
+cdef void gradient_layout(const TensorView& like, int64_t* strides) noexcept nogil:
+    """stridedfa._layouts.gradient_strides: like's strides when dense, else dense in its order."""
+    cdef int i
+    if is_dense_view(like.dims, like.strides, like.ndim):
+        for i in range(like.ndim):
+            strides[i] = like.strides[i]
+    else:
+        order_like(like.dims, like.strides, like.ndim, strides)
+
+
+cdef int parse_to_logical(object to_logical, int* out) except -1:
+    if len(to_logical) != 4 or sorted(to_logical) != [0, 1, 2, 3]:
+        raise ValueError(f"to_logical must be a permutation of (0, 1, 2, 3), got {to_logical!r}")
+    for i in range(4):
+        out[i] = to_logical[i]
+    return 0
+
+
+cdef const DLPackExchangeAPI* allocating_api(object like) except NULL:
+    cdef const DLPackExchangeAPI* api = exchange_api_of(type(like))
+    if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
+        raise TypeError(f"{type(like).__module__}.{type(like).__qualname__} does not offer the DLPack C "
+                        f"exchange API's allocator; use sdpa_forward/sdpa_backward with preallocated outputs")
+    return api
+
+
+cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
+    if packed.ndim != 5:
+        raise LayoutError(f"packed must have 5 axes (four named by the layout plus the packing axis); "
+                          f"it has {packed.ndim}")
+    if dim < 0 or dim > 4 or packed.dims[dim] != want:
+        raise LayoutError(f"packed must have extent {want} along dim {dim}")
+    return 0
+
+
+def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
+                          bint with_lse):
+    """Forward of the packed entry point, outputs allocated by packed's framework (see
+    _forward_alloc). `packed` holds q, k, v (or k, v with `q` given in the same layout) along
+    `dim`; its other axes are in layout order, and `to_logical[i]` is the layout axis holding the
+    core's axis i (b, h, s, d). Returns (out in layout axes, dense in q's memory order; lse or
+    None)."""
+    cdef SdpaOptions options
+    cdef ForwardArgs fwd
+    cdef Owned owned[2]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef Problem problem
+    cdef TensorView packed_view, q_layout, v_layout, out_layout
+    cdef DLManagedTensorVersioned* out_tensor = NULL
+    cdef DLManagedTensorVersioned* lse_tensor = NULL
+    cdef DLManagedTensorVersioned* workspace_tensor = NULL
+    cdef void* workspace = NULL
+    cdef int perm[4]
+    cdef int64_t out_shape[4]
+    cdef int64_t out_strides[4]
+    cdef int64_t lse_shape[3]
+    cdef int64_t lse_strides[3]
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    parse_to_logical(to_logical, perm)
+    cdef const DLPackExchangeAPI* api = allocating_api(packed)
+    for i in range(2):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    parse_stream(None, &st)
+    try:
+        intake(packed, b"packed", False, &st, &packed_view, &owned[0])
+        check_packed(packed_view, dim, 3 if q is None else 2)
+        if q is None:
+            select_and_order(packed_view, dim, 0, NULL, b"q", &q_layout)
+            select_and_order(packed_view, dim, 1, perm, b"k", &fwd.k)
+            select_and_order(packed_view, dim, 2, perm, b"v", &fwd.v)
+        else:
+            intake(q, b"q", False, &st, &q_layout, &owned[1])
+            if q_layout.ndim != 4:
+                raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
+            select_and_order(packed_view, dim, 0, perm, b"k", &fwd.k)
+            select_and_order(packed_view, dim, 1, perm, b"v", &fwd.v)
+        reorder(q_layout, perm, b"q", &fwd.q)
+        if packed_view.device_type != kDLCUDA:
+            with nogil:
+                validate_forward(fwd)
+        for i in range(4):
+            out_shape[i] = q_layout.dims[i]
+        out_shape[perm[3]] = fwd.v.dims[3]  # head_dim of v
+        order_like(out_shape, q_layout.strides, 4, out_strides)
+        out_tensor = allocate_strided(api, 4, out_shape, out_strides, packed_view.dtype, packed_view.device_id)
+        out_layout = view_from_dltensor(out_tensor.dl_tensor, False, b"out")
+        reorder(out_layout, perm, b"out", &fwd.out)
+        if with_lse:
+            lse_shape[0] = fwd.q.dims[0]
+            lse_shape[1] = fwd.q.dims[1]
+            lse_shape[2] = fwd.q.dims[2]
+            lse_strides[2] = 1
+            lse_strides[1] = lse_shape[2]
+            lse_strides[0] = lse_shape[1] * lse_shape[2]
+            lse_tensor = allocate_strided(api, 3, lse_shape, lse_strides, float32_dtype(), packed_view.device_id)
+            fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse")
+        if not libraries_loaded():
+            with nogil:
+                problem = validate_forward(fwd)
+            ensure_libraries()
+        with nogil:
+            call = prepare_forward(fwd, options)
+        if call.workspace_bytes > 0:
+            workspace_tensor = allocate_flat(api, call.workspace_bytes, bytes_dtype(), packed_view.device_id)
+            workspace = <char*>workspace_tensor.dl_tensor.data + workspace_tensor.dl_tensor.byte_offset
+        with nogil:
+            execute(call, st.handle, workspace)
+        out = to_framework_object(api, out_tensor)
+        out_tensor = NULL
+        lse = None
+        if lse_tensor != NULL:
+            lse = to_framework_object(api, lse_tensor)
+            lse_tensor = NULL
+        return out, lse
+    finally:
+        release(owned, 2)
+        if workspace_tensor != NULL:
+            workspace_tensor.deleter(workspace_tensor)
+        if out_tensor != NULL:
+            out_tensor.deleter(out_tensor)
+        if lse_tensor != NULL:
+            lse_tensor.deleter(lse_tensor)
+
+
+def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
+                           causal_alignment):
+    """Backward of the packed entry point: allocates one gradient buffer with packed's strides
+    (dense in its axis order if packed is not dense) and, with a separate q, q's gradient (same
+    rule); cuDNN writes dQ/dK/dV straight into their slices. `out` and `grad_out` are in layout
+    axes. Returns (grad_packed, grad_q or None)."""
+    cdef SdpaOptions options
+    cdef BackwardArgs bwd
+    cdef Owned owned[5]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef Problem problem
+    cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
+    cdef DLManagedTensorVersioned* grad_packed_tensor = NULL
+    cdef DLManagedTensorVersioned* grad_q_tensor = NULL
+    cdef DLManagedTensorVersioned* workspace_tensor = NULL
+    cdef void* workspace = NULL
+    cdef int perm[4]
+    cdef int64_t strides[8]
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    parse_to_logical(to_logical, perm)
+    cdef const DLPackExchangeAPI* api = allocating_api(packed)
+    for i in range(5):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    parse_stream(None, &st)
+    try:
+        intake(packed, b"packed", False, &st, &packed_view, &owned[0])
+        check_packed(packed_view, dim, 3 if q is None else 2)
+        intake(out, b"out", False, &st, &out_layout, &owned[1])
+        intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[2])
+        intake(lse, b"lse", False, &st, &bwd.lse, &owned[3])
+        if out_layout.ndim != 4 or grad_out_layout.ndim != 4:
+            raise LayoutError("out and grad_out must have 4 axes in the packed buffer's layout")
+        reorder(out_layout, perm, b"out", &bwd.out)
+        reorder(grad_out_layout, perm, b"grad_out", &bwd.grad_out)
+        gradient_layout(packed_view, strides)
+        grad_packed_tensor = allocate_strided(api, 5, packed_view.dims, strides, packed_view.dtype,
+                                              packed_view.device_id)
+        grad_packed_view = view_from_dltensor(grad_packed_tensor.dl_tensor, False, b"grad_packed")
+        if q is None:
+            select_and_order(packed_view, dim, 0, perm, b"q", &bwd.q)
+            select_and_order(packed_view, dim, 1, perm, b"k", &bwd.k)
+            select_and_order(packed_view, dim, 2, perm, b"v", &bwd.v)
+            select_and_order(grad_packed_view, dim, 0, perm, b"grad_q", &bwd.grad_q)
+            select_and_order(grad_packed_view, dim, 1, perm, b"grad_k", &bwd.grad_k)
+            select_and_order(grad_packed_view, dim, 2, perm, b"grad_v", &bwd.grad_v)
+        else:
+            intake(q, b"q", False, &st, &q_layout, &owned[4])
+            if q_layout.ndim != 4:
+                raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
+            reorder(q_layout, perm, b"q", &bwd.q)
+            select_and_order(packed_view, dim, 0, perm, b"k", &bwd.k)
+            select_and_order(packed_view, dim, 1, perm, b"v", &bwd.v)
+            gradient_layout(q_layout, strides)
+            grad_q_tensor = allocate_strided(api, 4, q_layout.dims, strides, q_layout.dtype, q_layout.device_id)
+            grad_q_layout = view_from_dltensor(grad_q_tensor.dl_tensor, False, b"grad_q")
+            reorder(grad_q_layout, perm, b"grad_q", &bwd.grad_q)
+            select_and_order(grad_packed_view, dim, 0, perm, b"grad_k", &bwd.grad_k)
+            select_and_order(grad_packed_view, dim, 1, perm, b"grad_v", &bwd.grad_v)
+        if not libraries_loaded():
+            with nogil:
+                problem = validate_backward(bwd)
+            ensure_libraries()
+        with nogil:
+            call = prepare_backward(bwd, options)
+        if call.workspace_bytes > 0:
+            workspace_tensor = allocate_flat(api, call.workspace_bytes, bytes_dtype(), packed_view.device_id)
+            workspace = <char*>workspace_tensor.dl_tensor.data + workspace_tensor.dl_tensor.byte_offset
+        with nogil:
+            execute(call, st.handle, workspace)
+        grad_packed = to_framework_object(api, grad_packed_tensor)
+        grad_packed_tensor = NULL
+        grad_q = None
+        if grad_q_tensor != NULL:
+            grad_q = to_framework_object(api, grad_q_tensor)
+            grad_q_tensor = NULL
+        return grad_packed, grad_q
+    finally:
+        release(owned, 5)
+        if workspace_tensor != NULL:
+            workspace_tensor.deleter(workspace_tensor)
+        if grad_packed_tensor != NULL:
+            grad_packed_tensor.deleter(grad_packed_tensor)
+        if grad_q_tensor != NULL:
+            grad_q_tensor.deleter(grad_q_tensor)
+
+
+def _gradient_strides(shape, strides):
+    """The C rule for gradient strides, exposed for the test that keeps it equal to _layouts'."""
+    cdef TensorView view
+    cdef int64_t out[8]
+    cdef int i, n = len(shape)
+    if n > 8 or len(strides) != n:
+        raise ValueError("at most 8 axes, and as many strides as extents")
+    view.ndim = n
+    for i in range(n):
+        view.dims[i] = shape[i]
+        view.strides[i] = strides[i]
+    gradient_layout(view, out)
+    return tuple(out[i] for i in range(n))

@@ -183,6 +183,10 @@ torch.library.register_autograd("stridedfa::attention_forward", _attention_autog
 
 
 def _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
+    if _HAS_EXCHANGE_API:  # views, allocation and launch in one C call
+        out_l, lse = _core._packed_forward_alloc(packed, dim, _to_logical(layout), q, scale, causal,
+                                                 causal_alignment, with_lse)
+        return out_l, (lse if with_lse else _no_lse(packed))
     q_l, k_l, v_l = _unpack(packed, dim, q)
     out_l = _empty_packed_output(q_l, v_l)
     lse = _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed)
@@ -209,6 +213,15 @@ def _(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
 
 def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, scale, causal,
                           causal_alignment):
+    if _HAS_EXCHANGE_API:
+        to_logical = _to_logical(layout)
+        logical = grad_out.permute(to_logical)
+        readable = _readable(logical)
+        if readable is not logical:  # copied: hand the copy over in layout axes
+            grad_out = readable.permute([to_logical.index(axis) for axis in range(4)])
+        grad_packed, grad_q = _core._packed_backward_alloc(packed, dim, to_logical, q, out, lse,
+                                                           grad_out, scale, causal, causal_alignment)
+        return grad_packed, (grad_q if grad_q is not None else _no_lse(packed))
     grad_packed = _gradient_like(packed)
     grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
     q_l, k_l, v_l = _unpack(packed, dim, q)
@@ -374,8 +387,14 @@ def _unpack(packed, dim, q):
     return q, packed.select(dim, 0), packed.select(dim, 1)
 
 
+_TO_LOGICAL = {}  # layout -> the permutation taking its axes to (b, h, s, d)
+
+
 def _to_logical(layout: str) -> list[int]:
-    return [layout.index(axis) for axis in _LOGICAL]
+    perm = _TO_LOGICAL.get(layout)
+    if perm is None:
+        perm = _TO_LOGICAL[layout] = [layout.index(axis) for axis in _LOGICAL]
+    return perm
 
 
 def _empty_packed_output(q_l, v_l):
