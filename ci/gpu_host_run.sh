@@ -36,5 +36,5 @@ echo "benchmark: exit $?" | tee -a "$OUT/summary.txt"
 timeout "${DEMO_TIMEOUT:-90}" python3 -X faulthandler -m stridedfa > "$OUT/demo.log" 2>&1
 echo "demo: exit $?" | tee -a "$OUT/summary.txt"
 # Few files travel back from the host: bundle the logs.
-(cd "$OUT" && tar czf logs.tgz ./*.log ./*.xml env.txt && rm -f ./*.log ./*.xml env.txt)
+(cd "$OUT" && logs=$(ls ./*.log ./*.xml env.txt 2>/dev/null) && tar czf logs.tgz $logs && rm -f $logs)
 exit $tests_rc
