@@ -21,14 +21,19 @@ def info() -> dict[str, Any]:
     """Versions, library paths and devices, or the reason each is unavailable.
 
     Loads cuDNN and the CUDA runtime if no call has done so yet. Never raises for a missing GPU or
-    library: the entry says why instead. Keys: ``stridedfa``, ``python``, ``built_with`` (the cuDNN,
-    cudnn-frontend and CUDA versions compiled against), ``cudnn`` and ``cuda_runtime`` (version,
+    library: the entry says why instead. Keys: ``stridedfa``, ``distribution`` (``stridedfa-cu13``
+    or ``stridedfa-cu12``), ``cuda_major`` (the CUDA major this build is for: it loads only that
+    major's runtime), ``python``, ``built_with`` (the cuDNN, cudnn-frontend and CUDA versions
+    compiled against), ``cudnn`` and ``cuda_runtime`` (version,
     path, how it was found — or ``error``), ``cuda_driver``, ``devices`` (name and compute
     capability per ordinal — or ``error``), ``graph_cache``.
     """
     built = _core._compiled_versions()
+    cuda_major = built["cuda"] // 1000
     report: dict[str, Any] = {
         "stridedfa": __version__,
+        "distribution": f"stridedfa-cu{cuda_major}",
+        "cuda_major": cuda_major,
         "python": f"{platform.python_implementation()} {sys.version.split()[0]}",
         "built_with": {
             "cudnn": _version_str(built["cudnn"], "cudnn"),

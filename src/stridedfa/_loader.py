@@ -3,11 +3,11 @@
 libcudnn.so.9 is taken, in this order, from:
   1. the process, when some library already loaded it (so torch or JAX and stridedfa share one
      cuDNN);
-  2. the ``nvidia-cudnn-cu13`` wheel;
+  2. the ``nvidia-cudnn-cu13`` (or, for a CUDA 12 build, ``nvidia-cudnn-cu12``) wheel;
   3. the path in ``STRIDEDFA_CUDNN_LIBRARY``;
   4. the system: cuda-pathfinder's search (the dynamic loader's path, conda, CUDA_HOME).
-The CUDA runtime (libcudart.so.13) comes from cuda-pathfinder, which also prefers a copy already
-loaded. The result, or why nothing was found, is remembered for the process and shown by
+The CUDA runtime (libcudart.so.13, or .12 for a CUDA 12 build) comes from cuda-pathfinder, which
+also prefers a copy already loaded; the core refuses a runtime of another major than it was built for. The result, or why nothing was found, is remembered for the process and shown by
 ``stridedfa.info()``.
 """
 
@@ -94,7 +94,7 @@ def find_cudnn(steps: tuple[str, ...] = CUDNN_STEPS) -> Library:
             if step == "wheel":
                 path = _wheel_cudnn()
                 if path is None:
-                    tried.append("nvidia-cudnn-cu13 wheel: not installed")
+                    tried.append(f"nvidia-cudnn-cu{_cuda_major()} wheel: not installed")
                     continue
                 return Library(path, step, _open(path))
             if step == "override":
@@ -115,17 +115,27 @@ def find_cudnn(steps: tuple[str, ...] = CUDNN_STEPS) -> Library:
             tried.append(f"{step}: {error}")
     raise BackendError(
         "cuDNN 9 (libcudnn.so.9) was not found; tried " + "; ".join(tried)
-        + f". Install it with `pip install nvidia-cudnn-cu13`, or set {CUDNN_OVERRIDE_ENV} to its path.")
+        + f". Install it with `pip install nvidia-cudnn-cu{_cuda_major()}`, or set {CUDNN_OVERRIDE_ENV} to "
+        "its path.")
 
 
 def find_cudart() -> Library:
-    """Opens the CUDA runtime (libcudart.so.13) through cuda-pathfinder."""
+    """Opens the CUDA runtime of the major stridedfa was built for through cuda-pathfinder."""
+    major = _cuda_major()
     try:
         return _pathfinder_library("cudart", "cuda-pathfinder")
     except _NotFound as error:
+        wheel = "nvidia-cuda-runtime" if major >= 13 else f"nvidia-cuda-runtime-cu{major}"
         raise BackendError(
-            f"the CUDA runtime (libcudart.so.13) was not found: {error}. Install it with "
-            "`pip install nvidia-cuda-runtime`.") from None
+            f"the CUDA runtime (libcudart.so.{major}) was not found: {error}. Install it with "
+            f"`pip install {wheel}`.") from None
+
+
+def _cuda_major() -> int:
+    """The CUDA major this build of stridedfa was compiled for (its distribution's -cuXX)."""
+    from stridedfa import _core
+
+    return _core._compiled_versions()["cuda"] // 1000
 
 
 class _NotFound(Exception):
