@@ -44,6 +44,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 REPO = Path(__file__).resolve().parent.parent
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # What the recipe must cover (issue 4, item 3).
 PLATFORMS = ("linux-64", "linux-aarch64")
@@ -281,18 +282,31 @@ def jinja_context(recipe: Path, source: Path, platform: str, variant: dict[str, 
     return context
 
 
+_templates: dict[tuple[str, int], jinja2.Template] = {}
+
+
+def template(recipe: Path) -> jinja2.Template:
+    path = recipe / "meta.yaml"
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _templates:
+        environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        try:
+            _templates[key] = environment.from_string(path.read_text())
+        except jinja2.TemplateError as error:
+            raise CheckError(f"meta.yaml: Jinja fails: {error}") from None
+    return _templates[key]
+
+
 def render(recipe: Path, source: Path, platform: str, variant: dict[str, str]) -> dict:
-    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    template_text = (recipe / "meta.yaml").read_text()
     try:
-        text = environment.from_string(template_text).render(jinja_context(recipe, source, platform, variant))
+        text = template(recipe).render(jinja_context(recipe, source, platform, variant))
     except jinja2.TemplateError as error:
         raise CheckError(f"meta.yaml: Jinja fails: {error}") from None
     except (AttributeError, TypeError) as error:  # e.g. load_file_regex found nothing: None.group(1)
         raise CheckError(f"meta.yaml: Jinja fails: {error}") from None
     text = apply_selectors(text, selector_namespace(platform, variant), "meta.yaml")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=YAML_LOADER)  # noqa: S506 (a safe loader)
     except yaml.YAMLError as error:
         raise CheckError(f"meta.yaml: rendered text is not YAML: {error}") from None
     if not isinstance(data, dict):
@@ -598,7 +612,7 @@ def check(recipe: Path, pyproject: Path) -> Result:
         variants_by_platform = {}
         for platform in PLATFORMS:
             text = apply_selectors(config_text, selector_namespace(platform, {}), "conda_build_config.yaml")
-            variants_by_platform[platform] = expand_variants(yaml.safe_load(text) or {})
+            variants_by_platform[platform] = expand_variants(yaml.load(text, Loader=YAML_LOADER) or {})
             for problem in check_matrix(variants_by_platform[platform], project):
                 result.problems.append(f"{platform}: {problem}")
                 result.lines.append(f"FAIL {platform}: {problem}")
