@@ -65,7 +65,7 @@ BUILD_REQUIRES_TO_HOST = {
     "jaxlib": "jaxlib",
 }
 SPEC_OPS = ("==", ">=", "<=", "!=", "~=", ">", "<", "=")
-PKG_HASH = "1234567"  # conda-build substitutes the variant's hash; any 7 hex digits do here
+PKG_HASH = "h0123abc"  # conda-build's final PKG_HASH: "h" + 7 hex digits of the variant's hash
 
 
 class CheckError(Exception):
@@ -161,7 +161,8 @@ def marker_holds(marker: str | None, python: str) -> bool:
 # ----------------------------------------------------------------------------------------------
 # conda-build's rendering: selectors, variants, Jinja context.
 
-SELECTOR = re.compile(r"^(?P<content>.*?)\s*#\s*\[(?P<expr>[^\[\]]+)\]\s*$")
+# conda-build's selector pattern (conda_build/metadata.py): "content  # [expr]"; the "#" is optional.
+SELECTOR = re.compile(r"(.+?)\s*(#.*)?\[([^\[\]]+)\](?(2)[^\(\)]*)$")
 
 
 def selector_namespace(platform: str, variant: dict[str, str]) -> dict[str, object]:
@@ -182,18 +183,26 @@ def selector_namespace(platform: str, variant: dict[str, str]) -> dict[str, obje
 
 
 def apply_selectors(text: str, namespace: dict[str, object], where: str) -> str:
+    """conda-build's select_lines: comment lines drop out, a line with a selector stays (without it)
+    when the selector is true, every other line stays."""
     kept = []
     for number, line in enumerate(text.splitlines(), 1):
-        match = SELECTOR.match(line)
+        line = line.rstrip()
+        if not line or line.lstrip().startswith("#"):
+            kept.append("")
+            continue
+        trailing_quote = line[-1] if line[-1] in ("'", '"') else ""
+        match = SELECTOR.match(line) if "[" in line and "]" in line else None
         if not match:
             kept.append(line)
             continue
+        content, expression = match.group(1), match.group(3)
         try:
-            selected = eval(match.group("expr"), {"__builtins__": {}}, dict(namespace))  # noqa: S307
+            selected = eval(expression, {"__builtins__": {}}, dict(namespace))  # noqa: S307
         except Exception as error:
-            raise CheckError(f"{where}:{number}: selector [{match.group('expr')}] fails: {error}") from None
+            raise CheckError(f"{where}:{number}: selector [{expression}] fails: {error}") from None
         if selected:
-            kept.append(match.group("content"))
+            kept.append(content + trailing_quote)
     return "\n".join(kept) + "\n"
 
 
@@ -470,9 +479,10 @@ def check_variant(data: dict, platform: str, variant: dict[str, str], project: P
     if not re.search(rf"(?<![0-9a-z])cuda{major}(?![0-9])", string):
         problems.append(f"build.string {string!r} does not name the CUDA major as cuda{major}")
     conda_py = "".join(python.split(".")[:2])
-    if f"py{conda_py}" not in string or PKG_HASH not in string or not string.endswith(f"_{number}"):
-        problems.append(f"build.string {string!r} should hold py{conda_py}, h{{{{ PKG_HASH }}}} and end "
-                        f"with _<build number> (variants must not collide)")
+    if f"py{conda_py}" not in string or PKG_HASH not in string or f"h{PKG_HASH}" in string \
+            or not string.endswith(f"_{number}"):
+        problems.append(f"build.string {string!r} should hold py{conda_py}, {{{{ PKG_HASH }}}} (it starts "
+                        f"with h already) and end with _<build number> (variants must not collide)")
 
     requirements = data.get("requirements") or {}
     build_reqs, host, run = (names(requirements.get(k)) for k in ("build", "host", "run"))
