@@ -394,10 +394,12 @@ def check_run(run: dict[str, CondaSpec], major: str, project: Project, python: s
     next_major = str(int(major) + 1)
     accounted = {"python"}
 
-    def lower_equal(name: str, wanted: str) -> None:
+    def lower_equal(name: str, wanted: str | None) -> None:
         spec = run.get(name)
         if spec is None:
             problems.append(f"run: {name} is missing (pyproject.toml depends on it)")
+            return
+        if wanted is None:
             return
         low = bound(spec.constraints, ">=")
         if low is None or version_tuple(low) != version_tuple(wanted):
@@ -445,10 +447,12 @@ def check_run(run: dict[str, CondaSpec], major: str, project: Project, python: s
                             "check knows (extend ci/check_recipe.py and the recipe)")
         else:
             accounted.add(requirement.name)
-            lower_equal(requirement.name, bound(requirement.constraints, ">=") or "0")
+            lower_equal(requirement.name, bound(requirement.constraints, ">="))
     if not any(r.name.startswith("nvidia-cuda-runtime") for r in project.dependencies):
         major_range("cuda-cudart")
         major_range("cuda-version")
+    if "python" not in run:
+        problems.append("run: python is missing")
     for extra in sorted(set(run) - accounted):
         problems.append(f"run: {run[extra].text!r} has no counterpart in pyproject.toml's dependencies")
     return problems
@@ -503,13 +507,14 @@ def check_variant(data: dict, platform: str, variant: dict[str, str], project: P
     cuda_version = host.get("cuda-version")
     if cuda_version is None or bound(cuda_version.constraints, "==") != cuda:
         problems.append(f"requirements.host: cuda-version {cuda} (the variant's cuda_compiler_version) is missing")
-    ignored = set(build.get("ignore_run_exports_from") or []) | set(build.get("ignore_run_exports") or [])
+    ignored_from = set(build.get("ignore_run_exports_from") or [])
+    ignored = ignored_from | set(build.get("ignore_run_exports") or [])
     for header in HEADER_PACKAGES:
         found = [n for n in host if (n.startswith(header) if header.endswith("_") else n == header)]
         if not found:
             problems.append(f"requirements.host: header package {header}* is missing")
         for name in found:
-            if name not in ignored:
+            if name not in ignored_from:
                 problems.append(f"build.ignore_run_exports_from: {name} is missing (the package only dlopens)")
     if "cuda-version" not in ignored:
         problems.append("build.ignore_run_exports: cuda-version is missing")
