@@ -33,11 +33,12 @@ def _fail(where: str, message: str):
     raise MatrixError(f"{where}: {message}")
 
 
-def _check_keys(where: str, mapping, allowed: set[str]) -> None:
+def _check_keys(where: str, mapping, required: set[str], optional: set[str] = frozenset()) -> None:
     if not isinstance(mapping, dict):
         _fail(where, f"expected a mapping, got {type(mapping).__name__}")
+    allowed = required | optional
     unknown = sorted(set(mapping) - allowed)
-    missing = sorted(allowed - set(mapping))
+    missing = sorted(required - set(mapping))
     if unknown:
         _fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
     if missing:
@@ -103,14 +104,14 @@ def load(path: Path = MATRIX_FILE) -> dict:
     _check_list("conda.arch", conda["arch"], _arch)
 
     built = {(c, a, p) for c in wheels["cuda_major"] for a in wheels["arch"] for p in wheels["python"]}
-    for kind, extra in (("cpu_tests", set()), ("gpu_tests", {"runner"})):
+    for kind, extra in (("cpu_tests", set()), ("gpu_tests", {"runner", "with", "pip_extra_index_url"})):
         cells = data[kind]
         if not isinstance(cells, list) or not cells:
             _fail(kind, "expected a non-empty list of cells")
         seen = set()
         for i, cell in enumerate(cells):
             where = f"{kind}[{i}]"
-            _check_keys(where, cell, {"cuda_major", "arch", "python"} | extra)
+            _check_keys(where, cell, {"cuda_major", "arch", "python"}, optional=extra)
             _cuda_major(where, cell["cuda_major"])
             _arch(where, cell["arch"])
             _python(where, cell["python"])
@@ -127,6 +128,15 @@ def load(path: Path = MATRIX_FILE) -> dict:
                     _fail(f"{where}.runner", f"expected a list of runner labels, got {labels!r}")
                 if "self-hosted" not in labels:
                     _fail(f"{where}.runner", "GPU jobs run on self-hosted runners: add 'self-hosted'")
+            if "with" in cell:
+                requirements = cell["with"]
+                if not isinstance(requirements, list) or not all(
+                        isinstance(r, str) and r and " " not in r for r in requirements):
+                    _fail(f"{where}.with", f"expected a list of requirements without spaces, got {requirements!r}")
+            if "pip_extra_index_url" in cell:
+                url = cell["pip_extra_index_url"]
+                if not isinstance(url, str) or not url.startswith("https://") or " " in url:
+                    _fail(f"{where}.pip_extra_index_url", f"expected an https:// URL, got {url!r}")
     return data
 
 
@@ -159,7 +169,9 @@ def expand(data: dict, kind: str) -> dict:
         cells = [_wheel_cell(data, c["cuda_major"], c["arch"], c["python"])
                  for c in data["cpu_tests"]]
     elif kind == "gpu-tests":
-        cells = [_wheel_cell(data, c["cuda_major"], c["arch"], c["python"], c["runner"])
+        cells = [dict(_wheel_cell(data, c["cuda_major"], c["arch"], c["python"], c["runner"]),
+                      with_args=" ".join(f"--with {r}" for r in c.get("with", [])),
+                      pip_extra_index_url=c.get("pip_extra_index_url", ""))
                  for c in data["gpu_tests"]]
     else:
         raise MatrixError(f"unknown job kind {kind!r}; one of {list(KINDS)}")
