@@ -5,7 +5,7 @@
 
 1. The version has one source: src/stridedfa/_version.py. pyproject.toml declares it dynamic and
    reads it there (scikit-build-core's regex provider); stridedfa/__init__.py imports it.
-2. ci/matrix.yml is valid, its Pythons satisfy requires-python, the lowest one is requires-python's
+2. ci/matrix.yml is valid and expands for every job kind (ci/matrix.py), its Pythons satisfy requires-python, the lowest one is requires-python's
    lower bound (the oldest supported CPython is built and tested), and any per-version
    `Programming Language :: Python :: 3.N` classifiers list exactly the matrix's Pythons.
 3. Every CUDA major in ci/matrix.yml is one the build supports: pyproject.toml, or the in-tree build
@@ -120,6 +120,8 @@ def check(root: Path) -> list[str]:
     pyproject = tomllib.loads((root / "pyproject.toml").read_text())
     try:
         data = matrix.load(root / "ci/matrix.yml")
+        for kind in matrix.KINDS:
+            print(f"matrix {kind}: {len(matrix.expand(data, kind)['include'])} cells")
     except matrix.MatrixError as error:
         return [str(error)]
     return (check_version(root, pyproject)
