@@ -6,7 +6,7 @@ find_wheel() {
   local path=$1 found
   if [ -z "$path" ]; then echo "$0: --wheel PATH is required (see --help)" >&2; return 2; fi
   if [ -d "$path" ]; then
-    found=$(find "$path" -maxdepth 1 -name '*.whl' | sort)
+    found=$(find "$path" -maxdepth 1 -type f -name '*.whl' | sort)
     if [ "$(printf '%s' "$found" | grep -c .)" != 1 ]; then
       echo "$0: $path holds $(printf '%s' "$found" | grep -c .) wheels, expected one" >&2; return 2
     fi
