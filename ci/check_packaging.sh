@@ -10,7 +10,8 @@
 #    exists.
 # 3. Every ci/ script the workflows call exists and is executable (ci/build_conda.sh and
 #    ci/check_recipe.py once recipe/ exists: they come with it).
-# Every check runs; the exit status is 1 if any failed. Needs PyYAML (`pip install pyyaml`, or the test extra) and, on Python 3.10, tomli.
+# Every check runs; the exit status is 1 if any failed. Needs PyYAML (`pip install pyyaml`, or
+# the test extra) and, on Python 3.10, tomli.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
