@@ -122,3 +122,45 @@ def test_runs_beside_torch_in_either_import_order(order):
     """)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok 8.0")
+
+
+def _other_major_cudart():
+    """A CUDA runtime of the other major than this build's, if one is installed (wheel layout)."""
+    import glob
+    import importlib.util
+
+    from stridedfa import _core
+
+    major = _core._compiled_versions()["cuda"] // 1000
+    package, soname = ("nvidia.cuda_runtime", "libcudart.so.12") if major == 13 else ("nvidia.cu13", "libcudart.so.13")
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(glob.glob(f"{folder}/lib/{soname}*"))
+        if found:
+            return found[0]
+    return None
+
+
+def test_a_runtime_of_the_other_cuda_major_is_refused_by_name():
+    """A cu13 build offered libcudart.so.12 (or a cu12 build .so.13) refuses it, saying which
+    distribution fits, before touching any other symbol (the majors export different ones)."""
+    other = _other_major_cudart()
+    if other is None:
+        pytest.skip("no CUDA runtime wheel of the other major is installed (nvidia-cuda-runtime-cu12 / "
+                    "nvidia-cuda-runtime)")
+    script = f"""
+import stridedfa
+from stridedfa import _core, _loader
+_loader.find_cudart = lambda: _loader.Library(path={other!r}, handle=0, found_via="test")
+try:
+    _core._load_libraries()
+    print("LOADED")
+except stridedfa.BackendError as error:
+    print("REFUSED", error)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "REFUSED" in result.stdout, result.stdout + result.stderr
+    assert "was built for CUDA" in result.stdout and "install stridedfa-cu" in result.stdout, result.stdout

@@ -130,6 +130,17 @@ void set_libraries(void* cudnn_dl_handle, const std::string& cudart_path) {
   }
   resolve(next.cudart, "cudaGetErrorString", next.GetErrorString, cudart_path);
   resolve(next.cudart, "cudaRuntimeGetVersion", next.RuntimeGetVersion, cudart_path);
+  // The major is checked before any other symbol: the two majors export different ones, and a
+  // missing-symbol message would hide the real problem.
+  int runtime_version = 0;
+  if (next.RuntimeGetVersion(&runtime_version) != cudaSuccess || runtime_version / 1000 != CUDART_VERSION / 1000) {
+    dlclose(next.cudart);
+    throw BackendError("this stridedfa (stridedfa-cu" + std::to_string(CUDART_VERSION / 1000) + ") was built for CUDA " +
+                       std::to_string(CUDART_VERSION / 1000) + " but " + cudart_path + " is CUDA runtime " +
+                       std::to_string(runtime_version / 1000) + "." + std::to_string(runtime_version % 1000 / 10) +
+                       "; install stridedfa-cu" + std::to_string(runtime_version / 1000) +
+                       " for that runtime, or the CUDA " + std::to_string(CUDART_VERSION / 1000) + " runtime");
+  }
   resolve(next.cudart, "cudaDriverGetVersion", next.DriverGetVersion, cudart_path);
   resolve(next.cudart, "cudaGetDeviceCount", next.GetDeviceCount, cudart_path);
   resolve(next.cudart, "cudaGetDevice", next.GetDevice, cudart_path);
@@ -146,13 +157,6 @@ void set_libraries(void* cudnn_dl_handle, const std::string& cudart_path) {
   resolve(next.cudart, "cudaEventRecord", next.EventRecord, cudart_path);
   resolve(next.cudart, "cudaStreamWaitEvent", next.StreamWaitEvent, cudart_path);
   resolve(next.cudart, "cudaEventDestroy", next.EventDestroy, cudart_path);
-
-  int runtime_version = 0;
-  if (next.RuntimeGetVersion(&runtime_version) != cudaSuccess || runtime_version / 1000 != CUDART_VERSION / 1000) {
-    throw BackendError("stridedfa was built for CUDA " + std::to_string(CUDART_VERSION / 1000) + " but " + cudart_path +
-                       " is CUDA runtime " + std::to_string(runtime_version / 1000) + "." +
-                       std::to_string(runtime_version % 1000 / 10) + "; install the stridedfa build for that CUDA major");
-  }
 
   const std::string cudnn_name = "libcudnn";
   resolve(cudnn_dl_handle, "cudnnGetVersion", next.cudnnGetVersion, cudnn_name);
