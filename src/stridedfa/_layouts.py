@@ -14,16 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def axis_order(strides: Sequence[int], shape: Sequence[int] | None = None) -> list[int]:
+def axis_order(strides: Sequence[int], shape: Sequence[int]) -> list[int]:
     """Axes from outermost to innermost in memory; ties keep the logical order.
 
-    With `shape`, axes of extent 1 go outermost (in logical order) whatever their strides: such a
-    stride is arbitrary (producers differ in what they export for it), so it must not decide the
-    strides of what is allocated from it.
+    Axes of extent 1 go outermost (in logical order) whatever their strides: such a stride is
+    arbitrary (producers differ in what they export for it), so it must not decide the strides of
+    what is allocated from it.
     """
     # bool()/int() turn torch.SymInt comparisons (fake tensors under dynamic shapes) into guards.
-    if shape is None:
-        return sorted(range(len(strides)), key=lambda axis: -int(strides[axis]))
     return sorted(range(len(strides)),
                   key=lambda axis: (bool(shape[axis] != 1),
                                     -int(strides[axis]) if bool(shape[axis] != 1) else 0))
