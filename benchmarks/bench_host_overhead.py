@@ -20,6 +20,11 @@ autograd. Contenders, all in one process and one run:
   ``__dlpack__`` (wrapping CuPy arrays): protocol intake, ``stridedfa.DeviceBuffer`` output
 * ``diagnostic_intake_validate`` ``stridedfa._core._validate_forward``: DLPack intake and the
   validator alone (no graph lookup, no launch) -- a breakdown of the generic path, not a contender
+* ``diagnostic_forward_alloc`` ``stridedfa._core._forward_alloc``: the C call that
+  ``stridedfa_torch`` makes (intake, out from torch's allocator, launch) without the adapter's
+  Python checks -- a breakdown, not a contender
+* ``diagnostic_torch_empty_like`` ``torch.empty_like(out)``: what one allocation through torch
+  costs from Python, for scale
 * ``core_execute_floor`` the core's C++ ``execute`` of the prepared call, repeated in a C++ loop:
   the floor no Python entry point can beat.
 
@@ -91,6 +96,8 @@ def contenders(torch, sfa):
     op = torch.ops.stridedfa.attention_forward
     forward = sfa.sdpa_forward
     validate = sfa._core._validate_forward
+    forward_alloc = sfa._core._forward_alloc
+    empty_like = torch.empty_like
     null = contextlib.nullcontext
     plan = [
         ("torch_sdpa_cudnn", lambda: sdpa(q, k, v), lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION), 1),
@@ -99,6 +106,8 @@ def contenders(torch, sfa):
         ("stridedfa_generic", lambda: forward(q, k, v, out), null, 1),
         # A breakdown, not an attention call: intake + validation alone, nothing launched.
         ("diagnostic_intake_validate", lambda: validate(q, k, v, out), null, 1),
+        ("diagnostic_forward_alloc", lambda: forward_alloc(q, k, v, None, False, "top_left", False), null, 1),
+        ("diagnostic_torch_empty_like", lambda: empty_like(out), null, 1),
     ]
     try:
         import cupy
@@ -156,8 +165,11 @@ def run(args):
     def floor(n):
         sfa._core._execute_repeatedly(q, k, v, out, repeats=n)
 
+    own_before = sfa._core._own_workspace_allocations()
     floor(50)
     torch.cuda.synchronize()
+    # The floor passes no workspace: a graph that needs one makes execute allocate it (counted).
+    floor_allocates_workspace = sfa._core._own_workspace_allocations() > own_before
     runnable.append((floor_name, None, contextlib.nullcontext))
 
     calls = args.calls
@@ -221,6 +233,7 @@ def run(args):
         "environment": environment(torch, sfa),
         "results": results,
         "errors": errors,
+        "floor_allocates_workspace": floor_allocates_workspace,
         "targets": targets,
     }
 
@@ -248,7 +261,9 @@ def render_markdown(data):
     lines = [f"# Host overhead per call — {data['environment'].get('device', '?')}", "",
              f"(b, h, s, d) = {tuple(data['shape_bhsd'])} {data['dtype']}, forward, no autograd; "
              f"{data['calls_per_batch']} calls per batch behind a {data['spin_ms']} ms GPU spin, "
-             f"{data['rounds']} rounds; median per call.", "", *rows, "", "Targets:", ""]
+             f"{data['rounds']} rounds; median per call.", "", *rows, "",
+             (f"The floor's graph {'needs' if data.get('floor_allocates_workspace') else 'needs no'} "
+              "cuDNN workspace."), "", "Targets:", ""]
     for name, t in data["targets"].items():
         value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
         lines.append(f"- {name}: {value} (target <= {t['target']}) — {'met' if t['met'] else 'NOT met'}")
