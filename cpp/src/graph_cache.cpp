@@ -35,12 +35,16 @@ struct GraphCache::Impl {
     GraphFuture graph;
     std::list<Key>::iterator lru;  // position in recency order (front = most recent)
     uint64_t generation;           // tells a re-inserted key from the entry a builder made
+    std::shared_ptr<const BuiltGraph> built;  // set once the build succeeded (tickets need it)
   };
   mutable std::mutex mutex;
   std::unordered_map<Key, Entry, KeyHash> entries;
   std::list<Key> recency;
   size_t capacity;
   uint64_t next_generation = 0;
+  // Entries live in the map's nodes, whose addresses survive rehashing but not erasure: a ticket
+  // (an entry's address) stays valid while this count is unchanged.
+  uint64_t erasures = 0;
   CacheStats counters;
 
   void forget(const Key& key, uint64_t generation) {
@@ -49,6 +53,7 @@ struct GraphCache::Impl {
     if (it != entries.end() && it->second.generation == generation) {
       recency.erase(it->second.lru);
       entries.erase(it);
+      ++erasures;
     }
   }
 
@@ -57,14 +62,21 @@ struct GraphCache::Impl {
       entries.erase(recency.back());
       recency.pop_back();
       ++counters.evictions;
+      ++erasures;
     }
+  }
+
+  void issue(Entry& entry, GraphCache::Ticket* ticket) const {
+    if (!ticket) return;
+    *ticket = entry.built ? GraphCache::Ticket{&entry, erasures} : GraphCache::Ticket{};
   }
 };
 
 GraphCache::GraphCache(size_t capacity) : impl_(new Impl) { impl_->capacity = capacity; }
 GraphCache::~GraphCache() = default;
 
-std::shared_ptr<const BuiltGraph> GraphCache::get_or_build(const Key& key, const Builder& build) {
+std::shared_ptr<const BuiltGraph> GraphCache::get_or_build(const Key& key, const Builder& build, Ticket* ticket) {
+  if (ticket) *ticket = Ticket{};
   // Only a miss makes a promise: constructing one allocates, and destroying an unfulfilled one
   // stores a broken_promise exception -- a cost every hit would otherwise pay.
   std::unique_ptr<std::promise<std::shared_ptr<const BuiltGraph>>> promise;
@@ -78,6 +90,7 @@ std::shared_ptr<const BuiltGraph> GraphCache::get_or_build(const Key& key, const
       ++impl_->counters.hits;
       impl_->recency.splice(impl_->recency.begin(), impl_->recency, it->second.lru);
       future = it->second.graph;
+      impl_->issue(it->second, ticket);
     } else {
       ++impl_->counters.misses;
       promise = std::make_unique<std::promise<std::shared_ptr<const BuiltGraph>>>();
@@ -93,8 +106,10 @@ std::shared_ptr<const BuiltGraph> GraphCache::get_or_build(const Key& key, const
 
   const auto start = std::chrono::steady_clock::now();
   bool failed = false;
+  std::shared_ptr<const BuiltGraph> built;
   try {
-    promise->set_value(build());
+    built = build();
+    promise->set_value(built);
   } catch (const UnsupportedError&) {
     failed = true;
     promise->set_exception(std::current_exception());  // cached: the answer will not change
@@ -109,8 +124,25 @@ std::shared_ptr<const BuiltGraph> GraphCache::get_or_build(const Key& key, const
     ++impl_->counters.builds;
     impl_->counters.build_failures += failed ? 1 : 0;
     impl_->counters.build_seconds += seconds;
+    if (built) {
+      auto it = impl_->entries.find(key);  // evicted already if the cache is that small
+      if (it != impl_->entries.end() && it->second.generation == generation) {
+        it->second.built = built;
+        impl_->issue(it->second, ticket);
+      }
+    }
   }
   return future.get();
+}
+
+std::shared_ptr<const BuiltGraph> GraphCache::redeem(const Ticket& ticket) {
+  if (!ticket.entry) return nullptr;
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (ticket.erasures != impl_->erasures) return nullptr;
+  auto& entry = *static_cast<Impl::Entry*>(const_cast<void*>(ticket.entry));
+  ++impl_->counters.hits;
+  impl_->recency.splice(impl_->recency.begin(), impl_->recency, entry.lru);
+  return entry.built;
 }
 
 CacheStats GraphCache::stats() const {
@@ -126,6 +158,7 @@ void GraphCache::clear() {
   impl_->entries.clear();
   impl_->recency.clear();
   impl_->counters = CacheStats{};
+  ++impl_->erasures;
 }
 
 void GraphCache::set_capacity(size_t capacity) {

@@ -66,10 +66,30 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   }
   const GraphSpec spec =
       spec_for(op, problem, options, operands, device_info(problem.device).sm_version, cudnn_runtime_version());
-  call.graph = graph_cache().get_or_build(spec.key(), [&] {
-    DeviceGuard guard(spec.device);
-    return build_graph(spec, cudnn_handle_for(spec.device, 0));
-  });
+  // A training or decoding loop repeats its last configuration: each thread remembers its last
+  // lookup, and a repeat redeems a ticket instead of hashing and comparing a key in the cache.
+  thread_local struct {
+    int64_t key[GraphSpec::kMaxKeyLength];
+    int length = 0;
+    GraphCache::Ticket ticket;
+  } last;
+  int64_t key[GraphSpec::kMaxKeyLength];
+  const int length = spec.write_key(key);
+  if (length == last.length && std::memcmp(key, last.key, sizeof(int64_t) * size_t(length)) == 0) {
+    call.graph = graph_cache().redeem(last.ticket);
+  }
+  if (!call.graph) {
+    last.length = 0;  // until the lookup below succeeds
+    call.graph = graph_cache().get_or_build(
+        std::vector<int64_t>(key, key + length),
+        [&] {
+          DeviceGuard guard(spec.device);
+          return build_graph(spec, cudnn_handle_for(spec.device, 0));
+        },
+        &last.ticket);
+    std::memcpy(last.key, key, sizeof(int64_t) * size_t(length));
+    last.length = length;
+  }
   call.workspace_bytes = call.graph->workspace_bytes;
   call.n_ptrs = static_cast<int>(call.graph->operand_order.size());
   for (int i = 0; i < call.n_ptrs; ++i) {
@@ -80,26 +100,30 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
 
 }  // namespace
 
-std::vector<int64_t> GraphSpec::key() const {
-  std::vector<int64_t> k;
-  k.reserve(16 + kNumSlots * 9);
-  k.push_back(static_cast<int64_t>(op));
-  k.push_back(int64_t(dtype.code) | int64_t(dtype.bits) << 8 | int64_t(dtype.lanes) << 16);
+int GraphSpec::write_key(int64_t* out) const {
+  int n = 0;
+  out[n++] = static_cast<int64_t>(op);
+  out[n++] = int64_t(dtype.code) | int64_t(dtype.bits) << 8 | int64_t(dtype.lanes) << 16;
   for (const OperandDesc& d : operands) {
-    k.push_back(d.present);
+    out[n++] = d.present;
     if (!d.present) continue;
-    k.insert(k.end(), d.dims, d.dims + 4);
-    k.insert(k.end(), d.strides, d.strides + 4);
+    for (int i = 0; i < 4; ++i) out[n++] = d.dims[i];
+    for (int i = 0; i < 4; ++i) out[n++] = d.strides[i];
   }
   int32_t scale_bits;
   std::memcpy(&scale_bits, &scale, sizeof scale_bits);
-  k.push_back(scale_bits);
-  k.push_back(causal);
-  k.push_back(static_cast<int64_t>(alignment));
-  k.push_back(device);
-  k.push_back(sm_version);
-  k.push_back(cudnn_version);
-  return k;
+  out[n++] = scale_bits;
+  out[n++] = causal;
+  out[n++] = static_cast<int64_t>(alignment);
+  out[n++] = device;
+  out[n++] = sm_version;
+  out[n++] = cudnn_version;
+  return n;
+}
+
+std::vector<int64_t> GraphSpec::key() const {
+  int64_t k[kMaxKeyLength];
+  return std::vector<int64_t>(k, k + write_key(k));
 }
 
 // The operands of a call in slot order (absent ones null); the statistics as their 4-axis view.

@@ -203,6 +203,64 @@ cdef DLDataType bytes_dtype() noexcept nogil:
     return dtype
 
 
+cdef DLManagedTensorVersioned* allocate_stats(const DLPackExchangeAPI* api, const TensorView& q) except NULL:
+    """The softmax statistics for logical (b, h, s, d) `q`: packed float32 (b, h, s), the layout
+    cuDNN's backward reads."""
+    cdef int64_t shape[3]
+    cdef int64_t strides[3]
+    shape[0] = q.dims[0]
+    shape[1] = q.dims[1]
+    shape[2] = q.dims[2]
+    strides[2] = 1
+    strides[1] = shape[2]
+    strides[0] = shape[1] * shape[2]
+    return allocate_strided(api, 3, shape, strides, float32_dtype(), q.device_id)
+
+
+cdef PreparedCall prepared_forward(const ForwardArgs& fwd, const SdpaOptions& options) except *:
+    """prepare_forward, loading cuDNN on the first call (after validation, so bad input is
+    reported even where cuDNN is missing)."""
+    cdef PreparedCall call
+    if not libraries_loaded():
+        with nogil:
+            validate_forward(fwd)
+        ensure_libraries()
+    with nogil:
+        call = prepare_forward(fwd, options)
+    return call
+
+
+cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& options) except *:
+    """prepare_backward, loading cuDNN on the first call (see prepared_forward)."""
+    cdef PreparedCall call
+    if not libraries_loaded():
+        with nogil:
+            validate_backward(bwd)
+        ensure_libraries()
+    with nogil:
+        call = prepare_backward(bwd, options)
+    return call
+
+
+cdef int execute_with_framework_workspace(const DLPackExchangeAPI* api, const PreparedCall& call,
+                                          uintptr_t stream, int device_id) except -1:
+    """Runs a prepared call on `stream` with cuDNN's workspace from the framework's allocator. The
+    workspace goes back right after the launch: its reuse is ordered on the stream the kernel was
+    queued on (the framework's current stream), so it cannot race the kernel."""
+    cdef DLManagedTensorVersioned* workspace_tensor = NULL
+    cdef void* workspace = NULL
+    if call.workspace_bytes > 0:
+        workspace_tensor = allocate_flat(api, call.workspace_bytes, bytes_dtype(), device_id)
+        workspace = <char*>workspace_tensor.dl_tensor.data + workspace_tensor.dl_tensor.byte_offset
+    try:
+        with nogil:
+            execute(call, stream, workspace)
+    finally:
+        if workspace_tensor != NULL:
+            workspace_tensor.deleter(workspace_tensor)
+    return 0
+
+
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream.
@@ -216,15 +274,10 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
     cdef Owned owned[3]
     cdef CallStream st
     cdef PreparedCall call
-    cdef Problem problem
     cdef DLManagedTensorVersioned* out_tensor = NULL
     cdef DLManagedTensorVersioned* lse_tensor = NULL
-    cdef DLManagedTensorVersioned* workspace_tensor = NULL
-    cdef void* workspace = NULL
     cdef int64_t out_shape[4]
     cdef int64_t out_strides[4]
-    cdef int64_t lse_shape[3]
-    cdef int64_t lse_strides[3]
     cdef int i
     parse_options(scale, causal, causal_alignment, &options)
     cdef const DLPackExchangeAPI* api = exchange_api_of(type(q))
@@ -253,25 +306,10 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
         out_tensor = allocate_strided(api, 4, out_shape, out_strides, fwd.q.dtype, fwd.q.device_id)
         fwd.out = view_from_dltensor(out_tensor.dl_tensor, False, b"out")
         if with_lse:
-            lse_shape[0] = out_shape[0]
-            lse_shape[1] = out_shape[1]
-            lse_shape[2] = out_shape[2]
-            lse_strides[2] = 1
-            lse_strides[1] = lse_shape[2]
-            lse_strides[0] = lse_shape[1] * lse_shape[2]
-            lse_tensor = allocate_strided(api, 3, lse_shape, lse_strides, float32_dtype(), fwd.q.device_id)
+            lse_tensor = allocate_stats(api, fwd.q)
             fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse")
-        if not libraries_loaded():
-            with nogil:
-                problem = validate_forward(fwd)
-            ensure_libraries()
-        with nogil:
-            call = prepare_forward(fwd, options)
-        if call.workspace_bytes > 0:
-            workspace_tensor = allocate_flat(api, call.workspace_bytes, bytes_dtype(), fwd.q.device_id)
-            workspace = <char*>workspace_tensor.dl_tensor.data + workspace_tensor.dl_tensor.byte_offset
-        with nogil:
-            execute(call, st.handle, workspace)
+        call = prepared_forward(fwd, options)
+        execute_with_framework_workspace(api, call, st.handle, fwd.q.device_id)
         out = to_framework_object(api, out_tensor)
         out_tensor = NULL
         lse = None
@@ -281,10 +319,6 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
         return out, lse
     finally:
         release(owned, 3)
-        # The workspace goes back to the framework's allocator now: its reuse is ordered on the stream
-        # the kernel was queued on (the framework's current stream), so it cannot race the kernel.
-        if workspace_tensor != NULL:
-            workspace_tensor.deleter(workspace_tensor)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -398,17 +432,12 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     cdef Owned owned[2]
     cdef CallStream st
     cdef PreparedCall call
-    cdef Problem problem
     cdef TensorView packed_view, q_layout, v_layout, out_layout
     cdef DLManagedTensorVersioned* out_tensor = NULL
     cdef DLManagedTensorVersioned* lse_tensor = NULL
-    cdef DLManagedTensorVersioned* workspace_tensor = NULL
-    cdef void* workspace = NULL
     cdef int perm[4]
     cdef int64_t out_shape[4]
     cdef int64_t out_strides[4]
-    cdef int64_t lse_shape[3]
-    cdef int64_t lse_strides[3]
     cdef int i
     parse_options(scale, causal, causal_alignment, &options)
     parse_to_logical(to_logical, perm)
@@ -442,25 +471,10 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
         out_layout = view_from_dltensor(out_tensor.dl_tensor, False, b"out")
         reorder(out_layout, perm, b"out", &fwd.out)
         if with_lse:
-            lse_shape[0] = fwd.q.dims[0]
-            lse_shape[1] = fwd.q.dims[1]
-            lse_shape[2] = fwd.q.dims[2]
-            lse_strides[2] = 1
-            lse_strides[1] = lse_shape[2]
-            lse_strides[0] = lse_shape[1] * lse_shape[2]
-            lse_tensor = allocate_strided(api, 3, lse_shape, lse_strides, float32_dtype(), packed_view.device_id)
+            lse_tensor = allocate_stats(api, fwd.q)
             fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse")
-        if not libraries_loaded():
-            with nogil:
-                problem = validate_forward(fwd)
-            ensure_libraries()
-        with nogil:
-            call = prepare_forward(fwd, options)
-        if call.workspace_bytes > 0:
-            workspace_tensor = allocate_flat(api, call.workspace_bytes, bytes_dtype(), packed_view.device_id)
-            workspace = <char*>workspace_tensor.dl_tensor.data + workspace_tensor.dl_tensor.byte_offset
-        with nogil:
-            execute(call, st.handle, workspace)
+        call = prepared_forward(fwd, options)
+        execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
         out = to_framework_object(api, out_tensor)
         out_tensor = NULL
         lse = None
@@ -470,8 +484,6 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
         return out, lse
     finally:
         release(owned, 2)
-        if workspace_tensor != NULL:
-            workspace_tensor.deleter(workspace_tensor)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -489,12 +501,9 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     cdef Owned owned[5]
     cdef CallStream st
     cdef PreparedCall call
-    cdef Problem problem
     cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
     cdef DLManagedTensorVersioned* grad_packed_tensor = NULL
     cdef DLManagedTensorVersioned* grad_q_tensor = NULL
-    cdef DLManagedTensorVersioned* workspace_tensor = NULL
-    cdef void* workspace = NULL
     cdef int perm[4]
     cdef int64_t strides[8]
     cdef int i
@@ -539,17 +548,8 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             reorder(grad_q_layout, perm, b"grad_q", &bwd.grad_q)
             select_and_order(grad_packed_view, dim, 0, perm, b"grad_k", &bwd.grad_k)
             select_and_order(grad_packed_view, dim, 1, perm, b"grad_v", &bwd.grad_v)
-        if not libraries_loaded():
-            with nogil:
-                problem = validate_backward(bwd)
-            ensure_libraries()
-        with nogil:
-            call = prepare_backward(bwd, options)
-        if call.workspace_bytes > 0:
-            workspace_tensor = allocate_flat(api, call.workspace_bytes, bytes_dtype(), packed_view.device_id)
-            workspace = <char*>workspace_tensor.dl_tensor.data + workspace_tensor.dl_tensor.byte_offset
-        with nogil:
-            execute(call, st.handle, workspace)
+        call = prepared_backward(bwd, options)
+        execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
         grad_packed = to_framework_object(api, grad_packed_tensor)
         grad_packed_tensor = NULL
         grad_q = None
@@ -559,8 +559,6 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
         return grad_packed, grad_q
     finally:
         release(owned, 5)
-        if workspace_tensor != NULL:
-            workspace_tensor.deleter(workspace_tensor)
         if grad_packed_tensor != NULL:
             grad_packed_tensor.deleter(grad_packed_tensor)
         if grad_q_tensor != NULL:

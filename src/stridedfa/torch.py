@@ -67,7 +67,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     """
     if is_causal is not None:
         causal = _causal(causal, is_causal)
-    needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and _is_grad_enabled()
+    # Grad mode first: under no_grad (inference) the three attribute reads are skipped.
+    needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if _plain_eager(q, k, v):
         if needs_grad:
             return _EagerAttention.apply(q, k, v, scale, causal, causal_alignment)

@@ -1,6 +1,8 @@
 """Graph cache: same shapes and strides hit; any stride difference builds a new graph
 (and the new graph reads the tensors with their own strides)."""
 
+import threading
+
 import pytest
 
 from helpers.cuda import require_cuda
@@ -82,3 +84,79 @@ def test_output_and_grad_out_layouts_are_part_of_the_key(field, seed):
     assert cache_delta(before, cache_counters()) == expected
     check_fully_written(run)
     check_against_reference(run, case.torch_dtype, case.ref_options)
+
+
+# Each thread remembers its last lookup and redeems a ticket for a repeat (no key hashing). The
+# tickets must never outlive the entries they name, and must count as ordinary hits.
+
+def _two_configs(seed):
+    a = make_qkv("bshd", 1, 2, 2, 128, 128, 64, 64, torch.bfloat16, DEVICE, seed)[:3]
+    b = make_qkv("bhsd", 1, 2, 2, 96, 96, 64, 64, torch.bfloat16, DEVICE, seed + 1)[:3]
+    return a, b
+
+
+def test_repeats_and_alternation_count_as_hits(seed):
+    a, b = _two_configs(seed)
+    _forward(*a)  # built now or earlier
+    _forward(*b)
+    before = cache_counters()
+    for qkv in (a, a, b, a, b, b):  # ticket redeemed for repeats, a full lookup otherwise
+        _forward(*qkv)
+    assert cache_delta(before, cache_counters()) == {"hits": 6, "misses": 0, "builds": 0}
+
+
+def test_a_cleared_cache_is_not_bypassed_by_the_last_lookup(seed):
+    a, _ = _two_configs(seed)
+    want = _forward(*a)
+    stridedfa.cache_clear()
+    before = cache_counters()
+    got = _forward(*a)
+    torch.cuda.synchronize()
+    assert cache_delta(before, cache_counters()) == {"hits": 0, "misses": 1, "builds": 1}
+    assert_bitexact(got[0], want[0], "out after cache_clear")
+
+
+def test_an_evicted_entry_is_rebuilt_not_redeemed(seed):
+    a, b = _two_configs(seed)
+    want = _forward(*a)
+    capacity = stridedfa.cache_info()["maxsize"]
+    try:
+        stridedfa._core._set_cache_capacity(1)
+        _forward(*a)  # a is the one entry left, and this thread's last lookup
+        other = threading.Thread(target=_forward, args=b)  # another thread's b evicts a
+        other.start()
+        other.join()
+        before = cache_counters()
+        got = _forward(*a)  # this thread's ticket for a is stale now
+        torch.cuda.synchronize()
+        assert cache_delta(before, cache_counters()) == {"hits": 0, "misses": 1, "builds": 1}
+        assert stridedfa.cache_info()["size"] == 1
+        assert_bitexact(got[0], want[0], "out after eviction")
+    finally:
+        stridedfa._core._set_cache_capacity(capacity)
+
+
+def test_threads_keep_their_own_last_lookup(seed):
+    """Threads alternate configurations concurrently (prepare runs without the GIL); each result
+    equals the single-threaded one bit for bit, and every call is a hit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = _two_configs(seed)
+    want = {"a": _forward(*a)[0], "b": _forward(*b)[0]}
+    torch.cuda.synchronize()
+
+    def worker(order):
+        got = []
+        for name in order:
+            got.append((name, _forward(*(a if name == "a" else b))[0]))
+        torch.cuda.synchronize()
+        return got
+
+    orders = [["a", "b"] * 10, ["b", "a"] * 10, ["a"] * 20, ["b"] * 10 + ["a"] * 10]
+    before = cache_counters()
+    with ThreadPoolExecutor(len(orders)) as pool:
+        results = list(pool.map(worker, orders))
+    assert cache_delta(before, cache_counters()) == {"hits": 80, "misses": 0, "builds": 0}
+    for got in results:
+        for name, out in got:
+            assert_bitexact(out, want[name], f"out of config {name} on a worker thread")

@@ -32,6 +32,10 @@ struct GraphSpec {
   int32_t sm_version = 0;
   int64_t cudnn_version = 0;
 
+  // Every field as integers: equal keys, equal graphs. write_key fills `out` (kMaxKeyLength
+  // entries) without allocating and returns the length.
+  static constexpr int kMaxKeyLength = 8 + kNumSlots * 9;
+  int write_key(int64_t* out) const;
   std::vector<int64_t> key() const;
 };
 

@@ -24,11 +24,22 @@ class GraphCache {
   using Key = std::vector<int64_t>;
   using Builder = std::function<std::shared_ptr<const BuiltGraph>()>;
 
+  // Names one built entry without its key, for a caller that repeats a call: redeeming it skips
+  // hashing and comparing the key. It goes stale when any entry leaves the cache.
+  struct Ticket {
+    const void* entry = nullptr;  // null: no ticket
+    uint64_t erasures = 0;        // the cache's erasure count when issued
+  };
+
   explicit GraphCache(size_t capacity);
   ~GraphCache();
 
-  // The graph for `key`, built with `build` on a miss. Rethrows the build's exception.
-  std::shared_ptr<const BuiltGraph> get_or_build(const Key& key, const Builder& build);
+  // The graph for `key`, built with `build` on a miss. Rethrows the build's exception. When
+  // `ticket` is given, it is set to name the entry (or cleared if the graph is not cached).
+  std::shared_ptr<const BuiltGraph> get_or_build(const Key& key, const Builder& build, Ticket* ticket = nullptr);
+
+  // The graph a ticket names, counted as a hit; null when the ticket is stale.
+  std::shared_ptr<const BuiltGraph> redeem(const Ticket& ticket);
 
   CacheStats stats() const;
   void clear();                        // drops entries and resets the counters
