@@ -25,6 +25,9 @@ autograd. Contenders, all in one process and one run:
   Python checks -- a breakdown, not a contender
 * ``diagnostic_torch_empty_like`` ``torch.empty_like(out)``: what one allocation through torch
   costs from Python, for scale
+* ``diagnostic_framework_allocation`` ``stridedfa._core._allocate_like(q, shape, strides)``: one
+  allocation through torch's allocator from C as the torch path makes it (exchange-API
+  allocator, strided wrapper, handed back as a torch tensor, then freed), plus reading q
 * ``core_execute_floor`` the core's C++ ``execute`` of the prepared call, repeated in a C++ loop:
   the floor no Python entry point can beat.
 
@@ -98,6 +101,8 @@ def contenders(torch, sfa):
     validate = sfa._core._validate_forward
     forward_alloc = sfa._core._forward_alloc
     empty_like = torch.empty_like
+    allocate_like = sfa._core._allocate_like
+    out_shape, out_strides = tuple(out.shape), out.stride()
     null = contextlib.nullcontext
     plan = [
         ("torch_sdpa_cudnn", lambda: sdpa(q, k, v), lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION), 1),
@@ -108,6 +113,7 @@ def contenders(torch, sfa):
         ("diagnostic_intake_validate", lambda: validate(q, k, v, out), null, 1),
         ("diagnostic_forward_alloc", lambda: forward_alloc(q, k, v, None, False, "top_left", False), null, 1),
         ("diagnostic_torch_empty_like", lambda: empty_like(out), null, 1),
+        ("diagnostic_framework_allocation", lambda: allocate_like(q, out_shape, out_strides), null, 1),
     ]
     try:
         import cupy
