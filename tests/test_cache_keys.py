@@ -11,6 +11,7 @@ import itertools
 
 import pytest
 
+import stridedfa
 from stridedfa import _core
 from helpers.fake_dlpack import FakeTensor
 
@@ -38,9 +39,19 @@ def fwd_key(**kw):
 def bwd_key(**kw):
     args = dict(q=t(), k=t(), v=t(), out=t(), grad_out=t(), lse=t((B, H, S), dtype="float32"),
                 grad_q=t(), grad_k=t(), grad_v=t())
+    options = {name: kw.pop(name) for name in ("sm_version", "cudnn_version") if name in kw}
     args.update(kw)
     return _core._backward_graph_key(*(args[n] for n in ("q", "k", "v", "out", "grad_out", "lse", "grad_q",
-                                                          "grad_k", "grad_v")))
+                                                          "grad_k", "grad_v")), **options)
+
+
+def described_strides(key, slot):
+    """The strides a key describes operand `slot` (0 q ... 8 grad_v) with, as cuDNN gets them."""
+    at = 2
+    for _ in range(slot):
+        at += 9 if key[at] else 1
+    assert key[at] == 1, "operand absent"
+    return key[at + 5:at + 9]
 
 
 def test_same_layout_same_key_whatever_the_addresses():
@@ -66,8 +77,44 @@ def test_a_single_stride_changes_the_key():
 
 def test_stats_layout_changes_the_backward_key():
     other = t((B, H, S), strides=(S, B * S, 1), dtype="float32")  # heads outermost
-    assert bwd_key(lse=other) != bwd_key()
+    assert bwd_key(lse=other, cudnn_version=92600) != bwd_key(cudnn_version=92600)
 
+
+def test_backward_below_9_26_refuses_unpacked_stats_naming_the_packed_layout():
+    other = t((B, H, S), strides=(S, B * S, 1), dtype="float32")
+    with pytest.raises(stridedfa.UnsupportedError,
+                       match=rf"lse: cuDNN 9.19 reads .* packed .* lse has strides \({S}, {B * S}, 1\) "
+                             rf".* the packed layout is \({H * S}, {S}, 1\)"):
+        bwd_key(lse=other, cudnn_version=91900)
+    bwd_key(lse=other, cudnn_version=92600)  # 9.26 reads any layout
+
+
+def test_forward_below_9_12_refuses_unpacked_stats():
+    other = t((B, H, S), strides=(S, B * S, 1), dtype="float32")
+    with pytest.raises(stridedfa.UnsupportedError, match=r"lse: cuDNN 9.10 writes .* \(cuDNN 9.12 lifts this\)"):
+        fwd_key(lse=other, cudnn_version=91000)
+    fwd_key(lse=other, cudnn_version=91200)
+
+
+@pytest.mark.parametrize("b,h,s", [(2, 1, 32), (2, 4, 1), (1, 1, 1), (1, 4, 32), (2, 1, 1)])
+def test_packed_stats_with_extent_one_axes_are_described_packed(b, h, s):
+    """What torch, CuPy and stridedfa allocate -- a contiguous (b, h, s) float32 -- whatever its
+    producer exports on extent-1 axes, reaches cuDNN as packed BHSD (below 9.26 it must)."""
+    q, out = t((b, h, s, D)), t((b, h, s, D))
+    kv = dict(k=t((b, h, S, D)), v=t((b, h, S, D)), grad_k=t((b, h, S, D)), grad_v=t((b, h, S, D)))
+    for lse_strides in [(h * s, s, 1), (h * s, 1, 1), (12345, 777, 1)]:
+        lse_strides = tuple(st if n != 1 else odd for st, n, odd in zip((h * s, s, 1), (b, h, s), lse_strides))
+        lse = t((b, h, s), strides=lse_strides, dtype="float32")
+        key = bwd_key(q=q, out=out, grad_out=t((b, h, s, D)), grad_q=t((b, h, s, D)), lse=lse, **kv,
+                      cudnn_version=91900)
+        assert described_strides(key, 4) == (h * s, s, 1, 1)
+
+
+def test_extent_one_axes_get_the_packed_stride():
+    # (1, H, S, D) bshd: the batch axis is described with the stride a packed tensor has there.
+    key = fwd_key(q=t((1, H, S, D), (999, D, H * D, 1)), k=t((1, H, S, D)), v=t((1, H, S, D)),
+                  out=t((1, H, S, D)))
+    assert described_strides(key, 0) == (H * D, D, H * D, 1)
 
 def test_presence_of_stats_changes_the_forward_key():
     assert fwd_key(lse=t((B, H, S), dtype="float32")) != fwd_key()

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <string>
 
 #include "stridedfa/cudnn_graphs.hpp"
 #include "stridedfa/errors.hpp"
@@ -16,22 +17,54 @@
 namespace stridedfa {
 namespace {
 
-// cuDNN never steps along an extent-1 axis, so its stride is free; giving it a canonical value
-// lets calls that differ only there share one graph. The last axis gets 1 (the frontend insists on
-// it even for the statistics' trailing axis of 1), the others the stride of an outermost axis.
+// cuDNN never steps along an extent-1 axis, so its stride carries no information: each gets the
+// stride a packed tensor would have there (the extent times the stride of the next axis that has
+// extent > 1, or 1 when none follows). Calls that differ only on extent-1 axes then share one
+// graph, and a tensor that is packed on its other axes is described exactly as packed -- which
+// cuDNN demands of some operands by version (the backward's statistics below 9.26), also when
+// h or s is 1.
 OperandDesc describe_operand(const TensorView& t) {
   OperandDesc d;
   d.present = t.present;
   if (!t.present) return d;
-  int64_t outer = 1;
-  for (int i = 0; i < 4; ++i) {
-    if (t.dims[i] != 1) outer = std::max(outer, t.strides[i] * t.dims[i]);
-  }
-  for (int i = 0; i < 4; ++i) {
+  int64_t inner = 1;  // the packed stride of the axis being filled, from the innermost outwards
+  for (int i = 3; i >= 0; --i) {
     d.dims[i] = t.dims[i];
-    d.strides[i] = t.dims[i] != 1 ? t.strides[i] : i == 3 ? 1 : outer;
+    if (t.dims[i] != 1) {
+      d.strides[i] = t.strides[i];
+      inner = t.strides[i] * t.dims[i];
+    } else {
+      d.strides[i] = inner;
+    }
   }
   return d;
+}
+
+std::string strides_of(const OperandDesc& d, int n) {
+  std::string s = "(";
+  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d.strides[i]);
+  return s + ")";
+}
+
+// Layouts cuDNN reads correctly only from some version on: refused here, with the layout that
+// works, instead of by the frontend (or, before its checks existed, by wrong numbers).
+void check_version_gates(const GraphSpec& spec) {
+  const OperandDesc& lse = spec.operands[kLse];
+  if (!lse.present) return;
+  const bool backward = spec.op == GraphOp::backward;
+  const int64_t since = backward ? 92600 : 91200;
+  if (spec.cudnn_version >= since) return;
+  const int64_t h = lse.dims[1], s = lse.dims[2];
+  const bool packed = lse.strides[0] == h * s && lse.strides[1] == s && lse.strides[2] == 1;
+  if (packed) return;
+  throw UnsupportedError(
+      std::string("lse: cuDNN ") + std::to_string(spec.cudnn_version / 10000) + "." +
+      std::to_string(spec.cudnn_version / 100 % 100) + " " + (backward ? "reads" : "writes") +
+      " the softmax statistics " + (backward ? "of the backward " : "") + "only as a packed float32 (batch, heads, " +
+      "seq) tensor (cuDNN " + (backward ? "9.26" : "9.12") + " lifts this); lse has strides " + strides_of(lse, 3) +
+      " for shape (" + std::to_string(lse.dims[0]) + ", " + std::to_string(h) + ", " + std::to_string(s) +
+      "), the packed layout is (" + std::to_string(h * s) + ", " + std::to_string(s) +
+      ", 1). Pass a contiguous lse (e.g. lse.contiguous()), or let stridedfa allocate it.");
 }
 
 GraphSpec spec_for(GraphOp op, const Problem& p, const SdpaOptions& o, const TensorView* const* operands,
@@ -48,6 +81,7 @@ GraphSpec spec_for(GraphOp op, const Problem& p, const SdpaOptions& o, const Ten
   spec.device = p.device;
   spec.sm_version = sm_version;
   spec.cudnn_version = cudnn_version;
+  check_version_gates(spec);
   return spec;
 }
 

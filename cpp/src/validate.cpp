@@ -2,6 +2,8 @@
 // names the tensor, the axis, the offending value and the fix. Rules and why they exist:
 //   - CUDA device, one ordinal; fp16/bf16 operands of one dtype, fp32 softmax statistics.
 //   - Logical shapes agree: batch, h_q a multiple of h_kv, d_qk, d_v, s_q, s_kv.
+//   - Addressable layouts (check_addressable): whatever a producer exports, a layout reaching
+//     outside any address space is refused before a single stride is trusted.
 //   - head_dim stride 1, no negative or zero (broadcast) strides on axes with extent > 1.
 //   - 16-byte alignment of every pointer and of every stride (in bytes) of an axis with extent > 1:
 //     cuDNN moves data with 16-byte vector loads and TMA and does not check; on Hopper a misaligned
@@ -51,6 +53,7 @@ class Validator {
                         std::to_string(t.ndim) + " with shape " + shape_str(t) +
                         ". Give the logical (b, h, s, d) view; a bshd tensor is x.transpose(1, 2).");
     }
+    check_addressable(t);
     device(t);
     if (!is_half(t.dtype)) {
       throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
@@ -64,6 +67,7 @@ class Validator {
       throw LayoutError(std::string(t.name) + ": expected shape (batch, heads of q, seq of q) or with a trailing axis of 1, got " +
                         shape_str(t) + ".");
     }
+    check_addressable(t);
     device(t);
     if (!is_float32(t.dtype)) {
       throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
@@ -75,6 +79,10 @@ class Validator {
     if (t.device_type != kDLCUDA) {
       throw LayoutError(std::string(t.name) + " needs a CUDA device; it lives in " + device_type_name(t.device_type) +
                         ". Move it to the GPU first (torch: x.cuda(), CuPy: cupy.asarray(x), JAX: jax.device_put(x, gpu)).");
+    }
+    if (t.device_id < 0) {
+      throw LayoutError(std::string(t.name) + ": its producer reports CUDA device " + std::to_string(t.device_id) +
+                        "; device ordinals are 0 or more (a malformed DLPack tensor).");
     }
   }
 
@@ -110,7 +118,8 @@ class Validator {
       if (extent == 1) continue;  // never stepped along: any stride is fine
       if (stride < 0) {
         throw LayoutError(std::string(t.name) + ": " + axis_str(axis) + " has negative stride " + std::to_string(stride) +
-                          "; cuDNN cannot walk memory backwards. Pass a copy (e.g. x.contiguous()).");
+                          "; cuDNN cannot walk memory backwards. Pass a copy (torch: x.contiguous(), CuPy: " +
+                          "cupy.ascontiguousarray(x)).");
       }
       if (stride == 0) {
         if (is_output) {

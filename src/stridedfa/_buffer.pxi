@@ -22,7 +22,6 @@ cdef extern from "Python.h":
 cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
     void* buffer_alloc(int32_t device, int64_t nbytes, uintptr_t stream) except +raise_core_error
     void buffer_free(int32_t device, void* ptr, uintptr_t stream, cbool synchronize) noexcept
-    void stream_wait_stream(int32_t device, uintptr_t consumer, uintptr_t producer) except +raise_core_error
 
 
 cdef struct VersionedExport:  # one malloc per export: the tensor, then its shape and strides
@@ -83,10 +82,6 @@ cdef uintptr_t consumer_stream(object stream) except? 0:
     if stream < -1:
         raise ValueError(f"stream must be -1, 1, 2 or a cudaStream_t handle, got {stream}")
     return <uintptr_t>stream
-
-
-cdef inline uintptr_t canonical_stream(uintptr_t handle) noexcept:
-    return 1 if handle == 0 else handle  # 0 and cudaStreamLegacy name the same stream
 
 
 cdef class DeviceBuffer:
@@ -176,7 +171,7 @@ cdef class DeviceBuffer:
             raise BufferError("DeviceBuffer exports its memory only (copy=True is not supported)")
         if consumer == 0:
             self._shared = True  # used on a stream we are not told
-        elif canonical_stream(consumer) != canonical_stream(self._stream):
+        elif canonical_handle(consumer) != canonical_handle(self._stream):
             if self.ptr != NULL:
                 stream_wait_stream(self._device, consumer, self._stream)
             self._shared = True

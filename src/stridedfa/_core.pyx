@@ -12,13 +12,13 @@ The GIL is released while graphs are built and while they execute.
 
 from cpython.pycapsule cimport (PyCapsule_GetPointer, PyCapsule_IsValid,
                                 PyCapsule_SetName)
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from stridedfa._cpp cimport (BackwardArgs, CacheStats, CausalAlignment, DeviceInfo, ErrorKind,
-                             ForwardArgs, PreparedCall, Problem, SdpaOptions, TensorView,
+                             ExportQuirk, ForwardArgs, PreparedCall, Problem, SdpaOptions, TensorView,
                              classify_current_exception, dtype_name, graph_cache)
 from stridedfa._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVersioned,
                                 DLPackExchangeAPI, DLPACK_FLAG_READ_ONLY, DLPACK_MAJOR_VERSION,
@@ -45,7 +45,8 @@ cdef int raise_core_error() except -1:
 
 # The core's entry points that can throw; every exception goes through raise_core_error.
 cdef extern from "stridedfa/tensor_view.hpp" namespace "stridedfa" nogil:
-    TensorView view_from_dltensor(const DLTensor& tensor, cbool read_only, const char* name) except +raise_core_error
+    TensorView view_from_dltensor(const DLTensor& tensor, cbool read_only, const char* name,
+                                  ExportQuirk quirk) except +raise_core_error
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     Problem validate_forward(const ForwardArgs& args) except +raise_core_error
@@ -67,6 +68,7 @@ cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
     int cuda_driver_version() except +raise_core_error
     int device_count() except +raise_core_error
     const DeviceInfo& device_info(int ordinal) except +raise_core_error
+    void stream_wait_stream(int32_t device, uintptr_t consumer, uintptr_t producer) except +raise_core_error
 
 cdef extern from "stridedfa/cudnn_graphs.hpp" namespace "stridedfa" nogil:
     int64_t compiled_frontend_version()
@@ -79,11 +81,13 @@ cdef extern from "stridedfa/cudnn_graphs.hpp" namespace "stridedfa" nogil:
 cdef struct CallStream:
     cbool decided      # False until an explicit stream or the first producer fixes it
     uintptr_t handle   # the cudaStream_t the call runs on; 0 is the legacy default stream
+    cbool after_cupy   # the call is already ordered after CuPy's current stream (CuPy intake)
 
 
 cdef int parse_stream(object stream, CallStream* st) except -1:
     st.decided = False
     st.handle = 0
+    st.after_cupy = False
     if stream is None:
         return 0
     protocol = getattr(stream, "__cuda_stream__", None)
@@ -103,20 +107,28 @@ cdef int parse_stream(object stream, CallStream* st) except -1:
     return 0
 
 
-cdef object _cupy_cuda = None  # the cupy.cuda module, once a CuPy array has been seen
+cdef object _cupy_get_current_stream = None  # cupy.cuda.get_current_stream, once CuPy is seen
+
+
+cdef inline bint is_cupy_type(type tp):
+    return tp.__module__.startswith("cupy")
+
+
+cdef uintptr_t cupy_current_stream() except? 0:
+    global _cupy_get_current_stream
+    if _cupy_get_current_stream is None:
+        import cupy.cuda
+        _cupy_get_current_stream = cupy.cuda.get_current_stream
+    return <uintptr_t>_cupy_get_current_stream().ptr
 
 
 cdef uintptr_t default_stream_of(object obj) except? 0:
     """The stream a call runs on when `obj`, a producer without the DLPack C exchange API, is the
     first to decide it: CuPy's current stream for CuPy arrays (what a CuPy caller expects, and no
     cross-stream event is then needed), else the legacy default stream (0)."""
-    global _cupy_cuda
-    if not type(obj).__module__.startswith("cupy"):
+    if not is_cupy_type(type(obj)):
         return 0
-    if _cupy_cuda is None:
-        import cupy.cuda
-        _cupy_cuda = cupy.cuda
-    return <uintptr_t>_cupy_cuda.get_current_stream().ptr
+    return cupy_current_stream()
 
 
 cdef object protocol_stream(uintptr_t handle):
@@ -174,7 +186,8 @@ cdef object call_dlpack(object obj, object stream, const char* name):
         return method(stream=stream)
 
 
-cdef int consume_capsule(object capsule, const char* name, TensorView* view, Owned* owned) except -1:
+cdef int consume_capsule(object capsule, const char* name, TensorView* view, Owned* owned,
+                         ExportQuirk quirk=ExportQuirk.none) except -1:
     cdef DLManagedTensorVersioned* versioned
     cdef DLManagedTensor* legacy
     if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
@@ -187,35 +200,120 @@ cdef int consume_capsule(object capsule, const char* name, TensorView* view, Own
                 f"{name.decode()}: its producer exported DLPack {versioned.version.major}."
                 f"{versioned.version.minor}; stridedfa reads DLPack {DLPACK_MAJOR_VERSION}.x")
         view[0] = view_from_dltensor(versioned.dl_tensor,
-                                     (versioned.flags & DLPACK_FLAG_READ_ONLY) != 0, name)
+                                     (versioned.flags & DLPACK_FLAG_READ_ONLY) != 0, name, quirk)
         return 0
     if PyCapsule_IsValid(capsule, b"dltensor"):
         legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
         PyCapsule_SetName(capsule, b"used_dltensor")
         owned.legacy = legacy
-        view[0] = view_from_dltensor(legacy.dl_tensor, False, name)
+        view[0] = view_from_dltensor(legacy.dl_tensor, False, name, quirk)
         return 0
     raise TypeError(f"{name.decode()}.__dlpack__() did not return an unconsumed DLPack capsule "
                     f"(got {capsule!r})")
 
 
+# --- CuPy arrays, read from their own attributes ---------------------------------------------------
+#
+# CuPy has no DLPack C exchange API, and its __dlpack__ costs microseconds per tensor (it queries
+# the pointer's memory type with cudaPointerGetAttributes on every export) and, in CuPy 14.2,
+# exports negative strides wrongly (ExportQuirk.cupy_unsigned_strides). A CuPy array over plain
+# device memory is therefore read from its public attributes -- data.ptr, data.device_id, shape,
+# strides (signed bytes), dtype -- and ordered the way __dlpack__(stream=...) orders it: a call on
+# another stream than CuPy's current one waits for that stream. Other CuPy arrays (managed or
+# foreign memory, dtypes without a DLPack code here) go through __dlpack__.
+
+cdef tuple _cupy_device_memory = None  # CuPy memory types that are plain device memory
+cdef dict _cupy_dtypes = None          # numpy dtype -> (DLPack code, bits)
+
+
+cdef int load_cupy_types() except -1:
+    global _cupy_device_memory, _cupy_dtypes
+    import numpy
+    from cupy.cuda import memory
+    _cupy_device_memory = tuple(getattr(memory, name) for name in ("PooledMemory", "Memory", "MemoryAsync")
+                                if hasattr(memory, name))
+    _cupy_dtypes = {numpy.dtype(numpy.float16): (2, 16), numpy.dtype(numpy.float32): (2, 32),
+                    numpy.dtype(numpy.float64): (2, 64), numpy.dtype(numpy.int32): (0, 32),
+                    numpy.dtype(numpy.int64): (0, 64)}
+    return 0
+
+
+cdef int intake_cupy(object obj, const char* name, CallStream* st, TensorView* view) except -1:
+    """Reads a CuPy array without DLPack; returns 1 when done, 0 when it must take the protocol."""
+    cdef DLTensor t
+    cdef int64_t shape[8]
+    cdef int64_t strides[8]
+    cdef int i, ndim
+    cdef int64_t itemsize
+    cdef uintptr_t current
+    if _cupy_device_memory is None:
+        load_cupy_types()
+    memptr = obj.data
+    if not isinstance(memptr.mem, _cupy_device_memory):
+        return 0
+    code_bits = _cupy_dtypes.get(obj.dtype)
+    if code_bits is None:
+        return 0
+    dims = obj.shape
+    byte_strides = obj.strides
+    ndim = len(dims)
+    if ndim > 8:
+        return 0  # the protocol path reports it
+    t.dtype.code = code_bits[0]
+    t.dtype.bits = code_bits[1]
+    t.dtype.lanes = 1
+    itemsize = code_bits[1] // 8
+    for i in range(ndim):
+        shape[i] = dims[i]
+        if byte_strides[i] % itemsize != 0:
+            raise LayoutError(f"{name.decode()}: axis {i} has a stride of {byte_strides[i]} bytes, not a "
+                              f"multiple of its {itemsize}-byte elements; pass a copy "
+                              f"(cupy.ascontiguousarray(x))")
+        strides[i] = byte_strides[i] // itemsize
+    t.data = <void*><uintptr_t>memptr.ptr
+    t.device.device_type = kDLCUDA
+    t.device.device_id = memptr.device_id
+    t.ndim = ndim
+    t.shape = shape
+    t.strides = strides
+    t.byte_offset = 0
+    view[0] = view_from_dltensor(t, False, name, ExportQuirk.none)
+    if not st.after_cupy:
+        current = cupy_current_stream()
+        if not st.decided:
+            st.decided = True
+            st.handle = current
+        elif canonical_handle(current) != canonical_handle(st.handle):
+            ensure_libraries()
+            stream_wait_stream(view.device_id, st.handle, current)
+        st.after_cupy = True
+    return 1
+
+
+cdef inline uintptr_t canonical_handle(uintptr_t handle) noexcept:
+    return 1 if handle == 0 else handle  # 0 and cudaStreamLegacy name the same stream
+
+
 cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
                 TensorView* view, Owned* owned) except -1:
     """Reads one argument into `view` without copying; decides the call's stream if still open."""
-    cdef const DLPackExchangeAPI* api = exchange_api_of(type(obj))
+    cdef type tp = type(obj)
+    cdef const DLPackExchangeAPI* api = exchange_api_of(tp)
     cdef DLTensor borrowed
     cdef DLManagedTensorVersioned* managed = NULL
     cdef void* current = NULL
+    cdef ExportQuirk quirk = ExportQuirk.none
     if api != NULL:
         if api.dltensor_from_py_object_no_sync != NULL:
             if api.dltensor_from_py_object_no_sync(<void*>obj, &borrowed) != 0:
                 return -1
-            view[0] = view_from_dltensor(borrowed, False, name)
+            view[0] = view_from_dltensor(borrowed, False, name, ExportQuirk.none)
         else:
             if api.managed_tensor_from_py_object_no_sync(<void*>obj, &managed) != 0:
                 return -1
             owned.versioned = managed
-            view[0] = view_from_dltensor(managed.dl_tensor, (managed.flags & DLPACK_FLAG_READ_ONLY) != 0, name)
+            view[0] = view_from_dltensor(managed.dl_tensor, (managed.flags & DLPACK_FLAG_READ_ONLY) != 0,
+                                         name, ExportQuirk.none)
         if view.device_type != kDLCUDA:
             return 0  # the validator reports the device with the call's context
         if api.current_work_stream(kDLCUDA, view.device_id, &current) != 0:
@@ -228,6 +326,10 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
         # Another stream: let the producer order its work before ours through the protocol.
         release(owned, 1)
         view.present = False
+    elif is_cupy_type(tp):
+        if tp.__name__ == "ndarray" and intake_cupy(obj, name, st, view):
+            return 0
+        quirk = ExportQuirk.cupy_unsigned_strides
 
     device = getattr(obj, "__dlpack_device__", None)
     if device is not None:
@@ -237,14 +339,14 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
             kind = {1: "CPU", 3: "CUDA host (pinned) memory", 13: "CUDA managed memory", 10: "ROCm"}.get(
                 device_type, f"DLPack device type {device_type}")
             raise LayoutError(
-                f"{name.decode()} needs a CUDA device; it lives in {kind} ({type(obj).__module__}."
-                f"{type(obj).__qualname__}). Move it to the GPU first (torch: x.cuda(), CuPy: "
+                f"{name.decode()} needs a CUDA device; it lives in {kind} ({tp.__module__}."
+                f"{tp.__qualname__}). Move it to the GPU first (torch: x.cuda(), CuPy: "
                 f"cupy.asarray(x), JAX: jax.device_put(x, gpu)).")
     if not st.decided:
         st.decided = True
         st.handle = default_stream_of(obj)
-    consume_capsule(call_dlpack(obj, protocol_stream(st.handle), name), name, view, owned)
-    if is_output and type(obj).__module__.startswith(("jax", "jaxlib")):
+    consume_capsule(call_dlpack(obj, protocol_stream(st.handle), name), name, view, owned, quirk)
+    if is_output and tp.__module__.startswith(("jax", "jaxlib")):
         view.read_only = True  # JAX arrays are immutable though their DLPack export does not say so
     return 0
 

@@ -34,6 +34,10 @@ cdef extern from "stridedfa/tensor_view.hpp" namespace "stridedfa" nogil:
 
     string dtype_name(DLDataType dtype)
 
+    cdef enum class ExportQuirk(int32_t):
+        none "stridedfa::ExportQuirk::none"
+        cupy_unsigned_strides "stridedfa::ExportQuirk::cupy_unsigned_strides"
+
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cpdef enum class CausalAlignment(int32_t):

@@ -304,10 +304,10 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
         out_shape[3] = fwd.v.dims[3]
         order_like(out_shape, fwd.q.strides, 4, out_strides)
         out_tensor = allocate_strided(api, 4, out_shape, out_strides, fwd.q.dtype, fwd.q.device_id)
-        fwd.out = view_from_dltensor(out_tensor.dl_tensor, False, b"out")
+        fwd.out = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
         if with_lse:
             lse_tensor = allocate_stats(api, fwd.q)
-            fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse")
+            fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
         call = prepared_forward(fwd, options)
         execute_with_framework_workspace(api, call, st.handle, fwd.q.device_id)
         out = to_framework_object(api, out_tensor)
@@ -468,11 +468,11 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
         out_shape[perm[3]] = fwd.v.dims[3]  # head_dim of v
         order_like(out_shape, q_layout.strides, 4, out_strides)
         out_tensor = allocate_strided(api, 4, out_shape, out_strides, packed_view.dtype, packed_view.device_id)
-        out_layout = view_from_dltensor(out_tensor.dl_tensor, False, b"out")
+        out_layout = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
         reorder(out_layout, perm, b"out", &fwd.out)
         if with_lse:
             lse_tensor = allocate_stats(api, fwd.q)
-            fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse")
+            fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
         call = prepared_forward(fwd, options)
         execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
         out = to_framework_object(api, out_tensor)
@@ -527,7 +527,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
         gradient_layout(packed_view, strides)
         grad_packed_tensor = allocate_strided(api, 5, packed_view.dims, strides, packed_view.dtype,
                                               packed_view.device_id)
-        grad_packed_view = view_from_dltensor(grad_packed_tensor.dl_tensor, False, b"grad_packed")
+        grad_packed_view = view_from_dltensor(grad_packed_tensor.dl_tensor, False, b"grad_packed", ExportQuirk.none)
         if q is None:
             select_and_order(packed_view, dim, 0, perm, b"q", &bwd.q)
             select_and_order(packed_view, dim, 1, perm, b"k", &bwd.k)
@@ -544,7 +544,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             select_and_order(packed_view, dim, 1, perm, b"v", &bwd.v)
             gradient_layout(q_layout, strides)
             grad_q_tensor = allocate_strided(api, 4, q_layout.dims, strides, q_layout.dtype, q_layout.device_id)
-            grad_q_layout = view_from_dltensor(grad_q_tensor.dl_tensor, False, b"grad_q")
+            grad_q_layout = view_from_dltensor(grad_q_tensor.dl_tensor, False, b"grad_q", ExportQuirk.none)
             reorder(grad_q_layout, perm, b"grad_q", &bwd.grad_q)
             select_and_order(grad_packed_view, dim, 0, perm, b"grad_k", &bwd.grad_k)
             select_and_order(grad_packed_view, dim, 1, perm, b"grad_v", &bwd.grad_v)

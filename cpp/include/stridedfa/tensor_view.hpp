@@ -28,9 +28,31 @@ struct TensorView {
   int64_t itemsize() const { return (int64_t(dtype.bits) * dtype.lanes + 7) / 8; }
 };
 
-// Normalises a DLTensor: NULL strides become row-major, byte_offset is folded into data.
-// Throws LayoutError when ndim exceeds kMaxDims or is negative.
-TensorView view_from_dltensor(const DLTensor& tensor, bool read_only, const char* name);
+// Highest byte address a tensor may reach. No platform CUDA runs on maps memory above it
+// (x86-64 user space ends at 2^47, or 2^56 with 5-level paging; AArch64 at 2^52), so a layout
+// that reaches further cannot describe real memory: its producer computed a stride wrongly.
+inline constexpr uint64_t kAddressLimit = uint64_t(1) << 57;
+
+// Known defects of producers' DLPack exports that intake repairs.
+enum class ExportQuirk : int32_t {
+  none = 0,
+  // CuPy (seen in 14.2, cupy/_core/dlpack.pyx toDlpack) exports each stride as the signed byte
+  // stride divided by a size_t itemsize, an unsigned division: -128 bytes of float16 arrive as
+  // (2^64 - 128) / 2 = 2^63 - 64 elements. Multiplying back by the itemsize modulo 2^64 restores
+  // the byte stride exactly; only values whose byte stride would not fit in int64 are touched.
+  cupy_unsigned_strides = 1,
+};
+
+// Normalises a DLTensor: NULL strides become row-major, byte_offset is folded into data, `quirk`
+// repaired. Throws LayoutError when ndim is negative or exceeds kMaxDims, an extent is negative,
+// data + byte_offset wraps, or the layout is not addressable (check_addressable).
+TensorView view_from_dltensor(const DLTensor& tensor, bool read_only, const char* name,
+                              ExportQuirk quirk = ExportQuirk::none);
+
+// Refuses (LayoutError naming the tensor and axis) a layout no memory can hold: negative extents,
+// more elements than int64 counts, or bytes reached below address 0 or above kAddressLimit. Empty
+// tensors pass whatever their strides (DLPack leaves them arbitrary). Exact: 128-bit arithmetic.
+void check_addressable(const TensorView& t);
 
 // "float16", "bfloat16", "float32", "int8", ... for messages.
 std::string dtype_name(DLDataType dtype);
