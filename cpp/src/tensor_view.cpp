@@ -65,15 +65,10 @@ TensorView view_from_dltensor(const DLTensor& tensor, bool read_only, const char
       throw LayoutError(axis_of(view, i) + " has extent " + std::to_string(view.dims[i]) +
                         "; extents cannot be negative (a malformed DLPack tensor)");
     }
-    if (tensor.strides) {
-      view.strides[i] = repaired_stride(tensor.strides[i], item, quirk);
-    } else {
-      if (row_major > INT64_MAX) {
-        throw LayoutError(axis_of(view, i) + ": the row-major stride implied by shape " +
-                          "(its producer gave no strides) overflows 64 bits");
-      }
-      view.strides[i] = static_cast<int64_t>(row_major);
-    }
+    // Without strides, row-major; a stride too large for int64 can only belong to a tensor that is
+    // empty (then it is never used) or refused below for its element count.
+    view.strides[i] = tensor.strides ? repaired_stride(tensor.strides[i], item, quirk)
+                                     : static_cast<int64_t>(std::min(row_major, wide(INT64_MAX)));
     row_major = std::min(row_major * (view.dims[i] > 0 ? view.dims[i] : 1), wide(INT64_MAX) + 1);
   }
   check_addressable(view);
