@@ -130,7 +130,7 @@ SdpaOptions options_of(const Attrs& a) {
 // safe because XLA orders any reuse of that memory behind this call's work on the same stream.
 // XLA refuses alignments above its allocator's (64 bytes; its blocks are 256-byte aligned anyway,
 // and cuDNN needs 16). Should XLA still have none to give, execute() takes the workspace from the
-// core's stream-ordered pool (cudaMallocAsync/cudaFreeAsync on XLA's stream) instead of failing.
+// core's own stream-ordered pool (on XLA's stream) instead of failing.
 void launch(const PreparedCall& call, Stream stream, ffi::ScratchAllocator& scratch) {
   void* workspace = nullptr;
   if (call.workspace_bytes > 0 && !call.problem.nothing_to_do) {

@@ -31,13 +31,17 @@ struct Api {
   decltype(&cudaSetDevice) SetDevice = nullptr;
   decltype(&cudaDeviceGetAttribute) DeviceGetAttribute = nullptr;
   decltype(&cudaGetDeviceProperties) GetDeviceProperties = nullptr;
-  decltype(&cudaMallocAsync) MallocAsync = nullptr;
   decltype(&cudaFreeAsync) FreeAsync = nullptr;
   decltype(&cudaDeviceSynchronize) DeviceSynchronize = nullptr;
   decltype(&cudaEventCreateWithFlags) EventCreateWithFlags = nullptr;
   decltype(&cudaEventRecord) EventRecord = nullptr;
   decltype(&cudaStreamWaitEvent) StreamWaitEvent = nullptr;
   decltype(&cudaEventDestroy) EventDestroy = nullptr;
+  decltype(&cudaMemPoolCreate) MemPoolCreate = nullptr;
+  decltype(&cudaMemPoolSetAttribute) MemPoolSetAttribute = nullptr;
+  decltype(&cudaMemPoolGetAttribute) MemPoolGetAttribute = nullptr;
+  decltype(&cudaMemPoolTrimTo) MemPoolTrimTo = nullptr;
+  decltype(&cudaMallocFromPoolAsync) MallocFromPoolAsync = nullptr;
 
   using CudnnStatus = int;
   size_t (*cudnnGetVersion)() = nullptr;
@@ -150,13 +154,17 @@ void set_libraries(void* cudnn_dl_handle, const std::string& cudart_path) {
   // exports it under the plain name.
   resolve(next.cudart, CUDART_VERSION >= 13000 ? "cudaGetDeviceProperties" : "cudaGetDeviceProperties_v2",
           next.GetDeviceProperties, cudart_path);
-  resolve(next.cudart, "cudaMallocAsync", next.MallocAsync, cudart_path);
   resolve(next.cudart, "cudaFreeAsync", next.FreeAsync, cudart_path);
   resolve(next.cudart, "cudaDeviceSynchronize", next.DeviceSynchronize, cudart_path);
   resolve(next.cudart, "cudaEventCreateWithFlags", next.EventCreateWithFlags, cudart_path);
   resolve(next.cudart, "cudaEventRecord", next.EventRecord, cudart_path);
   resolve(next.cudart, "cudaStreamWaitEvent", next.StreamWaitEvent, cudart_path);
   resolve(next.cudart, "cudaEventDestroy", next.EventDestroy, cudart_path);
+  resolve(next.cudart, "cudaMemPoolCreate", next.MemPoolCreate, cudart_path);
+  resolve(next.cudart, "cudaMemPoolSetAttribute", next.MemPoolSetAttribute, cudart_path);
+  resolve(next.cudart, "cudaMemPoolGetAttribute", next.MemPoolGetAttribute, cudart_path);
+  resolve(next.cudart, "cudaMemPoolTrimTo", next.MemPoolTrimTo, cudart_path);
+  resolve(next.cudart, "cudaMallocFromPoolAsync", next.MallocFromPoolAsync, cudart_path);
 
   const std::string cudnn_name = "libcudnn";
   resolve(cudnn_dl_handle, "cudnnGetVersion", next.cudnnGetVersion, cudnn_name);
@@ -272,11 +280,68 @@ void* cudnn_handle_for(int32_t device, std::uintptr_t stream) {
   return slot.handle;
 }
 
-void* pool_alloc(int64_t bytes, std::uintptr_t stream) {
+namespace {
+
+// stridedfa's own stream-ordered pool per device, for the memory the core allocates itself: cuDNN
+// workspaces of calls that bring none and DeviceBuffer outputs. Unlike the device's default pool
+// (release threshold 0: every synchronisation hands freed memory back to the driver, so a caller
+// that synchronises after each call maps its workspace afresh every time), it keeps up to
+// retained_bytes() of freed memory for reuse; cache_clear() trims it to nothing. Its own pool, so
+// other users of the default pool (CuPy, JAX, torch's cudaMallocAsync backend) keep their settings.
+struct Pools {
+  std::mutex mutex;
+  std::map<int32_t, cudaMemPool_t> by_device;
+};
+Pools& pools() {
+  static Pools* p = new Pools;  // never destroyed: frees may run during interpreter exit
+  return *p;
+}
+
+uint64_t retained_bytes() {
+  static const uint64_t bytes = [] {
+    const char* text = std::getenv("STRIDEDFA_POOL_RETAIN_BYTES");
+    if (text && *text) {
+      char* end = nullptr;
+      const unsigned long long value = std::strtoull(text, &end, 10);
+      if (end && *end == '\0') return static_cast<uint64_t>(value);
+    }
+    return uint64_t(512) << 20;
+  }();
+  return bytes;
+}
+
+cudaMemPool_t pool_for(int32_t device) {
+  Pools& p = pools();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  auto it = p.by_device.find(device);
+  if (it != p.by_device.end()) return it->second;
+  const Api& a = loaded_api();
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  check_cuda(a.MemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+  uint64_t threshold = retained_bytes();
+  check_cuda(a.MemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+             "cudaMemPoolSetAttribute (release threshold)");
+  p.by_device.emplace(device, pool);
+  return pool;
+}
+
+void* allocate_from_pool(int32_t device, int64_t bytes, std::uintptr_t stream, const char* what) {
   void* ptr = nullptr;
-  check_cuda(loaded_api().MallocAsync(&ptr, size_t(bytes), reinterpret_cast<cudaStream_t>(stream)),
-             "cudaMallocAsync (workspace)");
+  check_cuda(loaded_api().MallocFromPoolAsync(&ptr, size_t(bytes), pool_for(device),
+                                              reinterpret_cast<cudaStream_t>(stream)),
+             what);
   return ptr;
+}
+
+}  // namespace
+
+void* pool_alloc(int32_t device, int64_t bytes, std::uintptr_t stream) {
+  return allocate_from_pool(device, bytes, stream, "cudaMallocFromPoolAsync (workspace)");
 }
 
 void pool_free(void* ptr, std::uintptr_t stream) {
@@ -284,12 +349,32 @@ void pool_free(void* ptr, std::uintptr_t stream) {
 }
 
 void* buffer_alloc(int32_t device, int64_t bytes, std::uintptr_t stream) {
-  // cudaMallocAsync on the legacy default stream draws from the current device's pool.
   DeviceGuard guard(device);
-  void* ptr = nullptr;
-  check_cuda(loaded_api().MallocAsync(&ptr, size_t(bytes), reinterpret_cast<cudaStream_t>(stream)),
-             "cudaMallocAsync (output buffer)");
-  return ptr;
+  return allocate_from_pool(device, bytes, stream, "cudaMallocFromPoolAsync (output buffer)");
+}
+
+void trim_pools() {
+  if (!libraries_loaded()) return;
+  Pools& p = pools();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  for (auto& [device, pool] : p.by_device) check_cuda(loaded_api().MemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
+}
+
+PoolStats pool_stats() {
+  PoolStats stats;
+  stats.retain_bytes = int64_t(retained_bytes());
+  if (!libraries_loaded()) return stats;
+  Pools& p = pools();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  for (auto& [device, pool] : p.by_device) {
+    uint64_t reserved = 0, used = 0;
+    check_cuda(loaded_api().MemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
+               "cudaMemPoolGetAttribute");
+    check_cuda(loaded_api().MemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "cudaMemPoolGetAttribute");
+    stats.reserved_bytes += int64_t(reserved);
+    stats.used_bytes += int64_t(used);
+  }
+  return stats;
 }
 
 void buffer_free(int32_t device, void* ptr, std::uintptr_t stream, bool synchronize) noexcept {

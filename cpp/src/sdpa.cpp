@@ -215,7 +215,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   void* handle = cudnn_handle_for(call.problem.device, stream);
   void* pooled = nullptr;
   if (call.workspace_bytes > 0 && workspace == nullptr) {
-    workspace = pooled = pool_alloc(call.workspace_bytes, stream);
+    workspace = pooled = pool_alloc(call.problem.device, call.workspace_bytes, stream);
     own_workspace_count.fetch_add(1, std::memory_order_relaxed);
   }
   try {

@@ -69,6 +69,10 @@ cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
     int device_count() except +raise_core_error
     const DeviceInfo& device_info(int ordinal) except +raise_core_error
     void stream_wait_stream(int32_t device, uintptr_t consumer, uintptr_t producer) except +raise_core_error
+    void trim_pools() except +raise_core_error
+    cdef cppclass PoolStats:
+        int64_t reserved_bytes, used_bytes, retain_bytes
+    PoolStats pool_stats() except +raise_core_error
 
 cdef extern from "stridedfa/cudnn_graphs.hpp" namespace "stridedfa" nogil:
     int64_t compiled_frontend_version()
@@ -588,23 +592,32 @@ def cache_info():
 
     Returns a dict: hits, misses, builds, build_failures, evictions, size, maxsize and
     build_seconds (summed wall time of all graph builds). Its capacity is read once from
-    ``STRIDEDFA_GRAPH_CACHE_SIZE`` (default 256).
+    ``STRIDEDFA_GRAPH_CACHE_SIZE`` (default 256). Also the memory stridedfa's own stream-ordered
+    pools hold (workspaces of calls that pass none, DeviceBuffer outputs): pool_reserved_bytes
+    (mapped now, all devices), pool_used_bytes (handed out now) and pool_retain_bytes (what each
+    device's pool keeps mapped across synchronisations at most, from
+    ``STRIDEDFA_POOL_RETAIN_BYTES``, default 512 MiB).
     """
     cdef CacheStats s = graph_cache().stats()
+    cdef PoolStats p = pool_stats()
     return {"hits": s.hits, "misses": s.misses, "builds": s.builds,
             "build_failures": s.build_failures, "evictions": s.evictions, "size": s.size,
-            "maxsize": s.capacity, "build_seconds": s.build_seconds}
+            "maxsize": s.capacity, "build_seconds": s.build_seconds,
+            "pool_reserved_bytes": p.reserved_bytes, "pool_used_bytes": p.used_bytes,
+            "pool_retain_bytes": p.retain_bytes}
 
 
 def _own_workspace_allocations():
-    """How many workspaces the core allocated itself (cudaMallocAsync) because a call gave none;
+    """How many workspaces the core allocated itself (from its pool) because a call gave none;
     adapters always pass one from their framework's allocator."""
     return own_workspace_allocations()
 
 
 def cache_clear():
-    """Drops every cached graph and resets the counters."""
+    """Drops every cached graph, resets the counters and gives the unused memory of stridedfa's
+    pools back to the driver."""
     graph_cache().clear()
+    trim_pools()
 
 
 def _set_cache_capacity(size_t capacity):

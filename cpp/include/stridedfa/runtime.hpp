@@ -1,5 +1,5 @@
 // Process-wide runtime state: the loaded cuDNN and CUDA runtime libraries, per-device facts, one
-// cuDNN handle per (device, thread), and the stream-ordered workspace pool. Nothing here is linked:
+// cuDNN handle per (device, thread), and stridedfa's stream-ordered memory pools. Nothing here is linked:
 // libcudnn.so.9 and libcudart.so.N are found by stridedfa._loader and opened with dlopen, so the
 // extension imports on machines without a GPU, a driver or cuDNN.
 #pragma once
@@ -44,12 +44,22 @@ class DeviceGuard {
 // `stream`; cudnnSetStream costs microseconds even when nothing changes, so it runs only on change.
 void* cudnn_handle_for(int32_t device, std::uintptr_t stream);
 
-// Stream-ordered workspace from the current device's default memory pool (cudaMallocAsync).
-void* pool_alloc(int64_t bytes, std::uintptr_t stream);
+// Stream-ordered memory from stridedfa's own pool of `device` (the current device), which keeps up
+// to STRIDEDFA_POOL_RETAIN_BYTES (default 512 MiB) of freed memory mapped across synchronisations.
+// Workspaces of calls that pass none:
+void* pool_alloc(int32_t device, int64_t bytes, std::uintptr_t stream);
 void pool_free(void* ptr, std::uintptr_t stream);
+// Gives every pool's unused memory back to the driver (cache_clear()).
+void trim_pools();
+struct PoolStats {
+  int64_t reserved_bytes = 0;  // mapped by the pools, all devices
+  int64_t used_bytes = 0;      // of which handed out now
+  int64_t retain_bytes = 0;    // what each pool keeps across synchronisations at most
+};
+PoolStats pool_stats();
 
-// Device memory of stridedfa-owned outputs (DeviceBuffer): `bytes` from `device`'s default pool,
-// ordered on `stream`. Throws BackendError.
+// Device memory of stridedfa-owned outputs (DeviceBuffer): `bytes` from `device`'s pool, ordered
+// on `stream`. Throws BackendError.
 void* buffer_alloc(int32_t device, int64_t bytes, std::uintptr_t stream);
 // Returns a DeviceBuffer's memory. Stream-ordered on `stream` when only that stream ever used it;
 // with `synchronize` (the memory was handed to consumers on other or unknown streams, whose work we

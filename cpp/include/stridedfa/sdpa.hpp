@@ -73,14 +73,14 @@ std::vector<int64_t> forward_graph_key(const ForwardArgs& args, const SdpaOption
 std::vector<int64_t> backward_graph_key(const BackwardArgs& args, const SdpaOptions& options, int32_t sm_version,
                                         int64_t cudnn_version);
 
-// Launch on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream). `workspace`
-// must hold call.workspace_bytes on the call's device and stay valid for the stream's work; when
-// null, the workspace is taken from and returned to the device's stream-ordered pool.
-// How many times execute() allocated cuDNN's workspace itself (cudaMallocAsync) because the caller
+// How many times execute() allocated cuDNN's workspace itself (from its pool) because the caller
 // passed none. Framework adapters always pass one from their allocator; tests check this stays put
 // (e.g. across a CUDA-graph capture).
 int64_t own_workspace_allocations();
 
+// Launch on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream). `workspace`
+// must hold call.workspace_bytes on the call's device and stay valid for the stream's work; when
+// null, the workspace is taken from and returned to stridedfa's pool of the device (runtime.hpp).
 void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace);
 
 }  // namespace stridedfa
