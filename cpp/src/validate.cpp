@@ -243,6 +243,16 @@ void require_nonempty_problem(const Problem& p) {
 
 }  // namespace
 
+bool cudnn_can_read(const TensorView& t) {
+  if (t.ndim != 4 || !is_half(t.dtype)) return false;
+  try {
+    Validator().memory(t, false, false);
+  } catch (const LayoutError&) {
+    return false;
+  }
+  return true;
+}
+
 TensorView stats_as_4d(const TensorView& lse) {
   TensorView t = lse;
   if (t.ndim == 3) {

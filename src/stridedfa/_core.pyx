@@ -49,6 +49,7 @@ cdef extern from "stridedfa/tensor_view.hpp" namespace "stridedfa" nogil:
                                   ExportQuirk quirk) except +raise_core_error
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
+    cbool cudnn_can_read(const TensorView& t)
     Problem validate_forward(const ForwardArgs& args) except +raise_core_error
     Problem validate_backward(const BackwardArgs& args) except +raise_core_error
     PreparedCall prepare_forward(const ForwardArgs& args, const SdpaOptions& options) except +raise_core_error
@@ -652,6 +653,22 @@ def _devices():
         info = &device_info(i)
         result.append((i, info.name.decode("utf-8", "replace"), divmod(info.sm_version, 10)))
     return result
+
+
+def _can_read(x):
+    """Whether cuDNN can read ``x`` as an attention input as it lies (the validator's stride and
+    alignment rules); adapters copy a gradient autograd hands over only when this is False."""
+    cdef TensorView view
+    cdef Owned owned
+    cdef CallStream st
+    owned.versioned = NULL
+    owned.legacy = NULL
+    parse_stream(None, &st)
+    try:
+        intake(x, b"x", False, &st, &view, &owned)
+        return view.device_type == kDLCUDA and cudnn_can_read(view)
+    finally:
+        release(&owned, 1)
 
 
 def _inspect_dlpack(obj, stream=None):

@@ -325,6 +325,83 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
             lse_tensor.deleter(lse_tensor)
 
 
+cdef int intake_readable(object obj, object make_readable, CallStream* st, TensorView* view,
+                         Owned* owned, list keep_alive) except -1:
+    """Reads an input that autograd handed over (grad_out); only a layout cuDNN cannot read (a
+    broadcast from out.sum().backward(), say) is replaced by make_readable(obj), a copy."""
+    intake(obj, b"grad_out", False, st, view, owned)
+    if view.device_type != kDLCUDA or cudnn_can_read(view[0]):
+        return 0
+    release(owned, 1)
+    copy = make_readable(obj)
+    keep_alive.append(copy)
+    intake(copy, b"grad_out", False, st, view, owned)
+    return 0
+
+
+def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable):
+    """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
+    its current stream, each with its input's strides when the input is dense, else dense in the
+    input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
+    allocator. grad_out is passed through make_readable (a copy) only when cuDNN cannot read it.
+    Returns (grad_q, grad_k, grad_v) as the framework's tensors."""
+    cdef SdpaOptions options
+    cdef BackwardArgs bwd
+    cdef Owned owned[6]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef DLManagedTensorVersioned* grads[3]
+    cdef TensorView* inputs[3]
+    cdef TensorView* outputs[3]
+    cdef const char* names[3]
+    cdef int64_t strides[8]
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    cdef const DLPackExchangeAPI* api = allocating_api(q)
+    for i in range(6):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    for i in range(3):
+        grads[i] = NULL
+    inputs[0], inputs[1], inputs[2] = &bwd.q, &bwd.k, &bwd.v
+    outputs[0], outputs[1], outputs[2] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
+    names[0], names[1], names[2] = b"grad_q", b"grad_k", b"grad_v"
+    keep_alive = []
+    parse_stream(None, &st)
+    try:
+        intake(q, b"q", False, &st, &bwd.q, &owned[0])
+        intake(k, b"k", False, &st, &bwd.k, &owned[1])
+        intake(v, b"v", False, &st, &bwd.v, &owned[2])
+        intake(out, b"out", False, &st, &bwd.out, &owned[3])
+        intake(lse, b"lse", False, &st, &bwd.lse, &owned[4])
+        intake_readable(grad_out, make_readable, &st, &bwd.grad_out, &owned[5], keep_alive)
+        for i in range(3):
+            if inputs[i].ndim != 4:
+                raise LayoutError(f"{SLOT_NAMES[i].decode()} must have 4 axes (batch, heads, seq, head_dim); "
+                                  f"it has {inputs[i].ndim}")
+            if inputs[i].device_type != kDLCUDA:
+                outputs[i][0] = inputs[i][0]  # placeholders: the validator names the device problem
+        if bwd.q.device_type != kDLCUDA or bwd.k.device_type != kDLCUDA or bwd.v.device_type != kDLCUDA:
+            with nogil:
+                validate_backward(bwd)
+        for i in range(3):
+            gradient_layout(inputs[i][0], strides)
+            grads[i] = allocate_strided(api, 4, inputs[i].dims, strides, inputs[i].dtype, inputs[i].device_id)
+            outputs[i][0] = view_from_dltensor(grads[i].dl_tensor, False, names[i], ExportQuirk.none)
+        call = prepared_backward(bwd, options)
+        execute_with_framework_workspace(api, call, st.handle, bwd.q.device_id)
+        result = []
+        for i in range(3):
+            result.append(to_framework_object(api, grads[i]))
+            grads[i] = NULL
+        return tuple(result)
+    finally:
+        release(owned, 6)
+        for i in range(3):
+            if grads[i] != NULL:
+                grads[i].deleter(grads[i])
+
+
 # --- The packed entry point: q/k/v (or k/v) as slices of one buffer, one packed gradient -----------
 
 cdef void select_and_order(const TensorView& packed, int dim, int index, const int* to_logical,

@@ -71,9 +71,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if _plain_eager(q, k, v):
         if needs_grad:
-            return _EagerAttention.apply(q, k, v, scale, causal, causal_alignment)
+            return _eager_attention(None, q, k, v, scale, causal, causal_alignment, True)[0]
         return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
-    return torch.ops.stridedfa.attention_forward(q, k, v, scale, causal, causal_alignment, needs_grad)[0]
+    return _attention_forward(q, k, v, scale, causal, causal_alignment, needs_grad)[0]
 
 
 def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
@@ -113,74 +113,157 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad))
     if _plain_eager(packed, packed, packed if q is None else q):
         if needs_grad:
-            return _EagerPackedAttention.apply(packed, dim, layout, q, scale, causal, causal_alignment)
+            return _eager_packed_attention(None, packed, dim, layout, q, scale, causal,
+                                           causal_alignment, True)[0]
         return _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, False)[0]
-    return torch.ops.stridedfa.packed_attention_forward(packed, dim, layout, q, scale, causal,
-                                                        causal_alignment, needs_grad)[0]
+    return _packed_attention_forward(packed, dim, layout, q, scale, causal, causal_alignment,
+                                     needs_grad)[0]
 
 
 # --- Operators ------------------------------------------------------------------------------------
+#
+# Defined with torch.library.Library rather than torch.library.custom_op: a custom_op call crosses
+# from the dispatcher into Python four times (autograd wrapper, redispatch, backend wrapper with its
+# aliasing check, the kernel), which cost more host time than torch's whole SDPA. Each operator here
+# has three kernels:
+#   - impl, the computation, for every device (CompositeExplicitAutograd; CPU tensors get the
+#     validator's LayoutError);
+#   - a fake kernel with exactly impl's strides (stridedfa._layouts), for meta/fake tensors;
+#   - an Autograd kernel: with a gradient to record, an autograd.Function; without one, impl itself
+#     when nothing but a dense backend lies below (eager calls, compiled graphs' calls), else a
+#     redispatch below autograd (fake tensors, functionalization, dispatch modes see the operator).
+# So a call from a compiled graph or through torch.ops enters Python once.
 
-# Each operator's real kernel is a plain function, also called directly by the eager autograd
-# Functions below: same kernels, same bits, without the dispatcher's Python overhead.
+_lib = torch.library.Library("stridedfa", "DEF")
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_DENSE_BACKENDS = (torch._C.DispatchKey.CUDA, torch._C.DispatchKey.CPU)
+_AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
+
+
+def _define(name, schema, impl, fake):
+    _lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    _lib.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"stridedfa::{name}", fake, lib=_lib)
+    return getattr(torch.ops.stridedfa, name).default
+
+
+def _below_autograd(op, impl, keyset, args):
+    """Runs `op` as if its Autograd kernel were a fallthrough; keyset None: an eager call that
+    already knows only the backend lies below."""
+    if keyset is None:
+        return impl(*args)
+    below = keyset & _AFTER_AUTOGRAD
+    if below.highestPriorityTypeId() in _DENSE_BACKENDS:
+        return impl(*args)
+    with _AutoDispatchBelowAutograd():
+        return op.redispatch(below, *args)
+
+
+class _NotDifferentiable(torch.autograd.Function):
+    """A backward operator called with inputs that require grad (create_graph=True, or AOTAutograd
+    tracing the joint graph): computed as usual, and differentiating through it raises."""
+
+    @staticmethod
+    def forward(ctx, op, impl, keyset, *args):
+        ctx.name = op.name()
+        return _below_autograd(op, impl, keyset, args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.name} is not differentiable: stridedfa attention has no double "
+                           f"backward")
+
+
+def _requires_grad(*tensors) -> bool:
+    return _is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _backward_kernel(op, impl, tensor_args):
+    """The Autograd kernel of a backward operator whose arguments at `tensor_args` are tensors."""
+    def kernel(keyset, *args):
+        if _is_grad_enabled() and _requires_grad(*(args[i] for i in tensor_args)):
+            return _NotDifferentiable.apply(op, impl, keyset, *args)
+        return _below_autograd(op, impl, keyset, args)
+    return kernel
+
 
 def _attention_forward_impl(q, k, v, scale, causal, causal_alignment, with_lse):
     out, lse = _forward(q, k, v, scale, causal, causal_alignment, with_lse)
     return out, (lse if with_lse else _no_lse(q))
 
 
-_attention_forward = torch.library.custom_op(
-    "stridedfa::attention_forward", mutates_args=(),
-    schema="(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment, "
-           "bool with_lse) -> (Tensor, Tensor)")(_attention_forward_impl)
-
-
-@_attention_forward.register_fake
-def _(q, k, v, scale, causal, causal_alignment, with_lse):
+def _attention_forward_fake(q, k, v, scale, causal, causal_alignment, with_lse):
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
     return out, (_empty_lse(q) if with_lse else _no_lse(q))
 
 
+_attention_forward = _define(
+    "attention_forward",
+    "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment, bool with_lse) "
+    "-> (Tensor, Tensor)", _attention_forward_impl, _attention_forward_fake)
+
+
 def _attention_backward_impl(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
+    if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
+        return _core._backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
+                                     _contiguous)
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
     _core._backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse),
                     grad_q, grad_k, grad_v, scale, causal, causal_alignment, _stream(q), _workspace)
     return grad_q, grad_k, grad_v
 
 
-_attention_backward = torch.library.custom_op(
-    "stridedfa::attention_backward", mutates_args=(),
-    schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, float? scale, "
-           "bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)")(_attention_backward_impl)
-
-
-@_attention_backward.register_fake
-def _(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
+def _attention_backward_fake(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
     return _gradient_like(q), _gradient_like(k), _gradient_like(v)
 
 
-def _attention_setup_context(ctx, inputs, output):
-    q, k, v, scale, causal, causal_alignment, with_lse = inputs
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = (scale, causal, causal_alignment)
-    ctx.with_lse = with_lse
+_attention_backward = _define(
+    "attention_backward",
+    "(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, float? scale, "
+    "bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)",
+    _attention_backward_impl, _attention_backward_fake)
+_lib.impl("attention_backward", _backward_kernel(_attention_backward, _attention_backward_impl, range(6)),
+          "Autograd", with_keyset=True)
 
 
-def _attention_autograd(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
-    if not ctx.with_lse:
-        raise RuntimeError("stridedfa: this attention call was made without autograd (no input required "
-                           "grad when it ran), so it kept no statistics to differentiate with")
-    grad_q, grad_k, grad_v = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, grad_out,
-                                                                     *ctx.options)
-    return grad_q, grad_k, grad_v, None, None, None, None
+class _AttentionFunction(torch.autograd.Function):
+    """attention_forward with a gradient to record. `keyset` is the dispatcher's (None for an eager
+    call of attention(), which runs the kernels directly, and so does its backward)."""
+
+    @staticmethod
+    def forward(ctx, keyset, q, k, v, scale, causal, causal_alignment, with_lse):
+        out, lse = _below_autograd(_attention_forward, _attention_forward_impl, keyset,
+                                   (q, k, v, scale, causal, causal_alignment, with_lse))
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (scale, causal, causal_alignment)
+        ctx.eager = keyset is None
+        ctx.with_lse = with_lse
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        if not ctx.with_lse:
+            raise RuntimeError("stridedfa: this attention call was made without autograd (no input "
+                               "required grad when it ran), so it kept no statistics to differentiate "
+                               "with")
+        q, k, v, out, lse = ctx.saved_tensors
+        if ctx.eager and not _is_grad_enabled():
+            grads = _attention_backward_impl(q, k, v, out, lse, grad_out, *ctx.options)
+        else:  # create_graph=True: through the operator, which refuses a double backward
+            grads = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
+        return (None, *grads, None, None, None, None)
 
 
-torch.library.register_autograd("stridedfa::attention_forward", _attention_autograd,
-                                setup_context=_attention_setup_context)
+def _attention_forward_autograd(keyset, q, k, v, scale, causal, causal_alignment, with_lse):
+    if _requires_grad(q, k, v):
+        return _AttentionFunction.apply(keyset, q, k, v, scale, causal, causal_alignment, with_lse)
+    return _below_autograd(_attention_forward, _attention_forward_impl, keyset,
+                           (q, k, v, scale, causal, causal_alignment, with_lse))
+
+
+_lib.impl("attention_forward", _attention_forward_autograd, "Autograd", with_keyset=True)
 
 
 def _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
@@ -199,17 +282,16 @@ def _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment
     return out_l, lse
 
 
-_packed_attention_forward = torch.library.custom_op(
-    "stridedfa::packed_attention_forward", mutates_args=(),
-    schema="(Tensor packed, int dim, str layout, Tensor? q, float? scale, bool causal, "
-           "str causal_alignment, bool with_lse) -> (Tensor, Tensor)")(_packed_forward_impl)
-
-
-@_packed_attention_forward.register_fake
-def _(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
+def _packed_forward_fake(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
     q_l, _, v_l = _unpack(packed, dim, q)
     return (_empty_packed_output(q_l, v_l),
             _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed))
+
+
+_packed_attention_forward = _define(
+    "packed_attention_forward",
+    "(Tensor packed, int dim, str layout, Tensor? q, float? scale, bool causal, "
+    "str causal_alignment, bool with_lse) -> (Tensor, Tensor)", _packed_forward_impl, _packed_forward_fake)
 
 
 def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, scale, causal,
@@ -236,77 +318,66 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, scale, cau
     return grad_packed, grad_q
 
 
-_packed_attention_backward = torch.library.custom_op(
-    "stridedfa::packed_attention_backward", mutates_args=(),
-    schema="(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, "
-           "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor)")(_packed_backward_impl)
-
-
-@_packed_attention_backward.register_fake
-def _(packed, dim, layout, q, out, lse, grad_out, scale, causal, causal_alignment):
+def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, scale, causal, causal_alignment):
     return _gradient_like(packed), (_gradient_like(q) if q is not None else _no_lse(packed))
 
 
-def _packed_setup_context(ctx, inputs, output):
-    packed, dim, layout, q, scale, causal, causal_alignment, with_lse = inputs
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(packed, q, out, lse)
-    ctx.options = (dim, layout, scale, causal, causal_alignment)
-    ctx.with_lse = with_lse
+_packed_attention_backward = _define(
+    "packed_attention_backward",
+    "(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, "
+    "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor)",
+    _packed_backward_impl, _packed_backward_fake)
+_lib.impl("packed_attention_backward",
+          _backward_kernel(_packed_attention_backward, _packed_backward_impl, (0, 3, 4, 5, 6)), "Autograd",
+          with_keyset=True)
 
 
-def _packed_autograd(ctx, grad_out, _grad_lse):
-    packed, q, out, lse = ctx.saved_tensors
-    if not ctx.with_lse:
-        raise RuntimeError("stridedfa: this packed_attention call was made without autograd (no input "
-                           "required grad when it ran), so it kept no statistics to differentiate with")
-    dim, layout, scale, causal, causal_alignment = ctx.options
-    grad_packed, grad_q = torch.ops.stridedfa.packed_attention_backward(
-        packed, dim, layout, q, out, lse, grad_out, scale, causal, causal_alignment)
-    return grad_packed, None, None, (grad_q if q is not None else None), None, None, None, None
-
-
-torch.library.register_autograd("stridedfa::packed_attention_forward", _packed_autograd,
-                                setup_context=_packed_setup_context)
-
-
-# --- Eager autograd without the dispatcher -----------------------------------------------------
-
-class _EagerAttention(torch.autograd.Function):
-    """attention() in eager mode with autograd: the operators' kernels, called directly."""
+class _PackedAttentionFunction(torch.autograd.Function):
+    """packed_attention_forward with a gradient to record (see _AttentionFunction)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, causal_alignment):
-        out, lse = _attention_forward_impl(q, k, v, scale, causal, causal_alignment, True)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (scale, causal, causal_alignment)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        grads = _attention_backward_impl(q, k, v, out, lse, grad_out, *ctx.options)
-        return (*grads, None, None, None)
-
-
-class _EagerPackedAttention(torch.autograd.Function):
-    """packed_attention() in eager mode with autograd (see _EagerAttention)."""
-
-    @staticmethod
-    def forward(ctx, packed, dim, layout, q, scale, causal, causal_alignment):
-        out, lse = _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, True)
+    def forward(ctx, keyset, packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
+        out, lse = _below_autograd(_packed_attention_forward, _packed_forward_impl, keyset,
+                                   (packed, dim, layout, q, scale, causal, causal_alignment, with_lse))
+        ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(packed, q, out, lse)
         ctx.options = (dim, layout, scale, causal, causal_alignment)
-        return out
+        ctx.eager = keyset is None
+        ctx.with_lse = with_lse
+        return out, lse
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_lse):
+        if not ctx.with_lse:
+            raise RuntimeError("stridedfa: this packed_attention call was made without autograd (no "
+                               "input required grad when it ran), so it kept no statistics to "
+                               "differentiate with")
         packed, q, out, lse = ctx.saved_tensors
         dim, layout, scale, causal, causal_alignment = ctx.options
-        grad_packed, grad_q = _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, scale,
-                                                    causal, causal_alignment)
-        return grad_packed, None, None, (grad_q if q is not None else None), None, None, None
+        args = (packed, dim, layout, q, out, lse, grad_out, scale, causal, causal_alignment)
+        if ctx.eager and not _is_grad_enabled():
+            grad_packed, grad_q = _packed_backward_impl(*args)
+        else:
+            grad_packed, grad_q = _packed_attention_backward(*args)
+        return (None, grad_packed, None, None, grad_q if q is not None else None, None, None, None,
+                None)
+
+
+def _packed_forward_autograd(keyset, packed, dim, layout, q, scale, causal, causal_alignment,
+                             with_lse):
+    args = (packed, dim, layout, q, scale, causal, causal_alignment, with_lse)
+    if _requires_grad(packed, q):
+        return _PackedAttentionFunction.apply(keyset, *args)
+    return _below_autograd(_packed_attention_forward, _packed_forward_impl, keyset, args)
+
+
+_lib.impl("packed_attention_forward", _packed_forward_autograd, "Autograd", with_keyset=True)
+
+# Eager calls with autograd enter the Functions through autograd's C entry point: Function.apply's
+# Python wrapper only unwraps functorch tensors, and _plain_eager has ruled those out.
+_function_apply = torch._C._FunctionBase.__dict__["apply"]
+_eager_attention = _function_apply.__get__(None, _AttentionFunction)
+_eager_packed_attention = _function_apply.__get__(None, _PackedAttentionFunction)
 
 
 # --- Helpers --------------------------------------------------------------------------------------
@@ -325,6 +396,7 @@ _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _function_mode_enabled = torch._C._is_torch_function_mode_enabled
 _dispatch_stack_depth = torch._C._len_torch_dispatch_stack
+_functorch_active = torch._C._are_functorch_transforms_active
 _forward_alloc = _core._forward_alloc
 
 
@@ -333,7 +405,7 @@ def _plain_eager(q, k, v) -> bool:
     dispatch mode active (those — fake tensors, tracing, opcheck — must see the operator)."""
     return (_HAS_EXCHANGE_API and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
             and q.is_cuda and not _is_compiling() and not _function_mode_enabled()
-            and _dispatch_stack_depth() == 0)
+            and _dispatch_stack_depth() == 0 and not _functorch_active())
 
 
 def _forward(q, k, v, scale, causal, causal_alignment, with_lse):
@@ -427,10 +499,17 @@ def _workspace(nbytes: int, device: int):
     return buffer.data_ptr(), buffer
 
 
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous()
+
+
 def _readable(t: torch.Tensor) -> torch.Tensor:
     """grad_out as cuDNN can read it. Autograd may hand a broadcast gradient (stride 0, e.g. from
-    out.sum().backward()) or another layout cuDNN cannot read; only then is a copy made."""
-    item = t.element_size()
+    out.sum().backward()) or another layout cuDNN cannot read; only then is a copy made. The rule
+    is the validator's (_core._can_read)."""
+    if _HAS_EXCHANGE_API:
+        return t if _core._can_read(t) else t.contiguous()
+    item = t.element_size()  # torch < 2.10: __dlpack__ would need a stream and a detach per call
     ok = t.stride(-1) == 1 and t.data_ptr() % _ALIGNMENT == 0 and all(
         size == 1 or (stride > 0 and stride * item % _ALIGNMENT == 0)
         for size, stride in zip(t.shape[:-1], t.stride()[:-1]))

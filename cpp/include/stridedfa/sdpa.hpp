@@ -58,6 +58,11 @@ struct PreparedCall {
 // The softmax statistics may be given as (b, h, s) or (b, h, s, 1); the core always uses 4 axes.
 TensorView stats_as_4d(const TensorView& lse);
 
+// Whether an attention input (4 axes, float16/bfloat16) meets the stride and alignment rules cuDNN
+// reads by: what adapters ask before copying a gradient that autograd handed over (a broadcast
+// dO from out.sum().backward(), say). The validator's own rule, so the two cannot drift apart.
+bool cudnn_can_read(const TensorView& t);
+
 // Validation alone (throws LayoutError / UnsupportedError). Needs no GPU and no cuDNN.
 Problem validate_forward(const ForwardArgs& args);
 Problem validate_backward(const BackwardArgs& args);
