@@ -16,8 +16,11 @@
 #           a temporary folder put on PYTHONPATH of --python; the test tools, torch etc. must
 #           already be installed there
 # --quick   passed to the benchmarks
-# Stage time limits (seconds): TESTS_TIMEOUT (420), HOST_BENCH_TIMEOUT (120), BENCH_TIMEOUT (200),
-# DEMO_TIMEOUT (90).
+# Stages: the tests (the stride fuzz apart), the stride fuzz at scale (STRIDEDFA_FUZZ_VALID valid and
+# STRIDEDFA_FUZZ_INVALID invalid layouts, default 10000 / 2000; counts in fuzz.json), the benchmarks,
+# the demo. Stage time limits (seconds): TESTS_TIMEOUT (420), FUZZ_TIMEOUT (420),
+# HOST_BENCH_TIMEOUT (150), PATTERNS_TIMEOUT (150), BENCH_TIMEOUT (200), DEMO_TIMEOUT (90).
+# SKIP_STAGES: names to skip, e.g. "bench demo" (of: tests fuzz host patterns bench demo).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
@@ -72,20 +75,52 @@ set +e  # from here every stage runs; the exit status is the tests'
   "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } > "$out/env.txt" 2>&1
 
+skip() {  # true (and says so) when stage $1 is named in SKIP_STAGES
+  case " ${SKIP_STAGES:-} " in
+    *" $1 "*) echo "$1: skipped (SKIP_STAGES)" | tee -a "$out/summary.txt"; return 0 ;;
+  esac
+  return 1
+}
+tests_rc=0
+
 # Most important first: a short lease may end before the later stages.
-timeout "${TESTS_TIMEOUT:-420}" "$python" -X faulthandler -m pytest "$repo/tests" "${marker[@]}" \
-  -p no:cacheprovider -q -rfEsx --junitxml="$out/pytest.xml" > "$out/pytest.log" 2>&1
-tests_rc=$?
-echo "tests ($tests): exit $tests_rc; $(tail -n 1 "$out/pytest.log")" | tee -a "$out/summary.txt"
+if ! skip tests; then
+  timeout "${TESTS_TIMEOUT:-420}" "$python" -X faulthandler -m pytest "$repo/tests" "${marker[@]}" \
+    --ignore="$repo/tests/gpu/test_stride_fuzz.py" -p no:cacheprovider -q -rfEsx \
+    --junitxml="$out/pytest.xml" > "$out/pytest.log" 2>&1
+  tests_rc=$?
+  echo "tests ($tests): exit $tests_rc; $(tail -n 1 "$out/pytest.log")" | tee -a "$out/summary.txt"
+fi
 
-timeout "${HOST_BENCH_TIMEOUT:-120}" "$python" -X faulthandler "$repo/benchmarks/bench_host_overhead.py" \
-  --out "$out" "${quick[@]}" > "$out/bench_host_overhead.log" 2>&1
-echo "host-overhead benchmark: exit $?" | tee -a "$out/summary.txt"
+if ! skip fuzz; then
+  STRIDEDFA_FUZZ_VALID=${STRIDEDFA_FUZZ_VALID:-10000} STRIDEDFA_FUZZ_INVALID=${STRIDEDFA_FUZZ_INVALID:-2000} \
+  STRIDEDFA_FUZZ_REPORT="$out/fuzz.json" timeout "${FUZZ_TIMEOUT:-420}" "$python" -X faulthandler -m pytest \
+    "$repo/tests/gpu/test_stride_fuzz.py" -p no:cacheprovider -q -rfEsx > "$out/fuzz.log" 2>&1
+  fuzz_rc=$?
+  [ "$tests_rc" = 0 ] && tests_rc=$fuzz_rc
+  echo "stride fuzz: exit $fuzz_rc; $(tail -n 1 "$out/fuzz.log")" | tee -a "$out/summary.txt"
+fi
 
-timeout "${BENCH_TIMEOUT:-200}" "$python" -X faulthandler "$repo/benchmarks/bench_attention.py" \
-  --out "$out" "${quick[@]}" > "$out/bench.log" 2>&1
-echo "benchmark: exit $?" | tee -a "$out/summary.txt"
+if ! skip host; then
+  timeout "${HOST_BENCH_TIMEOUT:-150}" "$python" -X faulthandler "$repo/benchmarks/bench_host_overhead.py" \
+    --out "$out" "${quick[@]}" > "$out/bench_host_overhead.log" 2>&1
+  echo "host-overhead benchmark: exit $?" | tee -a "$out/summary.txt"
+fi
 
-timeout "${DEMO_TIMEOUT:-90}" "$python" -X faulthandler -m stridedfa > "$out/demo.log" 2>&1
-echo "demo: exit $?" | tee -a "$out/summary.txt"
+if ! skip patterns; then
+  timeout "${PATTERNS_TIMEOUT:-150}" "$python" -X faulthandler "$repo/benchmarks/bench_call_patterns.py" \
+    --out "$out" "${quick[@]}" > "$out/bench_call_patterns.log" 2>&1
+  echo "call-patterns benchmark: exit $?" | tee -a "$out/summary.txt"
+fi
+
+if ! skip bench; then
+  timeout "${BENCH_TIMEOUT:-200}" "$python" -X faulthandler "$repo/benchmarks/bench_attention.py" \
+    --out "$out" "${quick[@]}" > "$out/bench.log" 2>&1
+  echo "benchmark: exit $?" | tee -a "$out/summary.txt"
+fi
+
+if ! skip demo; then
+  timeout "${DEMO_TIMEOUT:-90}" "$python" -X faulthandler -m stridedfa > "$out/demo.log" 2>&1
+  echo "demo: exit $?" | tee -a "$out/summary.txt"
+fi
 exit $tests_rc

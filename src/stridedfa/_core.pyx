@@ -688,8 +688,12 @@ def _inspect_dlpack(obj, stream=None):
             path = "protocol"
         else:
             intake(obj, b"x", False, &st, &view, &owned)
-            path = ("exchange_api" if owned.versioned == NULL and owned.legacy == NULL
-                    else "protocol")
+            if owned.versioned != NULL or owned.legacy != NULL:
+                path = "protocol"
+            elif exchange_api_of(type(obj)) != NULL:
+                path = "exchange_api"
+            else:
+                path = "cupy_attributes"
         capsule = ("versioned" if owned.versioned != NULL else
                    "legacy" if owned.legacy != NULL else "borrowed")
         return {

@@ -1,6 +1,29 @@
-"""Stride fuzzing: every tensor (q, k, v, out, grad_out, grad_q/k/v) gets its own random
-physical axis order, head-dim padding and spare rows; forward and backward must match the
-reference and write exactly their views. (Deterministic: hypothesis derandomized.)"""
+"""Stride fuzzing at the scale users run: thousands of random layouts through sdpa_forward and
+sdpa_backward, each with exactly one outcome.
+
+Valid cases (STRIDEDFA_FUZZ_VALID, default 300; the GPU CI stage runs 10,000): fp16/bf16, GQA/MQA,
+every Hopper head dim (32 ... 256, 192/128), s_q and s_kv from 1 to 1000, causal in both alignments,
+each of q, k, v, out, grad_out, grad_q/k/v with its own axis order, head-dim padding and spare rows,
+packed q/k/v or packed gradients, every tensor at a random aligned offset inside a larger buffer,
+extent-1 axes with odd strides, outputs poisoned with NaN. Outcome: equal to the fp32 reference
+(error measures with an absolute floor) with every output element written and nothing outside the
+views touched -- or refused by cuDNN itself (UnsupportedError, counted with its reason) with the
+outputs untouched. A LayoutError on a valid layout is a failure.
+
+Invalid cases (STRIDEDFA_FUZZ_INVALID, default 150; CI: 2,000): a valid case with one defect --
+misaligned pointer or stride, strided head_dim, negative, zero or absurd strides, an output
+overlapping an input or another output, wrong dtype, device or shape, a read-only output. Outcome:
+LayoutError before anything is launched, every output still all NaN.
+
+Counts per outcome go to $STRIDEDFA_FUZZ_REPORT (JSON) when set. Graph builds bound the cost: see
+helpers.fuzz for how shapes and layout recipes keep the number of distinct graphs small.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
 
 import pytest
 
@@ -9,53 +32,319 @@ from helpers.cuda import require_cuda
 torch = require_cuda()
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from helpers.cases import (DEVICE, Run, backward, check_against_reference,  # noqa: E402
-                           check_fully_written, forward)
-from helpers.layouts import ORDERS, as_dtype, general_tensor, make_generator, poisoned_lse  # noqa: E402
+import stridedfa  # noqa: E402
+from helpers import fuzz  # noqa: E402
+from helpers.checks import TOLERANCES  # noqa: E402
+from helpers.fake_dlpack import FakeTensor  # noqa: E402
+from helpers.torch_ref import torch_reference, torch_reference_grads  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-layouts = st.tuples(
-    st.sampled_from(ORDERS),
-    st.sampled_from([0, 8, 64]),  # spare head-dim columns (multiples of 16 bytes)
-    st.tuples(st.integers(0, 1), st.integers(0, 2), st.integers(0, 3)),  # spare b, h, s entries
-)
+N_VALID = int(os.environ.get("STRIDEDFA_FUZZ_VALID", "300"))
+N_INVALID = int(os.environ.get("STRIDEDFA_FUZZ_INVALID", "150"))
+FUZZ_SETTINGS = dict(deadline=None, database=None, phases=[Phase.generate], print_blob=False,
+                     suppress_health_check=list(HealthCheck))
+REPORT = {}
 
 
-@settings(max_examples=24, deadline=None, derandomize=True, print_blob=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(data=st.data())
-def test_random_strides_match_reference(data):
-    dtype = as_dtype(data.draw(st.sampled_from(["fp16", "bf16"]), label="dtype"))
-    b = data.draw(st.sampled_from([1, 2]), label="b")
-    h_kv = data.draw(st.sampled_from([1, 2, 4]), label="h_kv")
-    h_q = 4
-    s_q = data.draw(st.sampled_from([64, 128, 192]), label="s_q")
-    s_kv = data.draw(st.sampled_from([64, 128, 256]), label="s_kv")
-    d_qk, d_v = data.draw(st.sampled_from([(64, 64), (128, 128), (128, 64)]), label="d_qk,d_v")
-    causal = data.draw(st.booleans(), label="causal")
-    alignment = data.draw(st.sampled_from(["top_left", "bottom_right"]), label="alignment")
-    assume(not (causal and alignment == "bottom_right" and s_q > s_kv))  # rows with no key
-    seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
-    gen = make_generator(seed)
+# --- One valid case -----------------------------------------------------------------------------
 
-    shapes = {"q": (b, h_q, s_q, d_qk), "k": (b, h_kv, s_kv, d_qk), "v": (b, h_kv, s_kv, d_v),
-              "out": (b, h_q, s_q, d_v)}
-    shapes.update(dout=shapes["out"], dq=shapes["q"], dk=shapes["k"], dv=shapes["v"])
-    tensors, bases = {}, {}
-    for name, shape in shapes.items():
-        order, pad_d, extra = data.draw(layouts, label=f"{name} layout")
-        fill = "randn" if name in ("q", "k", "v", "dout") else "nan"
-        tensors[name], bases[name] = general_tensor(shape, order, pad_d, extra, dtype=dtype,
-                                                    device=DEVICE, fill=fill, gen=gen)
-    run = Run(**tensors, lse=poisoned_lse(b, h_q, s_q, DEVICE), out_bases=(bases["out"],),
-              grad_bases=(bases["dq"], bases["dk"], bases["dv"]))
-    options = dict(scale=None, causal=causal, causal_alignment=alignment)
-    forward(run, options)
-    backward(run, options)
+class Case:
+    def __init__(self, shape_index, recipe_index, seed):
+        self.label = f"shape {shape_index} {fuzz.SHAPES[shape_index]}, recipe {recipe_index}, seed {seed}"
+        self.rng = random.Random(seed)
+        self.gen = torch.Generator(device="cuda").manual_seed(seed)
+        b, h_q, h_kv, s_q, s_kv, d_qk, d_v = fuzz.SHAPES[shape_index]
+        recipe = fuzz.RECIPES[recipe_index]
+        self.dtype = recipe.dtype
+        alignment = recipe.alignment
+        if recipe.causal and alignment == "bottom_right" and s_q > s_kv:
+            alignment = "top_left"  # rows with no visible key: the attention-variants issue's
+        self.options = dict(causal=recipe.causal, causal_alignment=alignment)
+        self.ref_options = dict(causal=recipe.causal, alignment=alignment)
+        shapes = {"q": (b, h_q, s_q, d_qk), "k": (b, h_kv, s_kv, d_qk), "v": (b, h_kv, s_kv, d_v),
+                  "out": (b, h_q, s_q, d_v), "dout": (b, h_q, s_q, d_v)}
+        shapes.update(dq=shapes["q"], dk=shapes["k"], dv=shapes["v"])
+        self.shapes = shapes
+        packable = h_q == h_kv and s_q == s_kv and d_qk == d_v
+        self.t, self.bases = {}, {}
+        for group, fill, packed in ((("q", "k", "v"), "randn", recipe.packed_qkv and packable),
+                                    (("dq", "dk", "dv"), "nan", recipe.packed_grads and packable)):
+            if packed:
+                placed = fuzz.place_packed([shapes[n] for n in group], group, recipe.tensors[group[0]],
+                                           self.dtype, fill=fill, gen=self.gen, rng=self.rng)
+            else:
+                placed = [fuzz.place(shapes[n], recipe.tensors[n], self.dtype, fill=fill, gen=self.gen,
+                                     rng=self.rng) for n in group]
+            for name, p in zip(group, placed):
+                self.t[name] = p.view
+            self.bases[group] = list({id(p.base): p.base for p in placed}.values())
+        for name, fill in (("out", "nan"), ("dout", "randn")):
+            p = fuzz.place(shapes[name], recipe.tensors[name], self.dtype, fill=fill, gen=self.gen,
+                           rng=self.rng)
+            self.t[name], self.bases[(name,)] = p.view, [p.base]
+        self.t["lse"], self.bases[("lse",)] = self._lse(b, h_q, s_q)
+
+    def _lse(self, b, h, s):
+        strides = [h * s, s, 1]
+        for axis, extent in enumerate((b, h, s)):
+            if extent == 1:
+                strides[axis] = self.rng.choice((strides[axis], 0, 3, 999))
+        offset = 4 * self.rng.randrange(0, 5)
+        base = torch.full((offset + b * h * s + 4,), float("nan"), device="cuda")
+        return base.as_strided((b, h, s), strides, offset), [base]
+
+    def forward(self):
+        t = self.t
+        stridedfa.sdpa_forward(t["q"], t["k"], t["v"], t["out"], lse=t["lse"], **self.options)
+
+    def backward(self):
+        t = self.t
+        stridedfa.sdpa_backward(t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"],
+                                t["dk"], t["dv"], **self.options)
+
+    def untouched(self, groups) -> bool:
+        torch.cuda.synchronize()
+        return all(bool(torch.isnan(base).all()) for g in groups for base in self.bases[g])
+
+    def check(self, with_backward: bool) -> list[str]:
+        """What is wrong with the results (empty: all within tolerance and fully written)."""
+        t, tol = self.t, TOLERANCES[self.dtype]
+        ref_out, ref_lse = torch_reference(t["q"], t["k"], t["v"], compute_dtype=torch.float32,
+                                           **self.ref_options)
+        metrics = {
+            "out elements out of tolerance":
+                ((t["out"].float() - ref_out).abs() > tol.out_atol + tol.out_rtol * ref_out.abs()).sum()
+                + torch.isnan(t["out"]).sum(),
+            "lse max error": fuzz.max_error(t["lse"], ref_lse),
+        }
+        written = {("out",): [t["out"]], ("lse",): [t["lse"]]}
+        refs = {}
+        if with_backward:
+            refs = dict(zip(("dq", "dk", "dv"), torch_reference_grads(
+                t["q"], t["k"], t["v"], t["dout"], compute_dtype=torch.float32, **self.ref_options)))
+            for name, ref in refs.items():
+                metrics[f"{name} max error"] = fuzz.max_error(t[name], ref)
+                metrics[f"{name} scale"] = ref.abs().max()
+            written[("dq", "dk", "dv")] = [t["dq"], t["dk"], t["dv"]]
+        for group, views in written.items():
+            metrics[f"{'/'.join(group)} unwritten or spilled"] = (
+                sum(torch.isnan(b).sum() for b in self.bases[group])
+                - (sum(b.numel() for b in self.bases[group]) - fuzz.expected_elements(views))).abs()
+        names = list(metrics)
+        values = torch.stack([torch.as_tensor(metrics[n], device="cuda").float() for n in names]).tolist()
+        got = dict(zip(names, values))
+        problems = [f"{n} = {got[n]:g}" for n in names if ("out of tolerance" in n or "unwritten" in n)
+                    and got[n] != 0]
+        if not got["lse max error"] <= tol.lse_atol:
+            problems.append(f"lse max error {got['lse max error']:.3e} > {tol.lse_atol}")
+        for name in refs:
+            err, scale = got[f"{name} max error"], max(got[f"{name} scale"], 1.0)
+            if not err <= tol.grad_rel * scale:  # NaN fails too
+                problems.append(f"{name} max error {err:.3e} > {tol.grad_rel} * max(max|ref|, 1) = "
+                                f"{tol.grad_rel * scale:.3e}")
+        return problems
+
+
+def run_valid(case: Case, outcomes: fuzz.Outcomes) -> None:
+    try:
+        case.forward()
+    except stridedfa.UnsupportedError as error:
+        ok = case.untouched([("out",), ("lse",)])
+        outcomes.add("unsupported by cuDNN (forward)" if ok else "FAIL: refused but outputs written",
+                     detail=case.label, reason=fuzz.reason_of(error))
+        return
+    except stridedfa.LayoutError as error:
+        outcomes.add("FAIL: valid layout refused", detail=f"{case.label}: {error}", reason=fuzz.reason_of(error))
+        return
+    try:
+        case.backward()
+    except stridedfa.UnsupportedError as error:
+        problems = case.check(with_backward=False)
+        ok = not problems and case.untouched([("dq", "dk", "dv")])
+        outcomes.add("forward matches; backward unsupported by cuDNN" if ok else
+                     "FAIL: forward mismatch or refused backward wrote", detail=f"{case.label}: {problems}",
+                     reason=fuzz.reason_of(error))
+        return
+    except stridedfa.LayoutError as error:
+        outcomes.add("FAIL: valid layout refused", detail=f"{case.label}: {error}", reason=fuzz.reason_of(error))
+        return
+    problems = case.check(with_backward=True)
+    if problems:
+        outcomes.add("FAIL: silent mismatch or unwritten output", detail=f"{case.label}: {problems}")
+    else:
+        outcomes.add("matches the reference")
+
+
+# --- One invalid case: a valid case with one defect -----------------------------------------------
+
+def _own_buffer_view(shape, strides, dtype, offset=0, fill="randn", gen=None):
+    extent = offset + 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides))
+    base = torch.randn(extent, device="cuda", generator=gen).to(dtype) if fill == "randn" else \
+        torch.full((extent,), float("nan"), device="cuda", dtype=dtype)
+    return base.as_strided(shape, strides, offset), base
+
+
+def _fake_over(view, strides=None, **kwargs):
+    """A hand-made DLPack producer over the real memory of `view` with other strides."""
+    dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[view.dtype]
+    return FakeTensor(tuple(view.shape), strides or view.stride(), dtype, data=view.data_ptr(),
+                      device=(2, view.device.index or 0), **kwargs)
+
+
+MUTATIONS = ("misaligned_pointer", "misaligned_stride", "strided_head_dim", "negative_stride",
+             "zero_stride", "absurd_stride", "output_overlaps_input", "outputs_overlap",
+             "wrong_dtype", "mixed_dtypes", "cpu_operand", "wrong_shape", "read_only_output",
+             "wrong_lse")
+
+
+def mutate(case: Case, kind: str, phase: str, rng: random.Random, keep: list) -> tuple[str, str]:
+    """Gives `case` one defect for `phase`; returns (the tensor that got it, the defect: a
+    mutation the drawn tensor cannot take becomes a bad lse)."""
+    t = case.t
+    inputs = ["q", "k", "v"] + (["out", "dout"] if phase == "backward" else [])
+    outputs = ["out"] if phase == "forward" else ["dq", "dk", "dv"]
+    name = rng.choice(inputs + outputs)
+    x = t[name]
+    shape, strides = tuple(x.shape), list(x.stride())
+    movable = [a for a in range(3) if shape[a] > 1] or [None]
+    axis = rng.choice(movable)
+    fill = "nan" if name in outputs else "randn"
+    if kind == "misaligned_pointer":
+        t[name], base = _own_buffer_view(shape, strides, x.dtype, offset=rng.randrange(1, 8), fill=fill)
+    elif kind == "misaligned_stride" and axis is not None:
+        strides[axis] += rng.randrange(1, 8)
+        t[name], base = _own_buffer_view(shape, strides, x.dtype, fill=fill)
+    elif kind == "strided_head_dim" or (kind == "misaligned_stride" and axis is None):
+        strides = [s * 2 for s in strides[:3]] + [2]
+        t[name], base = _own_buffer_view(shape, strides, x.dtype, fill=fill)
+    elif kind == "negative_stride" and axis is not None:
+        base_view, base = _own_buffer_view(shape, strides, x.dtype, fill=fill)
+        flipped = list(strides)
+        flipped[axis] = -strides[axis]
+        start = base_view.data_ptr() + (shape[axis] - 1) * strides[axis] * x.element_size()
+        t[name] = _fake_over(base_view, flipped)
+        t[name].data = start  # the last element along `axis` first: the same bytes, walked backwards
+    elif kind == "zero_stride" and axis is not None:
+        small = list(shape)
+        small[axis] = 1
+        src, base = _own_buffer_view(tuple(small), strides, x.dtype, fill=fill)
+        t[name] = src.expand(shape)
+    elif kind == "absurd_stride":
+        bad = list(strides)
+        bad[axis if axis is not None else 3] = rng.choice((2**62, 2**63 - 64, -(2**62)))
+        t[name], base = _fake_over(x, bad), None
+    elif kind == "output_overlaps_input":
+        name = outputs[0]
+        src = t["q"]  # out (d_v <= d_qk) or dq fits inside q's memory
+        t[name], base = src.as_strided(t[name].shape, src.stride(), src.storage_offset()), None
+    elif kind == "outputs_overlap" and phase == "backward":
+        name = "dv" if t["dk"].shape == t["dv"].shape else "dq"
+        other = "dk" if name == "dv" else "dq"
+        if name == "dq":  # grad_q on grad_out's memory is an output-input overlap of its own kind
+            t["dq"] = t["dout"].as_strided(t["dq"].shape, t["dout"].stride(), t["dout"].storage_offset()) \
+                if t["dout"].shape == t["dq"].shape else t["q"]
+        else:
+            t[name] = t[other]
+        base = None
+    elif kind == "wrong_dtype":
+        t[name] = x.float() if name in inputs else torch.full(shape, float("nan"), device="cuda")
+        base = None
+    elif kind == "mixed_dtypes":
+        other = torch.float16 if x.dtype == torch.bfloat16 else torch.bfloat16
+        t[name] = x.to(other) if name in inputs else torch.full(shape, float("nan"), device="cuda", dtype=other)
+        base = None
+    elif kind == "cpu_operand":
+        t[name], base = x.cpu(), None
+    elif kind == "wrong_shape":
+        bigger = list(shape)
+        bigger[rng.choice((0, 1, 2, 3))] += rng.choice((1, 8))
+        t[name], base = _own_buffer_view(tuple(bigger), _dense(bigger), x.dtype, fill=fill)
+    elif kind == "read_only_output":
+        name = rng.choice(outputs)
+        t[name], base = _fake_over(t[name], read_only=True), None
+    else:  # "wrong_lse", and mutations the drawn tensor cannot take
+        name, kind = "lse", "wrong_lse"
+        lse = t["lse"]
+        t["lse"], base = (lse.to(torch.float16) if rng.random() < 0.5 else
+                          torch.full((lse.shape[0], lse.shape[1], lse.shape[2] + 1), float("nan"),
+                                     device="cuda")), None
+    keep.append(base)
+    return name, kind
+
+
+def _dense(shape):
+    strides, step = [0] * len(shape), 1
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = step
+        step *= shape[i]
+    return strides
+
+
+def run_invalid(make_case, kind: str, phase: str, rng: random.Random, outcomes: fuzz.Outcomes) -> None:
+    case, keep = make_case(), []
+    if phase == "backward":
+        try:
+            case.forward()  # a valid forward: out and lse for the backward
+        except stridedfa.UnsupportedError:
+            phase, case = "forward", make_case()
+    watched = [("out",), ("lse",)] if phase == "forward" else [("dq", "dk", "dv")]
+    name, kind = mutate(case, kind, phase, rng, keep)
+    label = f"{case.label}, {phase}, {kind} on {name}"
+    try:
+        case.forward() if phase == "forward" else case.backward()
+    except stridedfa.LayoutError as error:
+        ok = case.untouched(watched)
+        outcomes.add("refused with LayoutError, outputs untouched" if ok else "FAIL: refused but outputs written",
+                     detail=label, reason=f"{kind}: {fuzz.reason_of(error)}")
+        return
+    except (stridedfa.StridedFAError, TypeError, ValueError) as error:
+        outcomes.add(f"FAIL: refused with {type(error).__name__}, not LayoutError", detail=f"{label}: {error}")
+        return
     torch.cuda.synchronize()
-    check_fully_written(run)
-    check_against_reference(run, dtype, dict(scale=None, causal=causal, alignment=alignment))
+    outcomes.add("FAIL: invalid layout accepted", detail=label)
+
+
+# --- The tests -----------------------------------------------------------------------------------
+
+cases = dict(shape=st.integers(0, len(fuzz.SHAPES) - 1), recipe=st.integers(0, len(fuzz.RECIPES) - 1),
+             seed=st.integers(0, 2**31 - 1))
+
+
+def _finish(kind, outcomes, started, builds_before):
+    report = {"cases": sum(outcomes.counts.values()), "seconds": round(time.perf_counter() - started, 1),
+              "graph_builds": stridedfa.cache_info()["builds"] - builds_before, **outcomes.as_dict(),
+              "cudnn": stridedfa.info().get("cudnn"), "torch": torch.__version__}
+    REPORT[kind] = report
+    fuzz.write_report(REPORT)
+    failures = {k: v for k, v in outcomes.counts.items() if k.startswith("FAIL")}
+    assert not failures, f"{failures}; first examples: { {k: outcomes.examples[k][:3] for k in failures} }"
+    return report
+
+
+def test_random_valid_layouts_match_the_reference_or_are_refused_by_cudnn():
+    outcomes, started, builds = fuzz.Outcomes(), time.perf_counter(), stridedfa.cache_info()["builds"]
+
+    @settings(max_examples=N_VALID, **FUZZ_SETTINGS)
+    @given(**cases)
+    def one(shape, recipe, seed):
+        run_valid(Case(shape, recipe, seed), outcomes)
+
+    one()
+    report = _finish("valid", outcomes, started, builds)
+    assert report["counts"].get("matches the reference", 0) >= 0.8 * N_VALID, report["counts"]
+
+
+def test_random_invalid_layouts_are_refused_before_launch():
+    outcomes, started, builds = fuzz.Outcomes(), time.perf_counter(), stridedfa.cache_info()["builds"]
+
+    @settings(max_examples=N_INVALID, **FUZZ_SETTINGS)
+    @given(**cases, kind=st.sampled_from(MUTATIONS), phase=st.sampled_from(("forward", "backward")))
+    def one(shape, recipe, seed, kind, phase):
+        run_invalid(lambda: Case(shape, recipe, seed), kind, phase, random.Random(seed ^ 0x5EED), outcomes)
+
+    one()
+    _finish("invalid", outcomes, started, builds)

@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Attention under the call patterns users have, side by side with torch SDPA (cuDNN) in one run.
+
+1. ``sync``: a forward, (2, 16, 4096, 128) bf16, called back to back and called with
+   ``torch.cuda.synchronize()`` after every call, for ``stridedfa.sdpa_forward`` into a preallocated
+   out (the core takes cuDNN's workspace from its own pool), ``stridedfa.torch.attention`` (torch's
+   allocator) and ``F.scaled_dot_product_attention`` under the cuDNN backend. TFLOP/s (4 b h s^2 d
+   per forward) and the ratio to torch in the same pattern.
+2. ``train``: training steps -- forward, ``.sum().backward()`` -- at (8, 16, 1024, 64) bf16, where the
+   host sets the pace: q, k, v as bhsd leaves, as bshd leaves passed as ``x.transpose(1, 2)`` (what
+   transformers models hand over), and a packed (b, s, 3, h, d) projection through
+   ``packed_attention`` against torch SDPA on its three views; full and causal. Two figures per
+   row: host µs per step (steps queued behind a GPU spin, so the GPU never sets the pace) and the
+   device-timed step back to back (CUDA events; the step time a training loop sees). The ratio is
+   torch's step time over stridedfa's: >= 1 means stridedfa is at least as fast.
+
+Medians over ``--repeats`` measurements, contenders interleaved. The GPU host's CPU speed varies
+1.5-2x between machines: read ratios, which are measured in one run.
+
+Usage: ``python benchmarks/bench_call_patterns.py --out DIR [--quick]``; writes
+``DIR/bench_call_patterns.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def sync_rows(torch, sfa, repeats, calls):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = 2, 16, 4096, 128
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.empty_like(q)
+    flops = 4 * b * h * s * s * d
+
+    def torch_sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v)
+
+    contenders = {"torch_sdpa_cudnn": torch_sdpa,
+                  "stridedfa_generic": lambda: sfa.sdpa_forward(q, k, v, out),
+                  "stridedfa_torch": lambda: sfa.torch.attention(q, k, v)}
+    samples = {(name, pattern): [] for name in contenders for pattern in ("back_to_back", "sync_each")}
+    for name, fn in contenders.items():
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    for _ in range(repeats):
+        for (name, pattern), values in samples.items():
+            fn = contenders[name]
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+                if pattern == "sync_each":
+                    torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            values.append(flops * calls / (time.perf_counter() - start) / 1e12)
+    rows = []
+    for (name, pattern), values in samples.items():
+        rows.append({"contender": name, "pattern": pattern, "tflops": statistics.median(values),
+                     "samples": [round(x, 1) for x in values]})
+    for row in rows:
+        ref = next(r for r in rows if r["contender"] == "torch_sdpa_cudnn" and r["pattern"] == row["pattern"])
+        row["vs_torch"] = row["tflops"] / ref["tflops"]
+    return {"shape_bhsd": [b, h, s, d], "calls": calls, "rows": rows}
+
+
+def train_rows(torch, sfa, repeats, steps, spin_cycles):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = 8, 16, 1024, 64
+    rows = []
+    for layout in ("bhsd", "bshd", "packed"):
+        for causal in (False, True):
+            if layout == "packed":
+                qkv = torch.randn(b, s, 3, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+                def ours():
+                    sfa.torch.packed_attention(qkv, 2, causal=causal).sum().backward()
+
+                def theirs():
+                    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        F.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()
+            else:
+                shape = (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
+                leaves = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                          for _ in range(3)]
+
+                def views(leaves=leaves, layout=layout):
+                    return leaves if layout == "bhsd" else [x.transpose(1, 2) for x in leaves]
+
+                def ours(views=views, causal=causal):
+                    sfa.torch.attention(*views(), causal=causal).sum().backward()
+
+                def theirs(views=views, causal=causal):
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        F.scaled_dot_product_attention(*views(), is_causal=causal).sum().backward()
+
+            contenders = {"stridedfa": ours, "torch_sdpa_cudnn": theirs}
+            host = {n: [] for n in contenders}
+            device = {n: [] for n in contenders}
+            for fn in contenders.values():
+                for _ in range(5):
+                    fn()
+            torch.cuda.synchronize()
+            for rep in range(repeats):
+                for name, fn in (contenders.items() if rep % 2 == 0 else reversed(contenders.items())):
+                    torch.cuda.synchronize()
+                    torch.cuda._sleep(spin_cycles)
+                    start = time.perf_counter()
+                    for _ in range(steps):
+                        fn()
+                    host[name].append((time.perf_counter() - start) / steps * 1e6)
+                    torch.cuda.synchronize()
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    for _ in range(steps):
+                        fn()
+                    e1.record()
+                    e1.synchronize()
+                    device[name].append(e0.elapsed_time(e1) / steps * 1e3)
+            row = {"layout": layout, "causal": causal}
+            for name in contenders:
+                row[f"{name}_host_us"] = statistics.median(host[name])
+                row[f"{name}_step_us"] = statistics.median(device[name])
+                row[f"{name}_step_samples"] = [round(x, 1) for x in device[name]]
+            row["speed_vs_torch"] = row["torch_sdpa_cudnn_step_us"] / row["stridedfa_step_us"]
+            rows.append(row)
+            log(f"train {layout} causal={causal}: stridedfa host {row['stridedfa_host_us']:.1f} us, step "
+                f"{row['stridedfa_step_us']:.1f} us; torch host {row['torch_sdpa_cudnn_host_us']:.1f}, step "
+                f"{row['torch_sdpa_cudnn_step_us']:.1f}; speed {row['speed_vs_torch']:.3f}x")
+    return {"shape_bshd": [b, s, h, d], "steps_per_measurement": steps, "rows": rows}
+
+
+def spin_cycles_for(torch, ms):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 10_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return int(cycles * ms / max(start.elapsed_time(end), 1e-3))
+
+
+def render_markdown(data):
+    lines = [f"# Call patterns — {data['environment'].get('device', '?')}", ""]
+    sync = data["sync"]
+    lines += [f"## Forward {tuple(sync['shape_bhsd'])} bf16, back to back vs synchronised after every call", "",
+              "| contender | pattern | TFLOP/s | vs torch SDPA (same pattern) |", "|---|---|---:|---:|"]
+    for r in sync["rows"]:
+        lines.append(f"| {r['contender']} | {r['pattern']} | {r['tflops']:.1f} | {r['vs_torch']:.3f} |")
+    train = data["train"]
+    lines += ["", f"## Training steps (forward + backward), (b, s, h, d) = {tuple(train['shape_bshd'])} bf16", "",
+              "| inputs | causal | stridedfa host µs/step | stridedfa step µs | torch host µs/step | "
+              "torch step µs | speed vs torch |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in train["rows"]:
+        lines.append(f"| {r['layout']} | {r['causal']} | {r['stridedfa_host_us']:.1f} | {r['stridedfa_step_us']:.1f} | "
+                     f"{r['torch_sdpa_cudnn_host_us']:.1f} | {r['torch_sdpa_cudnn_step_us']:.1f} | "
+                     f"{r['speed_vs_torch']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench-out")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (5 if args.quick else 11)
+
+    import torch
+
+    import stridedfa as sfa
+    import stridedfa.torch  # noqa: F401
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "stridedfa": sfa.__version__,
+           "device": torch.cuda.get_device_name(), "cpus": os.cpu_count(),
+           "cudnn": sfa.info().get("cudnn"), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if os.environ.get("STRIDEDFA_COMMIT"):
+        env["commit"] = os.environ["STRIDEDFA_COMMIT"]
+    data = {"benchmark": "call_patterns", "environment": env,
+            "sync": sync_rows(torch, sfa, repeats, calls=10 if args.quick else 20),
+            "train": train_rows(torch, sfa, repeats, steps=20, spin_cycles=spin_cycles_for(torch, 200))}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_call_patterns.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    text = render_markdown(data)
+    with open(os.path.join(args.out, "bench_call_patterns.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

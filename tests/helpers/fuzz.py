@@ -1,0 +1,181 @@
+"""Building blocks of the stride fuzz (tests/gpu/test_stride_fuzz.py): layout families, tensors
+placed at random offsets inside poisoned buffers, one-defect mutations, and the bookkeeping of
+outcomes.
+
+Graph builds dominate the fuzz's cost (tens of ms each), and a graph is keyed by every operand's
+dims and strides. So a case draws one of SHAPES and one of RECIPES (a recipe fixes dtype, mask and
+each tensor's axis order, head-dim padding, spare entries and packing): at most
+len(SHAPES) * len(RECIPES) forward and as many backward graphs. Everything a graph does not depend
+on is drawn afresh per case: the data, where in its buffer each tensor starts, the strides of its
+extent-1 axes, and for the invalid cases the defect.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import random
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+ORDERS = ("bhs", "bsh", "sbh", "hbs", "hsb", "shb")  # physical order of the b/h/s axes; d is last
+NAMES = ("q", "k", "v", "out", "dout", "dq", "dk", "dv")
+
+# (b, h_q, h_kv, s_q, s_kv, d_qk, d_v): every head dim Hopper runs, s from 1 to ~1000 with
+# s_q != s_kv, GQA and MQA, extent-1 batch and heads.
+SHAPES = (
+    (2, 4, 4, 128, 128, 64, 64), (1, 8, 1, 1, 1000, 128, 128), (3, 6, 2, 17, 64, 32, 32),
+    (2, 1, 1, 255, 255, 80, 80), (1, 4, 2, 1000, 129, 96, 96), (2, 2, 2, 64, 1, 128, 128),
+    (1, 2, 1, 512, 512, 192, 128), (2, 4, 4, 64, 64, 256, 256), (1, 1, 1, 1, 1, 64, 64),
+    (2, 8, 4, 129, 1000, 64, 64), (3, 2, 2, 2, 3, 32, 32), (1, 16, 16, 100, 100, 128, 128),
+    (2, 4, 1, 300, 200, 80, 80), (1, 3, 3, 64, 512, 96, 96), (2, 2, 1, 1, 64, 256, 256),
+    (4, 2, 2, 48, 48, 64, 64), (1, 4, 4, 777, 777, 32, 32), (2, 6, 6, 33, 1, 128, 128),
+    (1, 2, 2, 16, 999, 192, 128), (2, 1, 1, 1000, 1000, 64, 64),
+)
+
+
+@dataclass(frozen=True)
+class TensorRecipe:
+    order: str        # physical order of b/h/s
+    pad_d: int        # spare head-dim columns (multiples of 8 elements keep 16-byte alignment)
+    extra: tuple      # spare entries along the logical b, h, s axes
+
+
+@dataclass(frozen=True)
+class Recipe:
+    dtype: torch.dtype
+    causal: bool
+    alignment: str
+    tensors: dict     # name -> TensorRecipe
+    packed_qkv: bool  # q, k, v as slices of one (b, s, 3, h, d)-like buffer when the shape allows
+    packed_grads: bool
+
+
+def make_recipe(index: int) -> Recipe:
+    rng = random.Random(1000 + index)
+    tensors = {name: TensorRecipe(rng.choice(ORDERS), rng.choice((0, 0, 8, 16, 64)),
+                                  (rng.choice((0, 0, 1)), rng.choice((0, 0, 1, 3)), rng.choice((0, 0, 2, 5))))
+               for name in NAMES}
+    causal = rng.random() < 0.5
+    return Recipe(dtype=rng.choice((torch.float16, torch.bfloat16)), causal=causal,
+                  alignment=rng.choice(("top_left", "bottom_right")), tensors=tensors,
+                  packed_qkv=rng.random() < 0.25, packed_grads=rng.random() < 0.25)
+
+
+RECIPES = tuple(make_recipe(i) for i in range(32))
+
+
+@dataclass
+class Placed:
+    """A logical (b, h, s, d) view and the whole poisoned/filled buffer behind it."""
+    view: torch.Tensor
+    base: torch.Tensor
+
+
+def _strides_for(shape, recipe: TensorRecipe):
+    phys_axes = ["bhs".index(c) for c in recipe.order]
+    phys_shape = [shape[a] + recipe.extra[a] for a in phys_axes] + [shape[3] + recipe.pad_d]
+    phys_strides, step = [0] * 4, 1
+    for i in range(3, -1, -1):
+        phys_strides[i] = step
+        step *= phys_shape[i]
+    strides = [0] * 4
+    for i, axis in enumerate(phys_axes):
+        strides[axis] = phys_strides[i]
+    strides[3] = 1
+    return strides, step  # step: elements of the physical buffer
+
+
+def place(shape, recipe: TensorRecipe, dtype, *, fill: str, gen: torch.Generator, rng: random.Random,
+          device="cuda") -> Placed:
+    """A view of `shape` with the recipe's layout at a random 16-byte aligned offset inside a
+    larger buffer; extent-1 axes get random strides (cuDNN must not care)."""
+    strides, elements = _strides_for(shape, recipe)
+    for axis in range(3):
+        if shape[axis] == 1:
+            strides[axis] = rng.choice((strides[axis], 0, 1, 8, 7, 12345, 2**31 + 1))
+    offset = 8 * rng.randrange(0, 9)
+    total = offset + elements + 8 * rng.randrange(0, 3)
+    base = _filled(total, dtype, fill, gen, device)
+    return Placed(base.as_strided(shape, strides, offset), base)
+
+
+def _filled(n, dtype, fill, gen, device):
+    if fill == "nan":
+        return torch.full((n,), float("nan"), dtype=dtype, device=device)
+    return torch.randn(n, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+
+def place_packed(shapes, names, recipe: TensorRecipe, dtype, *, fill, gen, rng, device="cuda"):
+    """q, k, v (or dq, dk, dv) as the three slices of one buffer: (b, s, 3, h, d) in the recipe's
+    b/h/s order with the 3 just outside h (or outside d, chosen per case)."""
+    b, h, s, d = shapes[0]
+    inner_three = rng.random() < 0.5  # (..., h, 3, d) like sbh3d, else (..., 3, h, d)
+    phys_axes = ["bhs".index(c) for c in recipe.order]
+    # physical layout: order[0], order[1], order[2] with '3' inserted before h (or after h)
+    layout = []
+    for axis in phys_axes:
+        if axis == 1 and not inner_three:
+            layout.append("3")
+        layout.append(axis)
+        if axis == 1 and inner_three:
+            layout.append("3")
+    layout.append(3)
+    ext = {0: b, 1: h, 2: s, 3: d + recipe.pad_d, "3": 3}
+    strides, step = {}, 1
+    for item in reversed(layout):
+        strides[item] = step
+        step *= ext[item]
+    offset = 8 * rng.randrange(0, 9)
+    base = _filled(offset + step, dtype, fill, gen, device)
+    views = []
+    for i in range(3):
+        st = [strides[0], strides[1], strides[2], 1]
+        views.append(base.as_strided((b, h, s, d), st, offset + i * strides["3"]))
+    return [Placed(v, base) for v in views]
+
+
+@dataclass
+class Outcomes:
+    """Counts per outcome, the reasons of refusals, and the first examples of each failure."""
+    counts: collections.Counter = field(default_factory=collections.Counter)
+    reasons: collections.Counter = field(default_factory=collections.Counter)
+    examples: dict = field(default_factory=lambda: collections.defaultdict(list))
+
+    def add(self, outcome: str, detail: str | None = None, reason: str | None = None):
+        self.counts[outcome] += 1
+        if reason is not None:
+            self.reasons[f"{outcome}: {reason}"] += 1
+        if detail is not None and len(self.examples[outcome]) < 20:
+            self.examples[outcome].append(detail)
+
+    def as_dict(self):
+        return {"counts": dict(self.counts), "reasons": dict(self.reasons.most_common()),
+                "examples": {k: v for k, v in self.examples.items()}}
+
+
+def write_report(report: dict) -> None:
+    path = os.environ.get("STRIDEDFA_FUZZ_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+
+
+def max_error(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """max |got - ref| as a 0-d float tensor (NaN when got holds a NaN)."""
+    diff = (got.float() - ref.float()).abs()
+    return diff.max() if diff.numel() else torch.zeros((), device=got.device)
+
+
+def reason_of(error: BaseException) -> str:
+    """A stable category of an error message for the counts: its first clause, numbers elided."""
+    head = re.sub(r"-?\d+", "N", str(error).split(";")[0].split(". ")[0])
+    return f"{type(error).__name__}: {head[:140]}"
+
+
+def expected_elements(views) -> int:
+    return sum(math.prod(v.shape) for v in views)
