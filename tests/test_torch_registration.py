@@ -19,6 +19,8 @@ def test_operators_are_registered_with_their_schemas():
     expected = {
         "attention_forward": "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, "
                              "str causal_alignment, bool with_lse) -> (Tensor, Tensor)",
+        "attention_inference": "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, "
+                               "str causal_alignment) -> Tensor",
         "attention_backward": "(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, "
                               "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)",
         "packed_attention_forward": "(Tensor packed, int dim, str layout, Tensor? q, float? scale, "

@@ -112,7 +112,7 @@ cdef int parse_stream(object stream, CallStream* st) except -1:
     return 0
 
 
-cdef object _cupy_get_current_stream = None  # cupy.cuda.get_current_stream, once CuPy is seen
+cdef object _cupy_cuda = None  # the cupy.cuda module, once a CuPy array has been seen
 
 
 cdef inline bint is_cupy_type(type tp):
@@ -120,11 +120,11 @@ cdef inline bint is_cupy_type(type tp):
 
 
 cdef uintptr_t cupy_current_stream() except? 0:
-    global _cupy_get_current_stream
-    if _cupy_get_current_stream is None:
+    global _cupy_cuda
+    if _cupy_cuda is None:
         import cupy.cuda
-        _cupy_get_current_stream = cupy.cuda.get_current_stream
-    return <uintptr_t>_cupy_get_current_stream().ptr
+        _cupy_cuda = cupy.cuda
+    return <uintptr_t>_cupy_cuda.get_current_stream().ptr
 
 
 cdef uintptr_t default_stream_of(object obj) except? 0:

@@ -71,9 +71,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if _plain_eager(q, k, v):
         if needs_grad:
-            return _eager_attention(None, q, k, v, scale, causal, causal_alignment, True)[0]
+            return _eager_attention(True, q, k, v, scale, causal, causal_alignment, True)[0]
         return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
-    return _attention_forward(q, k, v, scale, causal, causal_alignment, needs_grad)[0]
+    if needs_grad:
+        return _attention_forward(q, k, v, scale, causal, causal_alignment, True)[0]
+    return _attention_inference(q, k, v, scale, causal, causal_alignment)
 
 
 def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
@@ -113,7 +115,7 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad))
     if _plain_eager(packed, packed, packed if q is None else q):
         if needs_grad:
-            return _eager_packed_attention(None, packed, dim, layout, q, scale, causal,
+            return _eager_packed_attention(True, packed, dim, layout, q, scale, causal,
                                            causal_alignment, True)[0]
         return _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, False)[0]
     return _packed_attention_forward(packed, dim, layout, q, scale, causal, causal_alignment,
@@ -130,13 +132,11 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
 #     validator's LayoutError);
 #   - a fake kernel with exactly impl's strides (stridedfa._layouts), for meta/fake tensors;
 #   - an Autograd kernel: with a gradient to record, an autograd.Function; without one, impl itself
-#     when nothing but a dense backend lies below (eager calls, compiled graphs' calls), else a
-#     redispatch below autograd (fake tensors, functionalization, dispatch modes see the operator).
+#     on plain tensors with no mode active (eager calls, compiled graphs' calls), else the call with
+#     autograd excluded (fake tensors, dispatch modes and tracers see the operator).
 # So a call from a compiled graph or through torch.ops enters Python once.
 
 _lib = torch.library.Library("stridedfa", "DEF")
-_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
-_DENSE_BACKENDS = (torch._C.DispatchKey.CUDA, torch._C.DispatchKey.CPU)
 _AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
 
 
@@ -147,16 +147,21 @@ def _define(name, schema, impl, fake):
     return getattr(torch.ops.stridedfa, name).default
 
 
-def _below_autograd(op, impl, keyset, args):
-    """Runs `op` as if its Autograd kernel were a fallthrough; keyset None: an eager call that
-    already knows only the backend lies below."""
-    if keyset is None:
-        return impl(*args)
-    below = keyset & _AFTER_AUTOGRAD
-    if below.highestPriorityTypeId() in _DENSE_BACKENDS:
+def _below_autograd(op, impl, args, tensors):
+    """`op` as if its Autograd kernel were a fallthrough: impl itself when `tensors` are plain CUDA
+    tensors and no mode is active (below autograd there is then only the CUDA backend; asking the
+    dispatcher for its keyset would cost more than the whole check), else a call with autograd
+    excluded."""
+    if _plain(tensors):
         return impl(*args)
     with _AutoDispatchBelowAutograd():
-        return op.redispatch(below, *args)
+        return op(*args)
+
+
+def _plain(tensors) -> bool:
+    """Plain CUDA tensors (not meta, fake or subclasses) and no dispatch or function mode."""
+    return (all(t is None or type(t) is _Tensor for t in tensors) and tensors[0].is_cuda
+            and _dispatch_stack_depth() == 0 and not _function_mode_enabled())
 
 
 class _NotDifferentiable(torch.autograd.Function):
@@ -164,9 +169,9 @@ class _NotDifferentiable(torch.autograd.Function):
     tracing the joint graph): computed as usual, and differentiating through it raises."""
 
     @staticmethod
-    def forward(ctx, op, impl, keyset, *args):
+    def forward(ctx, op, impl, tensor_args, *args):
         ctx.name = op.name()
-        return _below_autograd(op, impl, keyset, args)
+        return _below_autograd(op, impl, args, [args[i] for i in tensor_args])
 
     @staticmethod
     def backward(ctx, *grads):
@@ -180,10 +185,11 @@ def _requires_grad(*tensors) -> bool:
 
 def _backward_kernel(op, impl, tensor_args):
     """The Autograd kernel of a backward operator whose arguments at `tensor_args` are tensors."""
-    def kernel(keyset, *args):
-        if _is_grad_enabled() and _requires_grad(*(args[i] for i in tensor_args)):
-            return _NotDifferentiable.apply(op, impl, keyset, *args)
-        return _below_autograd(op, impl, keyset, args)
+    def kernel(*args):
+        tensors = [args[i] for i in tensor_args]
+        if _requires_grad(*tensors):
+            return _NotDifferentiable.apply(op, impl, tensor_args, *args)
+        return _below_autograd(op, impl, args, tensors)
     return kernel
 
 
@@ -202,6 +208,25 @@ _attention_forward = _define(
     "attention_forward",
     "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment, bool with_lse) "
     "-> (Tensor, Tensor)", _attention_forward_impl, _attention_forward_fake)
+
+
+def _attention_inference_impl(q, k, v, scale, causal, causal_alignment):
+    return _forward(q, k, v, scale, causal, causal_alignment, False)[0]
+
+
+def _attention_inference_fake(q, k, v, scale, causal, causal_alignment):
+    return _attention_forward_fake(q, k, v, scale, causal, causal_alignment, False)[0]
+
+
+# The forward without statistics: what a call that records no gradient runs (no placeholder lse
+# to allocate).
+_attention_inference = _define(
+    "attention_inference",
+    "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment) -> Tensor",
+    _attention_inference_impl, _attention_inference_fake)
+_lib.impl("attention_inference",
+          lambda q, k, v, *options: _below_autograd(_attention_inference, _attention_inference_impl,
+                                                    (q, k, v, *options), (q, k, v)), "Autograd")
 
 
 def _attention_backward_impl(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
@@ -224,21 +249,22 @@ _attention_backward = _define(
     "bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)",
     _attention_backward_impl, _attention_backward_fake)
 _lib.impl("attention_backward", _backward_kernel(_attention_backward, _attention_backward_impl, range(6)),
-          "Autograd", with_keyset=True)
+          "Autograd")
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """attention_forward with a gradient to record. `keyset` is the dispatcher's (None for an eager
-    call of attention(), which runs the kernels directly, and so does its backward)."""
+    """attention_forward with a gradient to record. `eager`: called by attention() on plain
+    tensors, which runs the kernels directly (and so does the backward)."""
 
     @staticmethod
-    def forward(ctx, keyset, q, k, v, scale, causal, causal_alignment, with_lse):
-        out, lse = _below_autograd(_attention_forward, _attention_forward_impl, keyset,
-                                   (q, k, v, scale, causal, causal_alignment, with_lse))
+    def forward(ctx, eager, q, k, v, scale, causal, causal_alignment, with_lse):
+        args = (q, k, v, scale, causal, causal_alignment, with_lse)
+        out, lse = (_attention_forward_impl(*args) if eager else
+                    _below_autograd(_attention_forward, _attention_forward_impl, args, (q, k, v)))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (scale, causal, causal_alignment)
-        ctx.eager = keyset is None
+        ctx.eager = eager
         ctx.with_lse = with_lse
         return out, lse
 
@@ -256,14 +282,14 @@ class _AttentionFunction(torch.autograd.Function):
         return (None, *grads, None, None, None, None)
 
 
-def _attention_forward_autograd(keyset, q, k, v, scale, causal, causal_alignment, with_lse):
+def _attention_forward_autograd(q, k, v, scale, causal, causal_alignment, with_lse):
     if _requires_grad(q, k, v):
-        return _AttentionFunction.apply(keyset, q, k, v, scale, causal, causal_alignment, with_lse)
-    return _below_autograd(_attention_forward, _attention_forward_impl, keyset,
-                           (q, k, v, scale, causal, causal_alignment, with_lse))
+        return _AttentionFunction.apply(False, q, k, v, scale, causal, causal_alignment, with_lse)
+    return _below_autograd(_attention_forward, _attention_forward_impl,
+                           (q, k, v, scale, causal, causal_alignment, with_lse), (q, k, v))
 
 
-_lib.impl("attention_forward", _attention_forward_autograd, "Autograd", with_keyset=True)
+_lib.impl("attention_forward", _attention_forward_autograd, "Autograd")
 
 
 def _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
@@ -328,21 +354,21 @@ _packed_attention_backward = _define(
     "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor)",
     _packed_backward_impl, _packed_backward_fake)
 _lib.impl("packed_attention_backward",
-          _backward_kernel(_packed_attention_backward, _packed_backward_impl, (0, 3, 4, 5, 6)), "Autograd",
-          with_keyset=True)
+          _backward_kernel(_packed_attention_backward, _packed_backward_impl, (0, 3, 4, 5, 6)), "Autograd")
 
 
 class _PackedAttentionFunction(torch.autograd.Function):
     """packed_attention_forward with a gradient to record (see _AttentionFunction)."""
 
     @staticmethod
-    def forward(ctx, keyset, packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
-        out, lse = _below_autograd(_packed_attention_forward, _packed_forward_impl, keyset,
-                                   (packed, dim, layout, q, scale, causal, causal_alignment, with_lse))
+    def forward(ctx, eager, packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
+        args = (packed, dim, layout, q, scale, causal, causal_alignment, with_lse)
+        out, lse = (_packed_forward_impl(*args) if eager else
+                    _below_autograd(_packed_attention_forward, _packed_forward_impl, args, (packed, q)))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(packed, q, out, lse)
         ctx.options = (dim, layout, scale, causal, causal_alignment)
-        ctx.eager = keyset is None
+        ctx.eager = eager
         ctx.with_lse = with_lse
         return out, lse
 
@@ -363,15 +389,14 @@ class _PackedAttentionFunction(torch.autograd.Function):
                 None)
 
 
-def _packed_forward_autograd(keyset, packed, dim, layout, q, scale, causal, causal_alignment,
-                             with_lse):
+def _packed_forward_autograd(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
     args = (packed, dim, layout, q, scale, causal, causal_alignment, with_lse)
     if _requires_grad(packed, q):
-        return _PackedAttentionFunction.apply(keyset, *args)
-    return _below_autograd(_packed_attention_forward, _packed_forward_impl, keyset, args)
+        return _PackedAttentionFunction.apply(False, *args)
+    return _below_autograd(_packed_attention_forward, _packed_forward_impl, args, (packed, q))
 
 
-_lib.impl("packed_attention_forward", _packed_forward_autograd, "Autograd", with_keyset=True)
+_lib.impl("packed_attention_forward", _packed_forward_autograd, "Autograd")
 
 # Eager calls with autograd enter the Functions through autograd's C entry point: Function.apply's
 # Python wrapper only unwraps functorch tensors, and _plain_eager has ruled those out.
