@@ -11,6 +11,7 @@ import types
 import pytest
 
 from stridedfa import _layouts
+from helpers.fake_dlpack import FakeTensor
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -52,15 +53,16 @@ def test_stridedfa_cupy_without_cupy_is_a_clear_import_error():
 # --- The adapter's logic (CuPy arrays need a GPU, so fakes stand in for them) ----------------------
 
 class FakeArray:
-    """What the adapter reads of a cupy.ndarray: shape, strides in bytes, itemsize, dtype."""
+    """What the core's hooks build for an allocation: shape, strides in bytes, dtype, memptr."""
 
-    def __init__(self, shape, strides_elements, dtype):
+    def __init__(self, shape, strides_bytes, dtype, memptr=None):
         import numpy as np
 
         self.dtype = np.dtype(dtype)
         self.itemsize = self.dtype.itemsize
         self.shape = tuple(shape)
-        self.strides = tuple(s * self.itemsize for s in strides_elements)
+        self.strides = tuple(strides_bytes)
+        self.memptr = memptr
 
 
 def _fake_cupy():
@@ -79,6 +81,7 @@ def _fake_cupy():
     cuda.stream, cuda.runtime, cuda.alloc, cuda.Device = stream, runtime, unavailable, unavailable
     cuda.get_current_stream = unavailable
     cupy.cuda, cupy.ndarray, cupy.dtype, cupy.float32 = cuda, type("ndarray", (), {}), np.dtype, np.float32
+    cupy.ascontiguousarray = unavailable
     cupy.__fake__ = True
     return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.stream": stream}
 
@@ -105,31 +108,30 @@ def cupy_module(monkeypatch):
 
 @pytest.fixture
 def adapter(monkeypatch, cupy_module):
-    """stridedfa.cupy with CuPy's allocator, ndarray and the core's entry points recorded."""
-    import stridedfa.cupy as adapter
-    from stridedfa import _core
+    """stridedfa.cupy with the hooks the core allocates through replaced by recorders."""
+    import numpy as np
 
-    record = {"allocations": [], "arrays": [], "forward": [], "backward": []}
+    import stridedfa.cupy as adapter
+
+    record = {"allocations": [], "arrays": []}
 
     class Memory:
         def __init__(self, nbytes):
             self.nbytes = nbytes
-            self.ptr = 0x1000 * (len(record["allocations"]) + 1)
+            self.ptr = 0x7E0000000000 + 0x10000000 * (len(record["allocations"]) + 1)
 
     def alloc(nbytes):
         record["allocations"].append(nbytes)
         return Memory(nbytes)
 
-    def ndarray(shape, dtype, memptr, strides):
-        array = FakeArray(shape, [s // dtype.itemsize for s in strides], dtype)
-        array.memptr = memptr
+    def new_array(shape, dtype, memptr, strides):
+        array = FakeArray(shape, strides, dtype, memptr)
         record["arrays"].append(array)
         return array
 
-    monkeypatch.setattr(adapter, "_alloc", alloc)
-    monkeypatch.setattr(adapter, "_new_array", ndarray)
-    monkeypatch.setattr(_core, "_forward", lambda *args: record["forward"].append(args))
-    monkeypatch.setattr(_core, "_backward", lambda *args: record["backward"].append(args))
+    hooks = types.SimpleNamespace(alloc=alloc, new_array=new_array, float32=np.dtype("float32"),
+                                  contiguous=lambda x: x)
+    monkeypatch.setattr(adapter, "_HOOKS", hooks)
     adapter.record = record
     return adapter
 
@@ -147,58 +149,58 @@ PACKED_BSHD = ((2, 4, 128, 64), (128 * 3 * 4 * 64, 64, 3 * 4 * 64, 1))  # q of a
     PACKED_BSHD,
 ])
 def test_forward_allocates_out_in_q_axis_order_and_packed_lse(adapter, q_layout):
-    shape, strides = q_layout
-    q = FakeArray(shape, strides, "float16")
-    v = FakeArray((2, 4, 256, 32), (4 * 256 * 32, 256 * 32, 32, 1), "float16")
-    out, lse = adapter._forward(q, q, v, 0.1, True, "bottom_right", True, 0x77)
+    from stridedfa import _core
 
-    assert out.shape == (2, 4, 128, 32) and out.dtype == q.dtype
+    shape, strides = q_layout
+    q = FakeTensor(shape, strides, "float16")
+    v = FakeTensor((2, 4, 256, 32), dtype="float16")
+    out, lse = _core._cupy_allocate_like_forward(q, v, True, adapter._HOOKS)
+
+    assert out.shape == (2, 4, 128, 32) and out.dtype.name == "float16"
     assert _elements(out) == _layouts.output_strides((2, 4, 128, 32), strides)
     assert lse.shape == (2, 4, 128) and lse.dtype.name == "float32"
     assert _elements(lse) == (4 * 128, 128, 1)
     assert adapter.record["allocations"] == [2 * 4 * 128 * 32 * 2, 2 * 4 * 128 * 4]
-    (args,) = adapter.record["forward"]
-    assert args[3] is out and args[4] is lse
-    assert args[5:9] == (0.1, True, "bottom_right", 0x77)  # scale, causal, alignment, stream
-    assert args[9] is adapter._workspace
 
 
 def test_forward_without_lse_allocates_only_out(adapter):
-    q = FakeArray(*PACKED_BSHD, "float16")
-    out = adapter._forward(q, q, q, None, False, "top_left", False, 0)
-    assert isinstance(out, FakeArray)
-    assert adapter.record["forward"][0][4] is None
+    from stridedfa import _core
+
+    q = FakeTensor(*PACKED_BSHD, "float16")
+    out, lse = _core._cupy_allocate_like_forward(q, q, False, adapter._HOOKS)
+    assert isinstance(out, FakeArray) and lse is None
     assert len(adapter.record["allocations"]) == 1
 
 
-def test_backward_allocates_gradients_by_the_layout_rule(adapter, monkeypatch):
-    monkeypatch.setattr(adapter, "_ndarray", FakeArray)  # the fakes stand in for cupy.ndarray
+def test_backward_allocates_gradients_by_the_layout_rule(adapter):
+    from stridedfa import _core
+
     dense_bshd = ((2, 8, 64, 128), (64 * 8 * 128, 128, 8 * 128, 1))
-    q = FakeArray(*dense_bshd, "float16")
-    k = FakeArray(*PACKED_BSHD, "float16")  # a packed view: compact gradient in its axis order
-    v = FakeArray((2, 4, 128, 64), (4 * 128 * 64, 128 * 64, 64, 1), "float16")
-    grads = adapter._backward(q, k, v, "out", "lse", "grad_out", None, False, "top_left", 5)
+    q = FakeTensor(*dense_bshd, "float16")
+    k = FakeTensor(*PACKED_BSHD, "float16")  # a packed view: compact gradient in its axis order
+    v = FakeTensor((2, 4, 128, 64), (4 * 128 * 64, 128 * 64, 64, 1), "float16")
+    grads = _core._cupy_allocate_gradients(q, k, v, adapter._HOOKS)
     for grad, x in zip(grads, (q, k, v)):
         assert grad.shape == x.shape
-        assert _elements(grad) == _layouts.gradient_strides(x.shape, _elements(x))
+        assert _elements(grad) == _layouts.gradient_strides(x.shape, x.strides)
     assert _elements(grads[0]) == dense_bshd[1]  # dense input: the same strides
-    (args,) = adapter.record["backward"]
-    assert args[:6] == (q, k, v, "out", "grad_out", "lse")  # the core's argument order
-    assert args[6:9] == grads and args[12] == 5
 
 
-def test_backward_needs_cupy_arrays_for_the_gradients_it_allocates(adapter):
-    q = FakeArray(*PACKED_BSHD, "float16")
-    with pytest.raises(TypeError, match=r"attention_backward takes q as a cupy.ndarray"):
-        adapter._backward(q, q, q, None, None, None, None, False, "top_left", 0)
+def test_backward_needs_cupy_arrays_for_the_gradients_it_allocates(adapter, cupy_module):
+    q = object.__new__(cupy_module.ndarray) if getattr(cupy_module, "__fake__", False) else \
+        cupy_module.zeros((1, 1, 8, 64), cupy_module.float16)
+    with pytest.raises(TypeError, match=r"attention_backward takes k as a cupy.ndarray"):
+        adapter.attention_backward(q, FakeArray(*PACKED_BSHD, "float16"), q, None, None, None)
 
 
 def test_inputs_that_are_not_4d_are_layout_errors(adapter):
     import stridedfa
+    from stridedfa import _core
 
-    q = FakeArray((4, 128, 64), (128 * 64, 64, 1), "float16")
+    q = FakeTensor((4, 128, 64), dtype="float16")
     with pytest.raises(stridedfa.LayoutError, match=r"q must be 4-D"):
-        adapter._forward(q, q, q, None, False, "top_left", False, 0)
+        _core._cupy_allocate_like_forward(q, q, False, adapter._HOOKS)
+    assert adapter.record["allocations"] == []
 
 
 def test_q_must_be_a_cupy_array(adapter):

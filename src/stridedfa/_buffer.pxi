@@ -250,46 +250,68 @@ cdef DeviceBuffer new_buffer(tuple shape, tuple strides, DLDataType dtype, int32
     return buf
 
 
-from stridedfa import _layouts  # the one layout rule for what adapters allocate
-
-cdef DLDataType FLOAT32
-FLOAT32.code = 2  # kDLFloat
-FLOAT32.bits = 32
-FLOAT32.lanes = 1
+cdef int view_of_buffer(DeviceBuffer buf, const char* name, TensorView* view) except -1:
+    """The core's view of a buffer stridedfa just allocated (no DLPack round trip)."""
+    cdef int i
+    view.name = name
+    view.present = True
+    view.ndim = buf.ndim
+    for i in range(buf.ndim):
+        view.dims[i] = buf._shape[i]
+        view.strides[i] = buf._strides[i]
+    view.dtype = buf._dtype
+    view.device_type = kDLCUDA
+    view.device_id = buf._device
+    view.data = <uintptr_t>buf.ptr
+    view.read_only = False
+    return 0
 
 
 def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, stream):
     """stridedfa.attention for producers without an adapter: outputs are DeviceBuffers allocated on
     the call's stream (the explicit one, else the one intake settles on: the producer's current work
-    stream where it exports the DLPack C exchange API, else the legacy default stream)."""
+    stream where it exports the DLPack C exchange API, else the legacy default stream); each input
+    is read once; cuDNN's workspace comes from the core's pool."""
     cdef SdpaOptions options
-    cdef TensorView qv, vv
-    cdef Owned owned[2]
+    cdef ForwardArgs fwd
+    cdef Owned owned[3]
     cdef CallStream st
+    cdef PreparedCall call
+    cdef int64_t shape[4]
+    cdef int64_t strides[4]
+    cdef int i
     parse_options(scale, causal, causal_alignment, &options)
-    owned[0].versioned = NULL; owned[0].legacy = NULL
-    owned[1].versioned = NULL; owned[1].legacy = NULL
+    for i in range(3):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
     parse_stream(stream, &st)
-    try:  # read q and v once for the output's shape, dtype, device and layout
-        intake(q, b"q", False, &st, &qv, &owned[0])
-        intake(v, b"v", False, &st, &vv, &owned[1])
+    try:
+        intake(q, b"q", False, &st, &fwd.q, &owned[0])
+        intake(k, b"k", False, &st, &fwd.k, &owned[1])
+        intake(v, b"v", False, &st, &fwd.v, &owned[2])
+        if fwd.q.ndim != 4 or fwd.v.ndim != 4:
+            raise LayoutError(f"q and v must be 4-D (batch, heads, seq, head_dim); got {fwd.q.ndim}-D q and "
+                              f"{fwd.v.ndim}-D v")
+        if fwd.q.device_type != kDLCUDA:
+            with nogil:  # the validator names the device problem
+                validate_forward(fwd)
+        shape[0], shape[1], shape[2], shape[3] = fwd.q.dims[0], fwd.q.dims[1], fwd.q.dims[2], fwd.v.dims[3]
+        order_like(shape, fwd.q.strides, 4, strides)
+        owner = stream if stream is not None and not isinstance(stream, int) else None
+        out = new_buffer(tuple(shape[i] for i in range(4)), tuple(strides[i] for i in range(4)),
+                         fwd.q.dtype, fwd.q.device_id, st.handle, owner)
+        view_of_buffer(out, b"out", &fwd.out)
+        lse = None
+        if return_lse:
+            lse = new_buffer((shape[0], shape[1], shape[2]), (shape[1] * shape[2], shape[2], 1),
+                             float32_dtype(), fwd.q.device_id, st.handle, owner)
+            view_of_buffer(lse, b"lse", &fwd.lse)
+        call = prepared_forward(fwd, options)
+        with nogil:
+            execute(call, st.handle, NULL)
+        return (out, lse) if return_lse else out
     finally:
-        release(owned, 2)
-    if qv.ndim != 4 or vv.ndim != 4:
-        raise LayoutError(
-            f"q and v must be 4-D (batch, heads, seq, head_dim); got {qv.ndim}-D q and {vv.ndim}-D v")
-    b, h_q, s_q = qv.dims[0], qv.dims[1], qv.dims[2]
-    out_shape = (b, h_q, s_q, vv.dims[3])
-    q_strides = (qv.strides[0], qv.strides[1], qv.strides[2], qv.strides[3])
-    handle = st.handle
-    owner = stream if stream is not None and not isinstance(stream, int) else None
-    out = new_buffer(out_shape, _layouts.output_strides(out_shape, q_strides), qv.dtype, qv.device_id,
-                     handle, owner)
-    lse = None
-    if return_lse:
-        lse = new_buffer((b, h_q, s_q), (h_q * s_q, s_q, 1), FLOAT32, qv.device_id, handle, owner)
-    run(False, (q, k, v, out, lse), options, handle, None)
-    return (out, lse) if return_lse else out
+        release(owned, 3)
 
 
 cdef dict BUFFER_DTYPES = {"float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32)}

@@ -713,4 +713,5 @@ def _inspect_dlpack(obj, stream=None):
 
 include "_framework_alloc.pxi"
 include "_buffer.pxi"
+include "_cupy_calls.pxi"
 include "_jax_ffi.pxi"

@@ -14,8 +14,7 @@ axis order.
 
 from __future__ import annotations
 
-import contextlib
-import functools
+import types
 
 try:
     import cupy
@@ -26,23 +25,21 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
         f"({error}); install the wheel matching your CUDA, e.g. `pip install cupy-cuda13x`, "
         "or call stridedfa.sdpa_forward / stridedfa.attention with any DLPack tensors") from error
 
-from stridedfa import _core, _layouts
-from stridedfa._errors import LayoutError
+from stridedfa import _core
 
 __all__ = ["attention", "attention_backward"]
 
 _ndarray = cupy.ndarray
-_new_array = cupy.ndarray  # the constructor (a separate name so tests can record allocations)
-_alloc = cupy.cuda.alloc
 _get_current_stream = cupy.cuda.get_current_stream
 _get_device_id = cupy.cuda.runtime.getDevice
 _Device = cupy.cuda.Device
-_FLOAT32 = cupy.dtype(cupy.float32)
-_ALIGNMENT = 16  # bytes; cuDNN's requirement for pointers and strides
 
-# The layout rule sorts axes in Python; a model repeats a handful of shapes, so remember them.
-_output_strides = functools.lru_cache(maxsize=1024)(_layouts.output_strides)
-_gradient_strides = functools.lru_cache(maxsize=1024)(_layouts.gradient_strides)
+# What the core calls back into CuPy for (everything else of a call happens in C): allocation
+# through CuPy's current allocator (cupy.cuda.alloc, so whatever cupy.cuda.set_allocator
+# installed), the ndarray constructor, float32 for the statistics, and the copy of a grad_out cuDNN
+# cannot read.
+_HOOKS = types.SimpleNamespace(alloc=cupy.cuda.alloc, new_array=cupy.ndarray,
+                               float32=cupy.dtype(cupy.float32), contiguous=cupy.ascontiguousarray)
 
 
 def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
@@ -83,12 +80,10 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
     """
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("attention", q))
-    handle, alloc_stream = _call_stream(stream)
-    device = q.data.device_id
-    if alloc_stream is None and device == _get_device_id():  # the common case: nothing to switch
-        return _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle, None)
-    return _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle,
-                    _Allocation(alloc_stream, device))
+    handle, allocation = _call(stream, q.data.device_id)
+    out, lse = _core._cupy_forward(q, k, v, scale, causal, causal_alignment, return_lse, handle,
+                                   allocation, _HOOKS)
+    return (out, lse) if return_lse else out
 
 
 def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = None,
@@ -109,54 +104,26 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
     """
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("attention_backward", q))
-    handle, alloc_stream = _call_stream(stream)
-    device = q.data.device_id
-    if alloc_stream is None and device == _get_device_id():
-        return _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle, None)
-    return _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle,
-                     _Allocation(alloc_stream, device))
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, _ndarray):  # its gradient is allocated like it, by CuPy
+            raise TypeError(f"stridedfa.cupy.attention_backward takes {name} as a cupy.ndarray, "
+                            f"got {type(x).__module__}.{type(x).__qualname__}")
+    handle, allocation = _call(stream, q.data.device_id)
+    return _core._cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle,
+                                allocation, _HOOKS)
 
 
 # --- Helpers ------------------------------------------------------------------------------------
 
-def _forward(q, k, v, scale, causal, causal_alignment, return_lse, handle, allocation=None):
-    """Allocates out (and lse) on the call's device and stream, then runs on `handle`.
-
-    `allocation` (None when they are already current) switches CuPy to them for allocations only:
-    the core reads the inputs under the caller's current stream, so CuPy's __dlpack__(stream=...)
-    orders the call after the work that produced them."""
-    q_shape, q_strides = _shape_and_strides(q, "q")
-    v_shape = v.shape
-    if len(v_shape) != 4:
-        raise LayoutError(f"v must be 4-D (batch, h_kv, s_kv, d_v), got shape {tuple(v_shape)}")
-    b, h_q, s_q, _ = q_shape
-    out_shape = (b, h_q, s_q, v_shape[3])
-    with allocation or _NOTHING:
-        out = _empty(out_shape, _output_strides(out_shape, q_strides), q.dtype)
-        # Packed (b, h, s): the layout cuDNN's backward reads (it ignores strides before 9.26).
-        lse = _empty((b, h_q, s_q), (h_q * s_q, s_q, 1), _FLOAT32) if return_lse else None
-    _core._forward(q, k, v, out, lse, scale, causal, causal_alignment, handle,
-                   _workspace if allocation is None else allocation.workspace)
-    return (out, lse) if return_lse else out
-
-
-def _backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle, allocation=None):
-    """Allocates the gradients on the call's device and stream (see _forward), then runs on
-    `handle`."""
-    grads = []
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, _ndarray):  # its gradient is allocated like it, by CuPy
-            raise TypeError(f"stridedfa.cupy.attention_backward takes {name} as a cupy.ndarray, "
-                            f"got {type(x).__module__}.{type(x).__qualname__}")
-        shape, strides = _shape_and_strides(x, name)
-        with allocation or _NOTHING:
-            grads.append(_empty(shape, _gradient_strides(shape, strides), x.dtype))
-    grad_q, grad_k, grad_v = grads
-    # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced; the
-    # core then orders the call after it like any other input.
-    _core._backward(q, k, v, out, _readable(grad_out), lse, grad_q, grad_k, grad_v, scale, causal,
-                    causal_alignment, handle, _workspace if allocation is None else allocation.workspace)
-    return grad_q, grad_k, grad_v
+def _call(stream, device):
+    """(the stream handle for the core -- None: CuPy's current stream, read at intake --, an
+    _Allocation when the call's device or stream is not CuPy's current one, else None)."""
+    if stream is None:
+        return None, (None if device == _get_device_id() else _Allocation(None, device))
+    handle, alloc_stream = _call_stream(stream)
+    if alloc_stream is None and device == _get_device_id():
+        return handle, None
+    return handle, _Allocation(alloc_stream, device)
 
 
 def _not_cupy(function, q):
@@ -165,38 +132,8 @@ def _not_cupy(function, q):
             f"for any DLPack tensor")
 
 
-def _shape_and_strides(x, name):
-    """Shape and strides in elements of a 4-D array (CuPy's strides are in bytes)."""
-    shape = x.shape
-    if len(shape) != 4:
-        raise LayoutError(f"{name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(shape)}")
-    item = x.itemsize
-    s0, s1, s2, s3 = x.strides
-    return shape, (s0 // item, s1 // item, s2 // item, s3 // item)
-
-
-def _empty(shape, strides, dtype):
-    """An uninitialised array with exactly these element strides, from the current allocator."""
-    item = dtype.itemsize
-    size = 1
-    for extent in shape:
-        size *= extent
-    # Every layout from _layouts is dense in some axis order: prod(shape) elements cover it.
-    memptr = _alloc(size * item)
-    return _new_array(shape, dtype, memptr, tuple(s * item for s in strides))
-
-
-def _workspace(nbytes: int, device: int):
-    # Allocated from CuPy's pool on the call's stream (made current by _Allocation), so the block is
-    # reused only by work queued behind the kernel that uses it.
-    memory = _alloc(nbytes)
-    return memory.ptr, memory
-
-
 def _call_stream(stream):
     """(the handle the core runs on, the CuPy stream to allocate on when it is not the current)."""
-    if stream is None:
-        return _get_current_stream().ptr, None
     if isinstance(stream, _BaseStream):
         handle = stream.ptr
     else:
@@ -248,24 +185,3 @@ class _Allocation:
         if self.device_context is not None:
             self.device_context.__exit__(*exc)
         return False
-
-    def workspace(self, nbytes: int, device: int):
-        with self:
-            return _workspace(nbytes, device)
-
-
-_NOTHING = contextlib.nullcontext()
-
-
-def _readable(t):
-    """grad_out as cuDNN can read it: only a layout it cannot read (broadcast stride 0, a strided
-    last axis, misaligned) is copied."""
-    shape = getattr(t, "shape", None)
-    if not isinstance(t, _ndarray) or shape is None or len(shape) != 4:
-        return t  # other producers and malformed arrays: the core reads or reports them
-    item = t.itemsize
-    strides = t.strides
-    ok = (strides[3] == item or shape[3] == 1) and t.data.ptr % _ALIGNMENT == 0 and all(
-        extent == 1 or (stride > 0 and stride % _ALIGNMENT == 0)
-        for extent, stride in zip(shape[:3], strides[:3]))
-    return t if ok else cupy.ascontiguousarray(t)

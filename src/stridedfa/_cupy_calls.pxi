@@ -1,0 +1,202 @@
+# Included by _core.pyx: stridedfa.cupy's calls in C. CuPy has no DLPack C exchange API, so its
+# allocator is reached through Python callables (`hooks`, built by stridedfa.cupy: alloc(nbytes) ->
+# a MemoryPointer, new_array(shape, dtype, memptr, byte_strides) -> cupy.ndarray, float32, and
+# contiguous(x) -> a copy). Everything else -- reading the arrays (CuPy intake), the layout rule
+# of what is allocated, the views of the new arrays, validation, launch -- stays in C. `allocation`,
+# when given, is a context manager that makes the call's device and stream current for CuPy's
+# allocator; it is entered around the allocations only, so the inputs are read, and ordered, on the
+# caller's current stream.
+
+
+cdef object cupy_allocate(object hooks, object allocation, int64_t nbytes):
+    if allocation is None:
+        return hooks.alloc(nbytes)
+    with allocation:
+        return hooks.alloc(nbytes)
+
+
+cdef object cupy_empty(object hooks, object allocation, int ndim, const int64_t* shape,
+                       const int64_t* strides, object dtype, DLDataType dl_dtype, int device,
+                       const char* name, TensorView* view):
+    """A new CuPy array with exactly these element strides, and its view in `view`."""
+    cdef int64_t itemsize = (dl_dtype.bits * dl_dtype.lanes + 7) // 8
+    cdef int64_t elements = 1
+    cdef int i
+    for i in range(ndim):
+        elements *= shape[i]
+    # Every layout the rule gives is dense in some axis order: prod(shape) elements cover it.
+    memptr = cupy_allocate(hooks, allocation, elements * itemsize)
+    array = hooks.new_array(tuple(shape[i] for i in range(ndim)), dtype, memptr,
+                            tuple(strides[i] * itemsize for i in range(ndim)))
+    view.name = name
+    view.present = True
+    view.ndim = ndim
+    for i in range(ndim):
+        view.dims[i] = shape[i]
+        view.strides[i] = strides[i]
+    view.dtype = dl_dtype
+    view.device_type = kDLCUDA
+    view.device_id = device
+    view.data = <uintptr_t>memptr.ptr
+    view.read_only = False
+    return array
+
+
+cdef tuple cupy_forward_outputs(object q, object hooks, object allocation, bint with_lse,
+                                ForwardArgs* fwd):
+    """out dense in q's axis order and, with_lse, packed float32 (b, h, s) statistics."""
+    cdef int64_t shape[4]
+    cdef int64_t strides[4]
+    if fwd.q.ndim != 4 or fwd.v.ndim != 4:
+        name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
+        raise LayoutError(f"{name} must be 4-D (batch, heads, seq, head_dim); it has {ndim} axes")
+    if fwd.q.device_type != kDLCUDA:
+        with nogil:  # the validator names the device problem
+            validate_forward(fwd[0])
+    shape[0], shape[1], shape[2], shape[3] = fwd.q.dims[0], fwd.q.dims[1], fwd.q.dims[2], fwd.v.dims[3]
+    order_like(shape, fwd.q.strides, 4, strides)
+    out = cupy_empty(hooks, allocation, 4, shape, strides, q.dtype, fwd.q.dtype, fwd.q.device_id, b"out",
+                     &fwd.out)
+    lse = None
+    if with_lse:
+        strides[2] = 1
+        strides[1] = shape[2]
+        strides[0] = shape[1] * shape[2]
+        lse = cupy_empty(hooks, allocation, 3, shape, strides, hooks.float32, float32_dtype(),
+                         fwd.q.device_id, b"lse", &fwd.lse)
+    return out, lse
+
+
+cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, object allocation) except -1:
+    """Runs a prepared call with cuDNN's workspace from CuPy's pool on the call's stream (made
+    current by `allocation` when it is not already): the block is reused only by work queued behind
+    the kernel that uses it."""
+    cdef void* workspace = NULL
+    memptr = None
+    if call.workspace_bytes > 0:
+        memptr = cupy_allocate(hooks, allocation, call.workspace_bytes)
+        workspace = <void*><uintptr_t>memptr.ptr
+    with nogil:
+        execute(call, stream, workspace)
+    return 0
+
+
+def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks):
+    """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
+    cdef SdpaOptions options
+    cdef ForwardArgs fwd
+    cdef Owned owned[3]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    for i in range(3):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    parse_stream(stream, &st)
+    try:
+        intake(q, b"q", False, &st, &fwd.q, &owned[0])
+        intake(k, b"k", False, &st, &fwd.k, &owned[1])
+        intake(v, b"v", False, &st, &fwd.v, &owned[2])
+        out, lse = cupy_forward_outputs(q, hooks, allocation, with_lse, &fwd)
+        call = prepared_forward(fwd, options)
+        cupy_execute(call, st.handle, hooks, allocation)
+        return out, lse
+    finally:
+        release(owned, 3)
+
+
+cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, BackwardArgs* bwd):
+    """grad_q, grad_k, grad_v: each with its input's strides when the input is dense, else dense
+    in the input's axis order."""
+    cdef TensorView* views[3]
+    cdef TensorView* grads[3]
+    cdef const char* names[3]
+    cdef int64_t strides[8]
+    cdef int i
+    views[0], views[1], views[2] = &bwd.q, &bwd.k, &bwd.v
+    grads[0], grads[1], grads[2] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
+    names[0], names[1], names[2] = b"grad_q", b"grad_k", b"grad_v"
+    for i in range(3):
+        if views[i].ndim != 4:
+            raise LayoutError(f"{SLOT_NAMES[i].decode()} must be 4-D (batch, heads, seq, head_dim); it has "
+                              f"{views[i].ndim} axes")
+        if views[i].device_type != kDLCUDA:
+            grads[i][0] = views[i][0]  # placeholders: the validator names the device problem first
+    if bwd.q.device_type != kDLCUDA or bwd.k.device_type != kDLCUDA or bwd.v.device_type != kDLCUDA:
+        with nogil:
+            validate_backward(bwd[0])
+    result = []
+    for i in range(3):
+        gradient_layout(views[i][0], strides)
+        result.append(cupy_empty(hooks, allocation, 4, views[i].dims, strides, inputs[i].dtype,
+                                 views[i].dtype, views[i].device_id, names[i], grads[i]))
+    return tuple(result)
+
+
+def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
+                   hooks):
+    """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v)."""
+    cdef SdpaOptions options
+    cdef BackwardArgs bwd
+    cdef Owned owned[6]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    for i in range(6):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    keep_alive = []
+    parse_stream(stream, &st)
+    try:
+        intake(q, b"q", False, &st, &bwd.q, &owned[0])
+        intake(k, b"k", False, &st, &bwd.k, &owned[1])
+        intake(v, b"v", False, &st, &bwd.v, &owned[2])
+        intake(out, b"out", False, &st, &bwd.out, &owned[3])
+        intake(lse, b"lse", False, &st, &bwd.lse, &owned[4])
+        # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced.
+        intake_readable(grad_out, hooks.contiguous, &st, &bwd.grad_out, &owned[5], keep_alive)
+        grads = cupy_gradients((q, k, v), hooks, allocation, &bwd)
+        call = prepared_backward(bwd, options)
+        cupy_execute(call, st.handle, hooks, allocation)
+        return grads
+    finally:
+        release(owned, 6)
+
+
+def _cupy_allocate_like_forward(q, v, bint with_lse, hooks):
+    """The outputs stridedfa.cupy.attention would allocate for q and v (the same code), without a
+    call: for the tests of the layout rule on machines without a GPU."""
+    cdef ForwardArgs fwd
+    cdef Owned owned[2]
+    cdef CallStream st
+    owned[0].versioned = owned[0].legacy = NULL
+    owned[1].versioned = owned[1].legacy = NULL
+    parse_stream(0, &st)
+    try:
+        intake(q, b"q", False, &st, &fwd.q, &owned[0])
+        intake(v, b"v", False, &st, &fwd.v, &owned[1])
+        return cupy_forward_outputs(q, hooks, None, with_lse, &fwd)
+    finally:
+        release(owned, 2)
+
+
+def _cupy_allocate_gradients(q, k, v, hooks):
+    """The gradients stridedfa.cupy.attention_backward would allocate (see
+    _cupy_allocate_like_forward)."""
+    cdef BackwardArgs bwd
+    cdef Owned owned[3]
+    cdef CallStream st
+    cdef int i
+    for i in range(3):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    parse_stream(0, &st)
+    try:
+        intake(q, b"q", False, &st, &bwd.q, &owned[0])
+        intake(k, b"k", False, &st, &bwd.k, &owned[1])
+        intake(v, b"v", False, &st, &bwd.v, &owned[2])
+        return cupy_gradients((q, k, v), hooks, None, &bwd)
+    finally:
+        release(owned, 3)
