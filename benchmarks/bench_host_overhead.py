@@ -9,8 +9,8 @@ autograd. Contenders, all in one process and one run:
 
 * ``torch_sdpa_cudnn``  ``F.scaled_dot_product_attention`` under ``sdpa_kernel(CUDNN_ATTENTION)``
 * ``stridedfa_torch``   ``stridedfa.torch.attention`` (the torch adapter's eager path)
-* ``stridedfa_torch_op`` ``torch.ops.stridedfa.attention_forward`` (the registered operator, as
-  torch.compile and autograd call it)
+* ``stridedfa_torch_op`` ``torch.ops.stridedfa.attention_inference`` (the registered operator
+  through the dispatcher, as compiled graphs and dispatch modes call it)
 * ``stridedfa_generic`` ``stridedfa.sdpa_forward`` with torch tensors and a preallocated out
   (the framework-neutral DLPack path)
 * ``stridedfa_cupy``    ``stridedfa.cupy.attention`` on CuPy arrays (if CuPy and the adapter exist)
@@ -115,7 +115,7 @@ def contenders(torch, sfa):
     out = torch.empty_like(q)
     sdpa = F.scaled_dot_product_attention
     attention = sfa.torch.attention
-    op = torch.ops.stridedfa.attention_forward
+    op = torch.ops.stridedfa.attention_inference
     forward = sfa.sdpa_forward
     validate = sfa._core._validate_forward
     forward_alloc = sfa._core._forward_alloc
@@ -143,7 +143,7 @@ def contenders(torch, sfa):
         ("stridedfa_dispatch_torch", lambda: sfa.attention(q, k, v), null, 1),
         ("torch_compile_sdpa_cudnn", lambda: compiled_sdpa(q, k, v), cudnn, 1),
         ("torch_compile_stridedfa", lambda: compiled_ours(q, k, v), null, 1),
-        ("stridedfa_torch_op", lambda: op(q, k, v, None, False, "top_left", False), null, 1),
+        ("stridedfa_torch_op", lambda: op(q, k, v, None, False, "top_left"), null, 1),
         ("stridedfa_generic", lambda: forward(q, k, v, out), null, 1),
         # A breakdown, not an attention call: intake + validation alone, nothing launched.
         ("diagnostic_intake_validate", lambda: validate(q, k, v, out), null, 1),
@@ -156,7 +156,9 @@ def contenders(torch, sfa):
 
         import stridedfa.cupy as sfa_cupy
 
-        qc, kc, vc = (cupy.from_dlpack(t) for t in (q, k, v))
+        # Arrays from CuPy's own allocator, as CuPy code makes them (cupy.from_dlpack of torch memory
+        # would be foreign memory, which intake reads through __dlpack__ instead).
+        qc, kc, vc = (cupy.array(cupy.from_dlpack(t)) for t in (q, k, v))
         outc = cupy.empty_like(qc)
         cupy_attention = sfa_cupy.attention
         plan.append(("stridedfa_cupy", lambda: cupy_attention(qc, kc, vc), null, 1))

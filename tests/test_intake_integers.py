@@ -219,3 +219,21 @@ def test_the_same_value_from_another_producer_is_refused_as_implausible():
     q = FakeTensor(SHAPE, strides=with_stride(2, STRIDE_2_63_MINUS_64), data=BASE)
     with pytest.raises(stridedfa.LayoutError, match=r"q: its layout reaches memory beyond 2\^57"):
         stridedfa.sdpa_forward(q, q, q, FakeTensor(SHAPE))
+
+
+# --- The backward's 32-bit offsets for out and grad_out ---------------------------------------------
+
+@pytest.mark.parametrize("slot", ["out", "grad_out"])
+def test_backward_refuses_out_and_grad_out_beyond_4_gib(slot):
+    args = {name: FakeTensor(SHAPE, data=BASE + (i << 36)) for i, name in
+            enumerate(("q", "k", "v", "out", "grad_out", "grad_q", "grad_k", "grad_v"))}
+    args["lse"] = FakeTensor(SHAPE[:3], dtype="float32", data=BASE + (9 << 36))
+    args[slot] = FakeTensor(SHAPE, strides=with_stride(0, 2**31 - 4096), data=BASE + (10 << 36))
+    order = ("q", "k", "v", "out", "grad_out", "lse", "grad_q", "grad_k", "grad_v")
+    with pytest.raises(stridedfa.UnsupportedError, match=rf"{slot}: its elements reach \d+ bytes .* 4 GiB"):
+        _core._validate_backward(*(args[n] for n in order))
+    for other in ("q", "grad_q"):  # read and written correctly at any stride (seen on cuDNN 9.19)
+        args = {name: FakeTensor(SHAPE, data=BASE + (i << 36)) for i, name in enumerate(order)}
+        args["lse"] = FakeTensor(SHAPE[:3], dtype="float32", data=BASE + (9 << 36))
+        args[other] = FakeTensor(SHAPE, strides=with_stride(0, 2**32 + 64), data=BASE + (10 << 36))
+        assert _core._validate_backward(*(args[n] for n in order))["b"] == 2

@@ -10,6 +10,7 @@
 //     operand gives wrong numbers silently (cudnn-frontend <= 1.23 never rejected it).
 //   - Outputs are writable and share no byte with themselves, each other or any input (exact).
 //   - Every output empty: nothing to do. Extent-1 axes may carry any stride.
+//   - The backward's out and grad_out within 4 GiB of their data pointers (cuDNN's 32-bit offsets).
 #include <algorithm>
 #include <sstream>
 #include <vector>
@@ -241,6 +242,28 @@ void require_nonempty_problem(const Problem& p) {
   }
 }
 
+// Bytes from t's data pointer to the end of its last element (t non-empty, strides >= 0).
+int64_t byte_extent(const TensorView& t) {
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim; ++i) last += (t.dims[i] - 1) * t.strides[i];
+  return (last + 1) * t.itemsize();
+}
+
+// cuDNN's backward addresses out and grad_out with 32-bit offsets (seen in 9.19: its dO.O kernel,
+// cudnn::fusion::compute_dot_do_o, gives wrong or NaN dq/dk for either operand reaching past 4 GiB,
+// while q, k, v and the gradients are read and written correctly at any stride).
+constexpr int64_t kBackwardOutputBytes = int64_t(1) << 32;
+
+void require_32bit_offsets(const TensorView& t) {
+  const int64_t extent = byte_extent(t);
+  if (extent <= kBackwardOutputBytes) return;
+  throw UnsupportedError(std::string(t.name) + ": its elements reach " + std::to_string(extent) +
+                         " bytes past its data pointer, beyond the 4 GiB (2^32 bytes) that cuDNN's backward " +
+                         "addresses out and grad_out within (it computes wrong gradients beyond). Pass a compact " +
+                         "copy (x.contiguous()), or split the batch over several calls if the tensor itself is " +
+                         "that large.");
+}
+
 }  // namespace
 
 bool cudnn_can_read(const TensorView& t) {
@@ -330,6 +353,8 @@ Problem validate_backward(const BackwardArgs& a) {
   for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.grad_out}) check.memory(*t, false, false);
   check.memory(lse, false, true);
   for (const TensorView* t : {&a.grad_q, &a.grad_k, &a.grad_v}) check.memory(*t, true, false);
+  require_32bit_offsets(a.out);
+  require_32bit_offsets(a.grad_out);
 
   const TensorView* outputs[] = {&a.grad_q, &a.grad_k, &a.grad_v};
   for (int i = 0; i < 3; ++i) {

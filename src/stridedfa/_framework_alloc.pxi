@@ -36,14 +36,27 @@ cdef void record_allocation_error(void* context, const char* kind, const char* m
 cdef struct StridedTensor:
     DLManagedTensorVersioned managed
     DLManagedTensorVersioned* storage
+    int* storage_refs  # NULL: the storage is this tensor's alone; else shared, freed by the last one
     int64_t shape[8]
     int64_t strides[8]
 
 
+cdef extern from *:
+    """
+    static inline int stridedfa_release_ref(int* refs) { return __atomic_sub_fetch(refs, 1, __ATOMIC_ACQ_REL); }
+    """
+    int release_ref "stridedfa_release_ref"(int* refs) nogil
+
+
 cdef void delete_strided_tensor(DLManagedTensorVersioned* self) noexcept nogil:
+    # Deleters may run on any thread, with or without the GIL: shared storage is counted atomically.
     cdef StridedTensor* tensor = <StridedTensor*>self.manager_ctx
-    if tensor.storage != NULL and tensor.storage.deleter != NULL:
-        tensor.storage.deleter(tensor.storage)
+    cdef bint last = tensor.storage_refs == NULL or release_ref(tensor.storage_refs) == 0
+    if last:
+        if tensor.storage_refs != NULL:
+            free(tensor.storage_refs)
+        if tensor.storage != NULL and tensor.storage.deleter != NULL:
+            tensor.storage.deleter(tensor.storage)
     free(tensor)
 
 
@@ -102,6 +115,66 @@ cdef DLManagedTensorVersioned* allocate_strided(const DLPackExchangeAPI* api, in
     tensor.managed.dl_tensor.shape = tensor.shape
     tensor.managed.dl_tensor.strides = tensor.strides
     return &tensor.managed
+
+
+cdef int allocate_together(const DLPackExchangeAPI* api, int n, const int* ndims, const int64_t** shapes,
+                           const int64_t** strides, const DLDataType* dtypes, int device_id,
+                           DLManagedTensorVersioned** tensors) except -1:
+    """n strided tensors in one allocation of the framework's (each at a 256-byte boundary), for
+    outputs that live as long as each other (out and the statistics a backward keeps; the three
+    gradients of one backward): one trip through the framework's allocator instead of n. The
+    memory goes back when the last of them is freed. Fills tensors[0..n)."""
+    cdef int64_t offsets[4]
+    cdef int64_t total = 0, elements, itemsize
+    cdef int i, j
+    cdef int* refs
+    cdef StridedTensor* tensor
+    cdef DLManagedTensorVersioned* flat
+    for i in range(n):
+        tensors[i] = NULL
+        elements = 1
+        for j in range(ndims[i]):
+            if shapes[i][j] == 0:
+                elements = 0
+                break
+            elements += (shapes[i][j] - 1) * strides[i][j]
+        itemsize = (dtypes[i].bits * dtypes[i].lanes + 7) // 8
+        offsets[i] = total
+        total += (elements * itemsize + 255) // 256 * 256
+    flat = allocate_flat(api, total, bytes_dtype(), device_id)
+    refs = <int*>malloc(sizeof(int))
+    if refs == NULL:
+        flat.deleter(flat)
+        raise MemoryError()
+    refs[0] = n
+    for i in range(n):
+        tensor = <StridedTensor*>malloc(sizeof(StridedTensor))
+        if tensor == NULL:
+            # Hand the remaining references over to the tensors made so far: the last frees `flat`.
+            for j in range(i, n):
+                if release_ref(refs) == 0:
+                    free(refs)
+                    flat.deleter(flat)
+            raise MemoryError()
+        memset(tensor, 0, sizeof(StridedTensor))
+        tensor.storage = flat
+        tensor.storage_refs = refs
+        for j in range(ndims[i]):
+            tensor.shape[j] = shapes[i][j]
+            tensor.strides[j] = strides[i][j]
+        tensor.managed.version.major = DLPACK_MAJOR_VERSION
+        tensor.managed.version.minor = DLPACK_MINOR_VERSION
+        tensor.managed.manager_ctx = tensor
+        tensor.managed.deleter = delete_strided_tensor
+        tensor.managed.dl_tensor = flat.dl_tensor
+        tensor.managed.dl_tensor.data = <char*>flat.dl_tensor.data + flat.dl_tensor.byte_offset + offsets[i]
+        tensor.managed.dl_tensor.byte_offset = 0
+        tensor.managed.dl_tensor.dtype = dtypes[i]
+        tensor.managed.dl_tensor.ndim = ndims[i]
+        tensor.managed.dl_tensor.shape = tensor.shape
+        tensor.managed.dl_tensor.strides = tensor.strides
+        tensors[i] = &tensor.managed
+    return 0
 
 
 cdef object to_framework_object(const DLPackExchangeAPI* api, DLManagedTensorVersioned* tensor):
@@ -266,8 +339,9 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
     exchange API, as torch >= 2.10 does), on its current stream.
 
     out is dense in q's axis order (stridedfa._layouts.output_strides); lse, when asked for, is a
-    packed float32 (batch, h_q, s_q). cuDNN's workspace comes from the same allocator. Returns
-    (out, lse or None) as the framework's tensors.
+    packed float32 (batch, h_q, s_q), allocated together with out (one trip through the allocator;
+    the memory returns when both are gone). cuDNN's workspace comes from the same allocator.
+    Returns (out, lse or None) as the framework's tensors.
     """
     cdef SdpaOptions options
     cdef ForwardArgs fwd
@@ -276,8 +350,15 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* out_tensor = NULL
     cdef DLManagedTensorVersioned* lse_tensor = NULL
+    cdef DLManagedTensorVersioned* pair[2]
     cdef int64_t out_shape[4]
     cdef int64_t out_strides[4]
+    cdef int64_t lse_shape[3]
+    cdef int64_t lse_strides[3]
+    cdef int ndims[2]
+    cdef const int64_t* shapes[2]
+    cdef const int64_t* strides[2]
+    cdef DLDataType dtypes[2]
     cdef int i
     parse_options(scale, causal, causal_alignment, &options)
     cdef const DLPackExchangeAPI* api = exchange_api_of(type(q))
@@ -303,11 +384,19 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
         out_shape[2] = fwd.q.dims[2]
         out_shape[3] = fwd.v.dims[3]
         order_like(out_shape, fwd.q.strides, 4, out_strides)
-        out_tensor = allocate_strided(api, 4, out_shape, out_strides, fwd.q.dtype, fwd.q.device_id)
-        fwd.out = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
-        if with_lse:
-            lse_tensor = allocate_stats(api, fwd.q)
+        if with_lse:  # the statistics live as long as out (autograd keeps both): one allocation
+            lse_shape[0], lse_shape[1], lse_shape[2] = out_shape[0], out_shape[1], out_shape[2]
+            lse_strides[0], lse_strides[1], lse_strides[2] = out_shape[1] * out_shape[2], out_shape[2], 1
+            ndims[0], ndims[1] = 4, 3
+            shapes[0], shapes[1] = out_shape, lse_shape
+            strides[0], strides[1] = out_strides, lse_strides
+            dtypes[0], dtypes[1] = fwd.q.dtype, float32_dtype()
+            allocate_together(api, 2, ndims, shapes, strides, dtypes, fwd.q.device_id, pair)
+            out_tensor, lse_tensor = pair[0], pair[1]
             fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
+        else:
+            out_tensor = allocate_strided(api, 4, out_shape, out_strides, fwd.q.dtype, fwd.q.device_id)
+        fwd.out = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
         call = prepared_forward(fwd, options)
         execute_with_framework_workspace(api, call, st.handle, fwd.q.device_id)
         out = to_framework_object(api, out_tensor)
@@ -339,12 +428,14 @@ cdef int intake_readable(object obj, object make_readable, CallStream* st, Tenso
     return 0
 
 
-def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable):
+def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
+                    bint together):
     """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
     its current stream, each with its input's strides when the input is dense, else dense in the
     input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
-    allocator. grad_out is passed through make_readable (a copy) only when cuDNN cannot read it.
-    Returns (grad_q, grad_k, grad_v) as the framework's tensors."""
+    allocator. With `together` (all three gradients are wanted and live alike, e.g. as the .grad of
+    three parameters) they share one allocation. grad_out is passed through make_readable (a copy)
+    only when cuDNN cannot read it. Returns (grad_q, grad_k, grad_v) as the framework's tensors."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
     cdef Owned owned[6]
@@ -354,7 +445,11 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef TensorView* inputs[3]
     cdef TensorView* outputs[3]
     cdef const char* names[3]
-    cdef int64_t strides[8]
+    cdef int64_t grad_strides[3][4]
+    cdef int ndims[3]
+    cdef const int64_t* shapes[3]
+    cdef const int64_t* strides_of[3]
+    cdef DLDataType dtypes[3]
     cdef int i
     parse_options(scale, causal, causal_alignment, &options)
     cdef const DLPackExchangeAPI* api = allocating_api(q)
@@ -385,8 +480,14 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
             with nogil:
                 validate_backward(bwd)
         for i in range(3):
-            gradient_layout(inputs[i][0], strides)
-            grads[i] = allocate_strided(api, 4, inputs[i].dims, strides, inputs[i].dtype, inputs[i].device_id)
+            gradient_layout(inputs[i][0], grad_strides[i])
+            ndims[i], shapes[i], strides_of[i], dtypes[i] = 4, inputs[i].dims, grad_strides[i], inputs[i].dtype
+        if together:
+            allocate_together(api, 3, ndims, shapes, strides_of, dtypes, bwd.q.device_id, grads)
+        for i in range(3):
+            if not together:
+                grads[i] = allocate_strided(api, 4, inputs[i].dims, grad_strides[i], inputs[i].dtype,
+                                            inputs[i].device_id)
             outputs[i][0] = view_from_dltensor(grads[i].dl_tensor, False, names[i], ExportQuirk.none)
         call = prepared_backward(bwd, options)
         execute_with_framework_workspace(api, call, st.handle, bwd.q.device_id)

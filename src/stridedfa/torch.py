@@ -71,7 +71,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if _plain_eager(q, k, v):
         if needs_grad:
-            return _eager_attention(True, q, k, v, scale, causal, causal_alignment, True)[0]
+            return _eager_attention(q, k, v, scale, causal, causal_alignment)
         return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
     if needs_grad:
         return _attention_forward(q, k, v, scale, causal, causal_alignment, True)[0]
@@ -224,15 +224,23 @@ _attention_inference = _define(
     "attention_inference",
     "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment) -> Tensor",
     _attention_inference_impl, _attention_inference_fake)
-_lib.impl("attention_inference",
-          lambda q, k, v, *options: _below_autograd(_attention_inference, _attention_inference_impl,
-                                                    (q, k, v, *options), (q, k, v)), "Autograd")
+def _attention_inference_autograd(q, k, v, scale, causal, causal_alignment):
+    # The path compiled graphs take: the check of _plain inlined, then the C call itself.
+    if (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and q.is_cuda
+            and _dispatch_stack_depth() == 0 and not _function_mode_enabled() and _HAS_EXCHANGE_API):
+        return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
+    with _AutoDispatchBelowAutograd():
+        return _attention_inference(q, k, v, scale, causal, causal_alignment)
 
 
-def _attention_backward_impl(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
-    if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
+_lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
+
+
+def _attention_backward_impl(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
+                             together=True):
+    if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV (in one allocation) and launching in one C call
         return _core._backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
-                                     _contiguous)
+                                     _contiguous, together)
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
     _core._backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse),
                     grad_q, grad_k, grad_v, scale, causal, causal_alignment, _stream(q), _workspace)
@@ -253,18 +261,15 @@ _lib.impl("attention_backward", _backward_kernel(_attention_backward, _attention
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """attention_forward with a gradient to record. `eager`: called by attention() on plain
-    tensors, which runs the kernels directly (and so does the backward)."""
+    """attention_forward with a gradient to record, as the operator's Autograd kernel runs it."""
 
     @staticmethod
-    def forward(ctx, eager, q, k, v, scale, causal, causal_alignment, with_lse):
+    def forward(ctx, q, k, v, scale, causal, causal_alignment, with_lse):
         args = (q, k, v, scale, causal, causal_alignment, with_lse)
-        out, lse = (_attention_forward_impl(*args) if eager else
-                    _below_autograd(_attention_forward, _attention_forward_impl, args, (q, k, v)))
+        out, lse = _below_autograd(_attention_forward, _attention_forward_impl, args, (q, k, v))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (scale, causal, causal_alignment)
-        ctx.eager = eager
         ctx.with_lse = with_lse
         return out, lse
 
@@ -275,16 +280,37 @@ class _AttentionFunction(torch.autograd.Function):
                                "required grad when it ran), so it kept no statistics to differentiate "
                                "with")
         q, k, v, out, lse = ctx.saved_tensors
-        if ctx.eager and not _is_grad_enabled():
-            grads = _attention_backward_impl(q, k, v, out, lse, grad_out, *ctx.options)
-        else:  # create_graph=True: through the operator, which refuses a double backward
+        grads = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
+        return (*grads, None, None, None, None)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """attention() on plain CUDA tensors with a gradient to record: the kernels called directly,
+    out returned alone, out and lse in one allocation, and the gradients in one when all three
+    are wanted."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, causal_alignment):
+        out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (scale, causal, causal_alignment)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        if _is_grad_enabled():  # create_graph=True: through the operator, which refuses a double backward
             grads = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
-        return (None, *grads, None, None, None, None)
+        else:
+            needs = ctx.needs_input_grad
+            grads = _attention_backward_impl(q, k, v, out, lse, grad_out, *ctx.options,
+                                             needs[0] and needs[1] and needs[2])
+        return (*grads, None, None, None)
 
 
 def _attention_forward_autograd(q, k, v, scale, causal, causal_alignment, with_lse):
     if _requires_grad(q, k, v):
-        return _AttentionFunction.apply(False, q, k, v, scale, causal, causal_alignment, with_lse)
+        return _AttentionFunction.apply(q, k, v, scale, causal, causal_alignment, with_lse)
     return _below_autograd(_attention_forward, _attention_forward_impl,
                            (q, k, v, scale, causal, causal_alignment, with_lse), (q, k, v))
 
@@ -401,7 +427,7 @@ _lib.impl("packed_attention_forward", _packed_forward_autograd, "Autograd")
 # Eager calls with autograd enter the Functions through autograd's C entry point: Function.apply's
 # Python wrapper only unwraps functorch tensors, and _plain_eager has ruled those out.
 _function_apply = torch._C._FunctionBase.__dict__["apply"]
-_eager_attention = _function_apply.__get__(None, _AttentionFunction)
+_eager_attention = _function_apply.__get__(None, _EagerAttention)
 _eager_packed_attention = _function_apply.__get__(None, _PackedAttentionFunction)
 
 

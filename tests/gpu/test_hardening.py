@@ -108,31 +108,48 @@ def test_unpacked_statistics_below_9_26_name_the_layout_that_works():
 
 # --- Strides beyond 2^31 elements ------------------------------------------------------------------
 
+def _huge(stride, fill, keep, b=2, h=2, s=64, d=64):
+    base = (torch.randn(stride + h * s * d, device="cuda").to(torch.bfloat16) if fill == "randn"
+            else torch.full((stride + h * s * d,), float("nan"), device="cuda", dtype=torch.bfloat16))
+    keep.append(base)
+    return base.as_strided((b, h, s, d), (stride, s * d, d, 1))
+
+
 @pytest.mark.parametrize("stride", [2**31 + 64, 2**32 + 64])
 def test_strides_beyond_int32_are_read_and_written_correctly(stride):
-    b, h, s, d = 2, 2, 64, 64
-    buffers = []
-
-    def huge(fill):
-        base = (torch.randn(stride + h * s * d, device="cuda").to(torch.bfloat16) if fill == "randn"
-                else torch.full((stride + h * s * d,), float("nan"), device="cuda", dtype=torch.bfloat16))
-        buffers.append(base)
-        return base.as_strided((b, h, s, d), (stride, s * d, d, 1))
-
-    q, dq = huge("randn"), huge("nan")
-    k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    out = huge("nan")
-    lse = torch.empty(b, h, s, device="cuda")
-    stridedfa.sdpa_forward(q, k, v, out, lse=lse)
-    dout = torch.randn_like(k)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    stridedfa.sdpa_backward(q, k, v, out, dout, lse, dq, dk, dv)
+    """q, its gradient and the forward's out at batch strides past 2^31 elements."""
+    keep = []
+    q, dq, fwd_out = _huge(stride, "randn", keep), _huge(stride, "nan", keep), _huge(stride, "nan", keep)
+    k, v = (torch.randn(2, 2, 64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.empty(2, 2, 64, device="cuda")
+    stridedfa.sdpa_forward(q, k, v, fwd_out, lse=lse)
     tol = TOLERANCES[torch.bfloat16]
     ref_out, _ = torch_reference(q, k, v)
-    assert_close(out, ref_out, atol=tol.out_atol, rtol=tol.out_rtol, name="out")
-    for got, ref in zip((dq, dk, dv), torch_reference_grads(q, k, v, dout)):
-        assert_close_to_scale(got, ref, rel=tol.grad_rel, name="grad")
-    del buffers
+    assert_close(fwd_out, ref_out, atol=tol.out_atol, rtol=tol.out_rtol, name="out")
+    out = fwd_out.contiguous()  # the backward's out must lie within 4 GiB (next test)
+    dout = torch.randn_like(out)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    stridedfa.sdpa_backward(q, k, v, out, dout, lse, dq, dk, dv)
+    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), torch_reference_grads(q, k, v, dout)):
+        assert_close_to_scale(got, ref, rel=tol.grad_rel, name=name)
+
+
+@pytest.mark.parametrize("slot", ["out", "dout"])
+def test_backward_refuses_out_or_grad_out_beyond_4_gib(slot):
+    """cuDNN 9.19 computes wrong dq/dk from an out or grad_out past 2^32 bytes (GPU run 13)."""
+    keep = []
+    q, k, v = (torch.randn(2, 2, 64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(2, 2, 64, device="cuda")
+    stridedfa.sdpa_forward(q, k, v, out, lse=lse)
+    dout = torch.randn_like(out)
+    tensors = {"out": out, "dout": dout}
+    tensors[slot] = _huge(2**31 - 4096, "randn", keep).copy_(tensors[slot])
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    name = "out" if slot == "out" else "grad_out"
+    with pytest.raises(stridedfa.UnsupportedError, match=rf"{name}: its elements reach \d+ bytes"):
+        stridedfa.sdpa_backward(q, k, v, tensors["out"], tensors["dout"], lse, *grads)
+    torch.cuda.synchronize()
+    assert all(bool(torch.isnan(g).all()) for g in grads)
 
 
 # --- The core's workspace survives a synchronisation ------------------------------------------------

@@ -75,7 +75,8 @@ class Case:
                                     (("dq", "dk", "dv"), "nan", recipe.packed_grads and packable)):
             if packed:
                 placed = fuzz.place_packed([shapes[n] for n in group], group, recipe.tensors[group[0]],
-                                           self.dtype, fill=fill, gen=self.gen, rng=self.rng)
+                                           self.dtype, fill=fill, gen=self.gen, rng=self.rng,
+                                           inner_three=recipe.three_inside_heads)
             else:
                 placed = [fuzz.place(shapes[n], recipe.tensors[n], self.dtype, fill=fill, gen=self.gen,
                                      rng=self.rng) for n in group]

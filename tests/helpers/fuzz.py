@@ -53,6 +53,7 @@ class Recipe:
     tensors: dict     # name -> TensorRecipe
     packed_qkv: bool  # q, k, v as slices of one (b, s, 3, h, d)-like buffer when the shape allows
     packed_grads: bool
+    three_inside_heads: bool  # packed as (..., h, 3, d) rather than (..., 3, h, d)
 
 
 def make_recipe(index: int) -> Recipe:
@@ -63,7 +64,8 @@ def make_recipe(index: int) -> Recipe:
     causal = rng.random() < 0.5
     return Recipe(dtype=rng.choice((torch.float16, torch.bfloat16)), causal=causal,
                   alignment=rng.choice(("top_left", "bottom_right")), tensors=tensors,
-                  packed_qkv=rng.random() < 0.25, packed_grads=rng.random() < 0.25)
+                  packed_qkv=rng.random() < 0.25, packed_grads=rng.random() < 0.25,
+                  three_inside_heads=rng.random() < 0.5)
 
 
 RECIPES = tuple(make_recipe(i) for i in range(32))
@@ -110,11 +112,11 @@ def _filled(n, dtype, fill, gen, device):
     return torch.randn(n, generator=gen, device=device, dtype=torch.float32).to(dtype)
 
 
-def place_packed(shapes, names, recipe: TensorRecipe, dtype, *, fill, gen, rng, device="cuda"):
-    """q, k, v (or dq, dk, dv) as the three slices of one buffer: (b, s, 3, h, d) in the recipe's
-    b/h/s order with the 3 just outside h (or outside d, chosen per case)."""
+def place_packed(shapes, names, recipe: TensorRecipe, dtype, *, fill, gen, rng, inner_three,
+                 device="cuda"):
+    """q, k, v (or dq, dk, dv) as the three slices of one buffer in the recipe's b/h/s order, the
+    packing axis just outside h ((..., 3, h, d)) or, with inner_three, just inside ((..., h, 3, d))."""
     b, h, s, d = shapes[0]
-    inner_three = rng.random() < 0.5  # (..., h, 3, d) like sbh3d, else (..., 3, h, d)
     phys_axes = ["bhs".index(c) for c in recipe.order]
     # physical layout: order[0], order[1], order[2] with '3' inserted before h (or after h)
     layout = []
