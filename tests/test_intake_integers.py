@@ -232,8 +232,13 @@ def test_backward_refuses_out_and_grad_out_beyond_4_gib(slot):
     order = ("q", "k", "v", "out", "grad_out", "lse", "grad_q", "grad_k", "grad_v")
     with pytest.raises(stridedfa.UnsupportedError, match=rf"{slot}: its elements reach \d+ bytes .* 4 GiB"):
         _core._validate_backward(*(args[n] for n in order))
-    for other in ("q", "grad_q"):  # read and written correctly at any stride (seen on cuDNN 9.19)
+    for other in ("q", "k", "v", "grad_q", "grad_k", "grad_v"):
         args = {name: FakeTensor(SHAPE, data=BASE + (i << 36)) for i, name in enumerate(order)}
         args["lse"] = FakeTensor(SHAPE[:3], dtype="float32", data=BASE + (9 << 36))
-        args[other] = FakeTensor(SHAPE, strides=with_stride(0, 2**32 + 64), data=BASE + (10 << 36))
+        # read and written correctly beyond 2^31 elements (seen on cuDNN 9.19) ...
+        args[other] = FakeTensor(SHAPE, strides=with_stride(0, 2**31 + 64), data=BASE + (10 << 36))
         assert _core._validate_backward(*(args[n] for n in order))["b"] == 2
+        # ... but not beyond 2^32 elements
+        args[other] = FakeTensor(SHAPE, strides=with_stride(0, 2**32 + 64), data=BASE + (10 << 36))
+        with pytest.raises(stridedfa.UnsupportedError, match=rf"{other}: its elements reach \d+ elements"):
+            _core._validate_backward(*(args[n] for n in order))

@@ -10,7 +10,8 @@
 //     operand gives wrong numbers silently (cudnn-frontend <= 1.23 never rejected it).
 //   - Outputs are writable and share no byte with themselves, each other or any input (exact).
 //   - Every output empty: nothing to do. Extent-1 axes may carry any stride.
-//   - The backward's out and grad_out within 4 GiB of their data pointers (cuDNN's 32-bit offsets).
+//   - The backward's operands within 2^32 elements, out and grad_out within 4 GiB, of their data
+//     pointers (cuDNN's 32-bit offsets; wrong gradients beyond).
 #include <algorithm>
 #include <sstream>
 #include <vector>
@@ -242,26 +243,28 @@ void require_nonempty_problem(const Problem& p) {
   }
 }
 
-// Bytes from t's data pointer to the end of its last element (t non-empty, strides >= 0).
-int64_t byte_extent(const TensorView& t) {
+// Elements from t's data pointer to its last element, plus one (t non-empty, strides >= 0).
+int64_t element_extent(const TensorView& t) {
   int64_t last = 0;
   for (int i = 0; i < t.ndim; ++i) last += (t.dims[i] - 1) * t.strides[i];
-  return (last + 1) * t.itemsize();
+  return last + 1;
 }
 
-// cuDNN's backward addresses out and grad_out with 32-bit offsets (seen in 9.19: its dO.O kernel,
-// cudnn::fusion::compute_dot_do_o, gives wrong or NaN dq/dk for either operand reaching past 4 GiB,
-// while q, k, v and the gradients are read and written correctly at any stride).
-constexpr int64_t kBackwardOutputBytes = int64_t(1) << 32;
+// cuDNN's backward addresses its operands with 32-bit arithmetic (GPU runs 13 and 14, cuDNN 9.19):
+// out or grad_out reaching past 4 GiB (2^32 bytes) gives wrong or NaN dq/dk (its dO.O kernel,
+// cudnn::fusion::compute_dot_do_o); q and dq with a batch stride of 2^32 + 64 elements leave half of
+// dq unwritten, while 2^31 + 64 is read and written correctly. The forward reads and writes every
+// operand correctly at strides up to 2^33 elements.
+constexpr int64_t kBackwardReach = int64_t(1) << 32;
 
-void require_32bit_offsets(const TensorView& t) {
-  const int64_t extent = byte_extent(t);
-  if (extent <= kBackwardOutputBytes) return;
+void require_32bit_reach(const TensorView& t, bool bytes) {
+  const int64_t extent = element_extent(t) * (bytes ? t.itemsize() : 1);
+  if (extent <= kBackwardReach) return;
   throw UnsupportedError(std::string(t.name) + ": its elements reach " + std::to_string(extent) +
-                         " bytes past its data pointer, beyond the 4 GiB (2^32 bytes) that cuDNN's backward " +
-                         "addresses out and grad_out within (it computes wrong gradients beyond). Pass a compact " +
-                         "copy (x.contiguous()), or split the batch over several calls if the tensor itself is " +
-                         "that large.");
+                         (bytes ? " bytes" : " elements") + " past its data pointer; cuDNN's backward addresses " +
+                         (bytes ? "out and grad_out within 4 GiB (2^32 bytes)" : "its operands within 2^32 elements") +
+                         " and computes wrong gradients beyond. Pass a compact copy (x.contiguous()), or split " +
+                         "the batch over several calls if the tensor itself is that large.");
 }
 
 }  // namespace
@@ -353,8 +356,9 @@ Problem validate_backward(const BackwardArgs& a) {
   for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.grad_out}) check.memory(*t, false, false);
   check.memory(lse, false, true);
   for (const TensorView* t : {&a.grad_q, &a.grad_k, &a.grad_v}) check.memory(*t, true, false);
-  require_32bit_offsets(a.out);
-  require_32bit_offsets(a.grad_out);
+  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.grad_q, &a.grad_k, &a.grad_v}) require_32bit_reach(*t, false);
+  require_32bit_reach(a.out, true);
+  require_32bit_reach(a.grad_out, true);
 
   const TensorView* outputs[] = {&a.grad_q, &a.grad_k, &a.grad_v};
   for (int i = 0; i < 3; ++i) {

@@ -334,13 +334,15 @@ cdef int execute_with_framework_workspace(const DLPackExchangeAPI* api, const Pr
     return 0
 
 
-def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
+def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream.
 
     out is dense in q's axis order (stridedfa._layouts.output_strides); lse, when asked for, is a
-    packed float32 (batch, h_q, s_q), allocated together with out (one trip through the allocator;
-    the memory returns when both are gone). cuDNN's workspace comes from the same allocator.
+    packed float32 (batch, h_q, s_q); with `together`, in the same allocation as out (one trip
+    through the allocator; the memory returns when both are gone -- for eager autograd, which keeps
+    both. Not under torch.compile's CUDA graphs: they require every output to start a block of
+    their pool). cuDNN's workspace comes from the same allocator.
     Returns (out, lse or None) as the framework's tensors.
     """
     cdef SdpaOptions options
@@ -384,7 +386,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
         out_shape[2] = fwd.q.dims[2]
         out_shape[3] = fwd.v.dims[3]
         order_like(out_shape, fwd.q.strides, 4, out_strides)
-        if with_lse:  # the statistics live as long as out (autograd keeps both): one allocation
+        if with_lse and together:
             lse_shape[0], lse_shape[1], lse_shape[2] = out_shape[0], out_shape[1], out_shape[2]
             lse_strides[0], lse_strides[1], lse_strides[2] = out_shape[1] * out_shape[2], out_shape[2], 1
             ndims[0], ndims[1] = 4, 3
@@ -396,6 +398,9 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse):
             fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
         else:
             out_tensor = allocate_strided(api, 4, out_shape, out_strides, fwd.q.dtype, fwd.q.device_id)
+            if with_lse:
+                lse_tensor = allocate_stats(api, fwd.q)
+                fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
         fwd.out = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
         call = prepared_forward(fwd, options)
         execute_with_framework_workspace(api, call, st.handle, fwd.q.device_id)
@@ -433,8 +438,9 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
     its current stream, each with its input's strides when the input is dense, else dense in the
     input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
-    allocator. With `together` (all three gradients are wanted and live alike, e.g. as the .grad of
-    three parameters) they share one allocation. grad_out is passed through make_readable (a copy)
+    allocator. With `together` (eager autograd wanting all three, which then live alike as the
+    .grad of three parameters) they share one allocation (never under torch.compile's CUDA graphs,
+    which require each output to start a block of their pool). grad_out is passed through make_readable (a copy)
     only when cuDNN cannot read it. Returns (grad_q, grad_k, grad_v) as the framework's tensors."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd

@@ -237,8 +237,8 @@ _lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
 
 
 def _attention_backward_impl(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
-                             together=True):
-    if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV (in one allocation) and launching in one C call
+                             together=False):
+    if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
         return _core._backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
                                      _contiguous, together)
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
@@ -285,13 +285,13 @@ class _AttentionFunction(torch.autograd.Function):
 
 
 class _EagerAttention(torch.autograd.Function):
-    """attention() on plain CUDA tensors with a gradient to record: the kernels called directly,
-    out returned alone, out and lse in one allocation, and the gradients in one when all three
-    are wanted."""
+    """attention() on plain CUDA tensors with a gradient to record, eager (never inside a compiled
+    graph): the kernels called directly, out returned alone, out and lse in one allocation, and the
+    gradients in one when all three are wanted."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, causal_alignment):
-        out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, True)
+        out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, True, True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (scale, causal, causal_alignment)
         return out

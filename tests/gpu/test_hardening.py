@@ -117,7 +117,8 @@ def _huge(stride, fill, keep, b=2, h=2, s=64, d=64):
 
 @pytest.mark.parametrize("stride", [2**31 + 64, 2**32 + 64])
 def test_strides_beyond_int32_are_read_and_written_correctly(stride):
-    """q, its gradient and the forward's out at batch strides past 2^31 elements."""
+    """q, its gradient and the forward's out at batch strides past 2^31 elements; past 2^32 the
+    backward refuses q and dq (cuDNN 9.19 left half of dq unwritten there, GPU run 14)."""
     keep = []
     q, dq, fwd_out = _huge(stride, "randn", keep), _huge(stride, "nan", keep), _huge(stride, "nan", keep)
     k, v = (torch.randn(2, 2, 64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -129,6 +130,12 @@ def test_strides_beyond_int32_are_read_and_written_correctly(stride):
     out = fwd_out.contiguous()  # the backward's out must lie within 4 GiB (next test)
     dout = torch.randn_like(out)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
+    if stride > 2**32:
+        with pytest.raises(stridedfa.UnsupportedError, match=r"q: its elements reach \d+ elements"):
+            stridedfa.sdpa_backward(q, k, v, out, dout, lse, dq, dk, dv)
+        torch.cuda.synchronize()
+        assert bool(torch.isnan(dq).all())
+        return
     stridedfa.sdpa_backward(q, k, v, out, dout, lse, dq, dk, dv)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), torch_reference_grads(q, k, v, dout)):
         assert_close_to_scale(got, ref, rel=tol.grad_rel, name=name)
