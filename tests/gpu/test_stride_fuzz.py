@@ -315,12 +315,24 @@ cases = dict(shape=st.integers(0, len(fuzz.SHAPES) - 1), recipe=st.integers(0, l
              seed=st.integers(0, 2**31 - 1))
 
 
-def _finish(kind, outcomes, started, builds_before):
-    report = {"cases": sum(outcomes.counts.values()), "seconds": round(time.perf_counter() - started, 1),
+def _report(kind, outcomes, started, builds_before, complete):
+    report = {"cases": sum(outcomes.counts.values()), "complete": complete,
+              "seconds": round(time.perf_counter() - started, 1),
               "graph_builds": stridedfa.cache_info()["builds"] - builds_before, **outcomes.as_dict(),
               "cudnn": stridedfa.info().get("cudnn"), "torch": torch.__version__}
     REPORT[kind] = report
     fuzz.write_report(REPORT)
+    return report
+
+
+def _progress(kind, outcomes, started, builds_before):
+    """Rewrites the report every 500 cases, so a run stopped by its time limit still says what it saw."""
+    if sum(outcomes.counts.values()) % 500 == 0:
+        _report(kind, outcomes, started, builds_before, complete=False)
+
+
+def _finish(kind, outcomes, started, builds_before):
+    report = _report(kind, outcomes, started, builds_before, complete=True)
     failures = {k: v for k, v in outcomes.counts.items() if k.startswith("FAIL")}
     assert not failures, f"{failures}; first examples: { {k: outcomes.examples[k][:3] for k in failures} }"
     return report
@@ -333,6 +345,7 @@ def test_random_valid_layouts_match_the_reference_or_are_refused_by_cudnn():
     @given(**cases)
     def one(shape, recipe, seed):
         run_valid(Case(shape, recipe, seed), outcomes)
+        _progress("valid", outcomes, started, builds)
 
     one()
     report = _finish("valid", outcomes, started, builds)
@@ -346,6 +359,7 @@ def test_random_invalid_layouts_are_refused_before_launch():
     @given(**cases, kind=st.sampled_from(MUTATIONS), phase=st.sampled_from(("forward", "backward")))
     def one(shape, recipe, seed, kind, phase):
         run_invalid(lambda: Case(shape, recipe, seed), kind, phase, random.Random(seed ^ 0x5EED), outcomes)
+        _progress("invalid", outcomes, started, builds)
 
     one()
     _finish("invalid", outcomes, started, builds)
