@@ -31,6 +31,8 @@ import statistics
 import sys
 import time
 
+from bench_host_overhead import sleep_cycles_for  # the same GPU-spin calibration
+
 
 def log(*args):
     print(*args, flush=True)
@@ -147,16 +149,6 @@ def train_rows(torch, sfa, repeats, steps, spin_cycles):
     return {"shape_bshd": [b, s, h, d], "steps_per_measurement": steps, "rows": rows}
 
 
-def spin_cycles_for(torch, ms):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 10_000_000
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return int(cycles * ms / max(start.elapsed_time(end), 1e-3))
-
-
 def render_markdown(data):
     lines = [f"# Call patterns — {data['environment'].get('device', '?')}", ""]
     sync = data["sync"]
@@ -195,7 +187,7 @@ def main(argv=None):
         env["commit"] = os.environ["STRIDEDFA_COMMIT"]
     data = {"benchmark": "call_patterns", "environment": env,
             "sync": sync_rows(torch, sfa, repeats, calls=10 if args.quick else 20),
-            "train": train_rows(torch, sfa, repeats, steps=20, spin_cycles=spin_cycles_for(torch, 200))}
+            "train": train_rows(torch, sfa, repeats, steps=20, spin_cycles=sleep_cycles_for(torch, 200))}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_call_patterns.json"), "w") as f:
         json.dump(data, f, indent=1)

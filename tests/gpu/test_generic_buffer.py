@@ -13,25 +13,13 @@ from helpers.cuda import require_cuda
 torch = require_cuda()
 
 import stridedfa  # noqa: E402
+from helpers.producers import Producer  # noqa: E402
 from stridedfa import _layouts, reference  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 SLEEP_CYCLES = 200_000_000  # ~0.1 s
 TOL = {torch.float16: (5e-3, 5e-3, 2e-3), torch.bfloat16: (2e-2, 1e-2, 2e-3)}  # out atol, rtol; lse
-
-
-class Producer:
-    """Any DLPack producer stridedfa has no adapter for: only the protocol, nothing else."""
-
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, **kwargs):
-        return self._array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
 
 
 def _qkv(layout, dtype=torch.float16, b=2, h=4, s=128, d=64):

@@ -11,6 +11,7 @@ torch = require_cuda()
 
 import stridedfa  # noqa: E402
 import stridedfa.torch  # noqa: E402
+from helpers.producers import Producer  # noqa: E402
 from helpers.checks import TOLERANCES, assert_close, assert_close_to_scale  # noqa: E402
 from helpers.torch_ref import torch_reference, torch_reference_grads  # noqa: E402
 
@@ -31,23 +32,12 @@ def test_cupy_reversed_view_is_refused_and_the_process_keeps_its_context(cupy):
     assert bool(cupy.isnan(out).all())  # nothing written
     # Through DLPack too (a producer wrapping CuPy's export, which divides unsigned in CuPy 14.2).
     with pytest.raises(stridedfa.LayoutError, match=r"q: (axis 2 \(seq\) has negative stride|its layout)"):
-        stridedfa.sdpa_forward(_Wrapped(reversed_q), c, c, out)
+        stridedfa.sdpa_forward(Producer(reversed_q), c, c, out)
     # The context is alive: a valid call still runs and is right.
     stridedfa.sdpa_forward(c, c, c, out)
     q = torch.from_dlpack(c)
     ref, _ = torch_reference(q, q, q)
     assert_close(torch.from_dlpack(out), ref, atol=5e-3, rtol=5e-3, name="out")
-
-
-class _Wrapped:
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, **kwargs):
-        return self.array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
 
 
 def test_cupy_arrays_are_read_exactly_from_their_attributes(cupy):
