@@ -224,6 +224,8 @@ _attention_inference = _define(
     "attention_inference",
     "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment) -> Tensor",
     _attention_inference_impl, _attention_inference_fake)
+
+
 def _attention_inference_autograd(q, k, v, scale, causal, causal_alignment):
     # The path compiled graphs take: the check of _plain inlined, then the C call itself.
     if (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and q.is_cuda
