@@ -72,3 +72,14 @@ def torch_reference_grads(q, k, v, grad_out, scale=None, causal=False, alignment
         out, _ = _attention(*leaves, scale, causal, alignment)
         grads = torch.autograd.grad(out, leaves, grad_out.detach().to(compute_dtype))
     return tuple(g.float() for g in grads)
+
+
+def torch_reference_all(q, k, v, grad_out, scale=None, causal=False, alignment="top_left", *,
+                        compute_dtype=torch.float64):
+    """Forward and backward in one pass: ``(out, lse, (grad_q, grad_k, grad_v))`` as float32."""
+    scale = default_scale(q.shape[-1]) if scale is None else scale
+    leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        out, lse = _attention(*leaves, scale, causal, alignment)
+        grads = torch.autograd.grad(out, leaves, grad_out.detach().to(compute_dtype))
+    return out.detach().float(), lse.detach().float(), tuple(g.float() for g in grads)
