@@ -85,24 +85,28 @@ cdef DLManagedTensorVersioned* allocate_flat(const DLPackExchangeAPI* api, int64
     return flat
 
 
-cdef DLManagedTensorVersioned* allocate_strided(const DLPackExchangeAPI* api, int ndim,
-                                                const int64_t* shape, const int64_t* strides,
-                                                DLDataType dtype, int device_id,
-                                                int device_type=kDLCUDA) except NULL:
+cdef int64_t strided_elements(int ndim, const int64_t* shape, const int64_t* strides) noexcept nogil:
+    """Elements of flat storage a layout (non-negative strides) needs: its last offset plus one."""
     cdef int64_t elements = 1
     cdef int i
     for i in range(ndim):
         if shape[i] == 0:
-            elements = 0
-            break
+            return 0
         elements += (shape[i] - 1) * strides[i]
-    cdef DLManagedTensorVersioned* flat = allocate_flat(api, elements, dtype, device_id, device_type)
+    return elements
+
+
+cdef StridedTensor* new_strided_tensor(DLManagedTensorVersioned* flat, int* refs, int64_t byte_offset,
+                                       int ndim, const int64_t* shape, const int64_t* strides,
+                                       DLDataType dtype) noexcept nogil:
+    """The wrapper giving `flat` (from byte_offset on) this layout; NULL when out of memory."""
     cdef StridedTensor* tensor = <StridedTensor*>malloc(sizeof(StridedTensor))
+    cdef int i
     if tensor == NULL:
-        flat.deleter(flat)
-        raise MemoryError()
+        return NULL
     memset(tensor, 0, sizeof(StridedTensor))
     tensor.storage = flat
+    tensor.storage_refs = refs
     for i in range(ndim):
         tensor.shape[i] = shape[i]
         tensor.strides[i] = strides[i]
@@ -111,36 +115,46 @@ cdef DLManagedTensorVersioned* allocate_strided(const DLPackExchangeAPI* api, in
     tensor.managed.manager_ctx = tensor
     tensor.managed.deleter = delete_strided_tensor
     tensor.managed.dl_tensor = flat.dl_tensor
+    tensor.managed.dl_tensor.data = <char*>flat.dl_tensor.data + flat.dl_tensor.byte_offset + byte_offset
+    tensor.managed.dl_tensor.byte_offset = 0
+    tensor.managed.dl_tensor.dtype = dtype
     tensor.managed.dl_tensor.ndim = ndim
     tensor.managed.dl_tensor.shape = tensor.shape
     tensor.managed.dl_tensor.strides = tensor.strides
+    return tensor
+
+
+cdef DLManagedTensorVersioned* allocate_strided(const DLPackExchangeAPI* api, int ndim,
+                                                const int64_t* shape, const int64_t* strides,
+                                                DLDataType dtype, int device_id,
+                                                int device_type=kDLCUDA) except NULL:
+    cdef DLManagedTensorVersioned* flat = allocate_flat(api, strided_elements(ndim, shape, strides), dtype,
+                                                        device_id, device_type)
+    cdef StridedTensor* tensor = new_strided_tensor(flat, NULL, 0, ndim, shape, strides, dtype)
+    if tensor == NULL:
+        flat.deleter(flat)
+        raise MemoryError()
     return &tensor.managed
 
 
 cdef int allocate_together(const DLPackExchangeAPI* api, int n, const int* ndims, const int64_t** shapes,
                            const int64_t** strides, const DLDataType* dtypes, int device_id,
                            DLManagedTensorVersioned** tensors) except -1:
-    """n strided tensors in one allocation of the framework's (each at a 256-byte boundary), for
-    outputs that live as long as each other (out and the statistics a backward keeps; the three
-    gradients of one backward): one trip through the framework's allocator instead of n. The
-    memory goes back when the last of them is freed. Fills tensors[0..n)."""
+    """n (at most 4) strided tensors in one allocation of the framework's (each at a 256-byte
+    boundary), for outputs that live as long as each other (out and the statistics a backward keeps;
+    the three gradients of one backward): one trip through the framework's allocator instead of n.
+    The memory goes back when the last of them is freed. Fills tensors[0..n)."""
     cdef int64_t offsets[4]
-    cdef int64_t total = 0, elements, itemsize
+    cdef int64_t total = 0
     cdef int i, j
     cdef int* refs
     cdef StridedTensor* tensor
     cdef DLManagedTensorVersioned* flat
     for i in range(n):
         tensors[i] = NULL
-        elements = 1
-        for j in range(ndims[i]):
-            if shapes[i][j] == 0:
-                elements = 0
-                break
-            elements += (shapes[i][j] - 1) * strides[i][j]
-        itemsize = (dtypes[i].bits * dtypes[i].lanes + 7) // 8
         offsets[i] = total
-        total += (elements * itemsize + 255) // 256 * 256
+        total += (strided_elements(ndims[i], shapes[i], strides[i]) * ((dtypes[i].bits * dtypes[i].lanes + 7) // 8)
+                  + 255) // 256 * 256
     flat = allocate_flat(api, total, bytes_dtype(), device_id)
     refs = <int*>malloc(sizeof(int))
     if refs == NULL:
@@ -148,7 +162,7 @@ cdef int allocate_together(const DLPackExchangeAPI* api, int n, const int* ndims
         raise MemoryError()
     refs[0] = n
     for i in range(n):
-        tensor = <StridedTensor*>malloc(sizeof(StridedTensor))
+        tensor = new_strided_tensor(flat, refs, offsets[i], ndims[i], shapes[i], strides[i], dtypes[i])
         if tensor == NULL:
             # Hand the remaining references over to the tensors made so far: the last frees `flat`.
             for j in range(i, n):
@@ -156,23 +170,6 @@ cdef int allocate_together(const DLPackExchangeAPI* api, int n, const int* ndims
                     free(refs)
                     flat.deleter(flat)
             raise MemoryError()
-        memset(tensor, 0, sizeof(StridedTensor))
-        tensor.storage = flat
-        tensor.storage_refs = refs
-        for j in range(ndims[i]):
-            tensor.shape[j] = shapes[i][j]
-            tensor.strides[j] = strides[i][j]
-        tensor.managed.version.major = DLPACK_MAJOR_VERSION
-        tensor.managed.version.minor = DLPACK_MINOR_VERSION
-        tensor.managed.manager_ctx = tensor
-        tensor.managed.deleter = delete_strided_tensor
-        tensor.managed.dl_tensor = flat.dl_tensor
-        tensor.managed.dl_tensor.data = <char*>flat.dl_tensor.data + flat.dl_tensor.byte_offset + offsets[i]
-        tensor.managed.dl_tensor.byte_offset = 0
-        tensor.managed.dl_tensor.dtype = dtypes[i]
-        tensor.managed.dl_tensor.ndim = ndims[i]
-        tensor.managed.dl_tensor.shape = tensor.shape
-        tensor.managed.dl_tensor.strides = tensor.strides
         tensors[i] = &tensor.managed
     return 0
 
