@@ -15,8 +15,9 @@ misaligned pointer or stride, strided head_dim, negative, zero or absurd strides
 overlapping an input or another output, wrong dtype, device or shape, a read-only output. Outcome:
 LayoutError before anything is launched, every output still all NaN.
 
-Counts per outcome go to $STRIDEDFA_FUZZ_REPORT (JSON) when set. Graph builds bound the cost: see
-helpers.fuzz for how shapes and layout recipes keep the number of distinct graphs small.
+Counts per outcome go to $STRIDEDFA_FUZZ_REPORT (JSON) when set. Graph builds bound the cost (one per
+new layout, ~80 ms each): cases run in batches whose library calls go to worker threads, so cuDNN
+builds their graphs in parallel; helpers.fuzz says how shapes and recipes are drawn.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -153,34 +155,40 @@ class Case:
         return problems
 
 
-def run_valid(case: Case, outcomes: fuzz.Outcomes) -> None:
-    try:
-        case.forward()
-    except stridedfa.UnsupportedError as error:
+def library_calls(case: Case):
+    """The library calls of a valid case: the forward, then the backward if the forward ran.
+    Returns (the phase that raised, its exception), or (None, None). Thread-safe: the fuzz runs a
+    batch of cases on several threads, so cuDNN builds their graphs in parallel."""
+    for phase, call in (("forward", case.forward), ("backward", case.backward)):
+        try:
+            call()
+        except Exception as error:  # judged on the main thread
+            return phase, error
+    return None, None
+
+
+def judge_valid(case: Case, phase, error, outcomes: fuzz.Outcomes) -> None:
+    if phase == "forward" and isinstance(error, stridedfa.UnsupportedError):
         ok = case.untouched([("out",), ("lse",)])
         outcomes.add("unsupported by cuDNN (forward)" if ok else "FAIL: refused but outputs written",
                      detail=case.label, reason=fuzz.reason_of(error))
-        return
-    except stridedfa.LayoutError as error:
-        outcomes.add("FAIL: valid layout refused", detail=f"{case.label}: {error}", reason=fuzz.reason_of(error))
-        return
-    try:
-        case.backward()
-    except stridedfa.UnsupportedError as error:
+    elif phase == "backward" and isinstance(error, stridedfa.UnsupportedError):
         problems = case.check(with_backward=False)
         ok = not problems and case.untouched([("dq", "dk", "dv")])
         outcomes.add("forward matches; backward unsupported by cuDNN" if ok else
                      "FAIL: forward mismatch or refused backward wrote", detail=f"{case.label}: {problems}",
                      reason=fuzz.reason_of(error))
-        return
-    except stridedfa.LayoutError as error:
-        outcomes.add("FAIL: valid layout refused", detail=f"{case.label}: {error}", reason=fuzz.reason_of(error))
-        return
-    problems = case.check(with_backward=True)
-    if problems:
-        outcomes.add("FAIL: silent mismatch or unwritten output", detail=f"{case.label}: {problems}")
+    elif isinstance(error, stridedfa.LayoutError):
+        outcomes.add("FAIL: valid layout refused", detail=f"{case.label}, {phase}: {error}",
+                     reason=fuzz.reason_of(error))
+    elif error is not None:
+        outcomes.add(f"FAIL: {type(error).__name__} on a valid layout", detail=f"{case.label}, {phase}: {error}")
     else:
-        outcomes.add("matches the reference")
+        problems = case.check(with_backward=True)
+        if problems:
+            outcomes.add("FAIL: silent mismatch or unwritten output", detail=f"{case.label}: {problems}")
+        else:
+            outcomes.add("matches the reference")
 
 
 # --- One invalid case: a valid case with one defect -----------------------------------------------
@@ -288,13 +296,27 @@ def _dense(shape):
     return strides
 
 
-def run_invalid(make_case, kind: str, phase: str, rng: random.Random, outcomes: fuzz.Outcomes) -> None:
-    case, keep = make_case(), []
-    if phase == "backward":
-        try:
-            case.forward()  # a valid forward: out and lse for the backward
-        except stridedfa.UnsupportedError:
-            phase, case = "forward", make_case()
+def valid_forward_first(case: Case, phase: str):
+    """A backward case starts from a valid forward (out and lse to differentiate with); returns
+    cuDNN's refusal of it, if any. Thread-safe, like library_calls."""
+    if phase != "backward":
+        return None
+    try:
+        case.forward()
+    except Exception as error:  # judged on the main thread
+        return error
+    return None
+
+
+def run_invalid(case: Case, make_case, refused_forward, kind: str, phase: str, rng: random.Random,
+                outcomes: fuzz.Outcomes) -> None:
+    keep = []
+    if refused_forward is not None and not isinstance(refused_forward, stridedfa.UnsupportedError):
+        outcomes.add(f"FAIL: valid forward raised {type(refused_forward).__name__}",
+                     detail=f"{case.label}: {refused_forward}")
+        return
+    if refused_forward is not None:  # cuDNN cannot run this forward: test the forward's defects instead
+        phase, case = "forward", make_case()
     watched = [("out",), ("lse",)] if phase == "forward" else [("dq", "dk", "dv")]
     name, kind = mutate(case, kind, phase, rng, keep)
     label = f"{case.label}, {phase}, {kind} on {name}"
@@ -314,8 +336,18 @@ def run_invalid(make_case, kind: str, phase: str, rng: random.Random, outcomes: 
 
 # --- The tests -----------------------------------------------------------------------------------
 
-cases = dict(shape=st.integers(0, len(fuzz.SHAPES) - 1), recipe=st.integers(0, len(fuzz.RECIPES) - 1),
-             seed=st.integers(0, 2**31 - 1))
+# Hypothesis draws batches of cases; a batch's library calls run on worker threads (graph builds,
+# one per new layout, set the pace, and cuDNN builds on several threads at once), its checks on
+# the main thread. Every case still gets fresh data and its own layout.
+BATCH = 32
+_WORKERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="fuzz")
+one_case = st.tuples(st.integers(0, len(fuzz.SHAPES) - 1), st.integers(0, len(fuzz.RECIPES) - 1),
+                     st.integers(0, 2**31 - 1))
+
+
+def batches(n):
+    size = min(BATCH, n)
+    return dict(max_examples=-(-n // size)), st.lists(one_case, min_size=size, max_size=size)
 
 
 def _report(kind, outcomes, started, builds_before, complete):
@@ -328,9 +360,11 @@ def _report(kind, outcomes, started, builds_before, complete):
     return report
 
 
-def _progress(kind, outcomes, started, builds_before):
-    """Rewrites the report every 500 cases, so a run stopped by its time limit still says what it saw."""
-    if sum(outcomes.counts.values()) % 500 == 0:
+def _progress(kind, outcomes, started, builds_before, every=500):
+    """Rewrites the report every `every` cases, so a run stopped by its time limit still says what
+    it saw."""
+    done = sum(outcomes.counts.values())
+    if done // every > REPORT.get(kind, {}).get("cases", 0) // every:
         _report(kind, outcomes, started, builds_before, complete=False)
 
 
@@ -343,25 +377,40 @@ def _finish(kind, outcomes, started, builds_before):
 
 def test_random_valid_layouts_match_the_reference_or_are_refused_by_cudnn():
     outcomes, started, builds = fuzz.Outcomes(), time.perf_counter(), stridedfa.cache_info()["builds"]
+    examples, batch = batches(N_VALID)
 
-    @settings(max_examples=N_VALID, **FUZZ_SETTINGS)
-    @given(**cases)
-    def one(shape, recipe, seed):
-        run_valid(Case(shape, recipe, seed), outcomes)
+    @settings(**examples, **FUZZ_SETTINGS)
+    @given(batch)
+    def one(drawn):
+        batch_cases = [Case(*drawn_case) for drawn_case in drawn]
+        results = list(_WORKERS.map(library_calls, batch_cases))
+        torch.cuda.synchronize()
+        for case, (phase, error) in zip(batch_cases, results):
+            judge_valid(case, phase, error, outcomes)
         _progress("valid", outcomes, started, builds)
 
     one()
     report = _finish("valid", outcomes, started, builds)
-    assert report["counts"].get("matches the reference", 0) >= 0.8 * N_VALID, report["counts"]
+    assert report["counts"].get("matches the reference", 0) >= 0.8 * report["cases"], report["counts"]
 
 
 def test_random_invalid_layouts_are_refused_before_launch():
     outcomes, started, builds = fuzz.Outcomes(), time.perf_counter(), stridedfa.cache_info()["builds"]
+    examples, batch = batches(N_INVALID)
+    defects = st.lists(st.tuples(st.sampled_from(MUTATIONS), st.sampled_from(("forward", "backward"))),
+                       min_size=BATCH, max_size=BATCH)
 
-    @settings(max_examples=N_INVALID, **FUZZ_SETTINGS)
-    @given(**cases, kind=st.sampled_from(MUTATIONS), phase=st.sampled_from(("forward", "backward")))
-    def one(shape, recipe, seed, kind, phase):
-        run_invalid(lambda: Case(shape, recipe, seed), kind, phase, random.Random(seed ^ 0x5EED), outcomes)
+    @settings(**examples, **FUZZ_SETTINGS)
+    @given(batch, defects)
+    def one(drawn, drawn_defects):
+        batch_cases = [Case(*drawn_case) for drawn_case in drawn]
+        phases = [phase for _, phase in drawn_defects[:len(drawn)]]
+        refusals = list(_WORKERS.map(valid_forward_first, batch_cases, phases))
+        torch.cuda.synchronize()
+        for case, drawn_case, (kind, phase), refused in zip(batch_cases, drawn, drawn_defects, refusals):
+            seed = drawn_case[2]
+            run_invalid(case, lambda drawn_case=drawn_case: Case(*drawn_case), refused, kind, phase,
+                        random.Random(seed ^ 0x5EED), outcomes)
         _progress("invalid", outcomes, started, builds)
 
     one()
