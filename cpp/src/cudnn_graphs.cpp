@@ -28,10 +28,7 @@ fe::DataType_t io_type(DLDataType dtype) {
   return dtype.code == kDLBfloat ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
-const char* slot_name(Slot slot) {
-  static const char* names[kNumSlots] = {"q", "k", "v", "out", "lse", "grad_out", "grad_q", "grad_k", "grad_v"};
-  return names[slot];
-}
+const char* slot_name(Slot slot) { return kOperands[slot].name; }
 
 Tensor_attributes describe(const GraphSpec& spec, Slot slot) {
   const OperandDesc& d = spec.operands[slot];

@@ -289,85 +289,79 @@ TensorView stats_as_4d(const TensorView& lse) {
   return t;
 }
 
-Problem validate_forward(const ForwardArgs& a) {
-  Validator check;
-  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out}) check.operand(*t);
-  if (a.lse.present) check.stats(a.lse);
-  for (const TensorView* t : {&a.k, &a.v, &a.out}) check.same_device_and_dtype(a.q, *t, true);
-  if (a.lse.present) check.same_device_and_dtype(a.q, a.lse, false);
+namespace {
 
-  Problem p = problem_from(a.q, a.k, a.v);
-  const int64_t out_shape[4] = {p.b, p.h_q, p.s_q, p.d_v};
-  check.shape(a.out, out_shape, "(batch, heads of q, seq of q, head_dim of v)");
-  const TensorView lse = stats_as_4d(a.lse);
-  if (a.lse.present) {
-    const int64_t lse_shape[4] = {p.b, p.h_q, p.s_q, 1};
-    check.shape(lse, lse_shape, "(batch, heads of q, seq of q, 1)");
+// Every rule, walking the operand table: per-operand checks, shapes against what q, k and v
+// establish, then memory rules, then outputs writable and disjoint from every input and from
+// each other. `given[slot]` is null where the op has no such operand.
+Problem validate(GraphOp op, const TensorView* const given[kNumSlots]) {
+  Validator check;
+  const TensorView* t[kNumSlots] = {};  // the operands present, statistics as their 4-axis view
+  TensorView stats4[kNumSlots];
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (role_in(op, s) == Role::absent || !given[s]) continue;
+    if (op == GraphOp::forward && kOperands[s].forward_optional && !given[s]->present) continue;
+    if (kOperands[s].kind == OperandKind::attention) {
+      check.operand(*given[s]);
+      t[s] = given[s];
+    } else {
+      check.stats(*given[s]);
+      stats4[s] = stats_as_4d(*given[s]);
+      t[s] = &stats4[s];
+    }
+  }
+  for (int s = kQ + 1; s < kNumSlots; ++s) {
+    if (t[s]) check.same_device_and_dtype(*t[kQ], *t[s], kOperands[s].kind == OperandKind::attention);
   }
 
-  if (a.out.numel() == 0 && (!a.lse.present || lse.numel() == 0)) {
+  Problem p = problem_from(*t[kQ], *t[kK], *t[kV]);  // q, k and v agree with each other
+  bool every_output_empty = true;
+  for (int s = kV + 1; s < kNumSlots; ++s) {
+    if (!t[s]) continue;
+    int64_t expected[4];
+    for (int axis = 0; axis < 4; ++axis) expected[axis] = p.extent(kOperands[s].shape[axis]);
+    check.shape(*t[s], expected, kOperands[s].shape_meaning);
+    if (role_in(op, s) == Role::output && t[s]->numel() != 0) every_output_empty = false;
+  }
+  if (every_output_empty) {
     p.nothing_to_do = true;
     return p;
   }
   require_nonempty_problem(p);
 
-  for (const TensorView* t : {&a.q, &a.k, &a.v}) check.memory(*t, false, false);
-  check.memory(a.out, true, false);
-  if (a.lse.present) check.memory(lse, true, true);
-
-  check.writable(a.out);
-  for (const TensorView* in : {&a.q, &a.k, &a.v}) check.disjoint(a.out, *in);
-  if (a.lse.present) {
-    check.writable(lse);
-    for (const TensorView* other : {&a.q, &a.k, &a.v, &a.out}) check.disjoint(lse, *other);
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (t[s]) check.memory(*t[s], role_in(op, s) == Role::output, kOperands[s].kind == OperandKind::stats);
+  }
+  if (op == GraphOp::backward) {
+    for (int s = 0; s < kNumSlots; ++s) {
+      if (t[s] && kOperands[s].backward_reach != Reach::unlimited) {
+        require_32bit_reach(*t[s], kOperands[s].backward_reach == Reach::bytes_2_32);
+      }
+    }
+  }
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (!t[s] || role_in(op, s) != Role::output) continue;
+    check.writable(*t[s]);
+    for (int other = 0; other < kNumSlots; ++other) {
+      if (t[other] && role_in(op, other) == Role::input) check.disjoint(*t[s], *t[other]);
+    }
+    for (int earlier = 0; earlier < s; ++earlier) {
+      if (t[earlier] && role_in(op, earlier) == Role::output) check.disjoint(*t[s], *t[earlier]);
+    }
   }
   return p;
 }
 
+}  // namespace
+
+Problem validate_forward(const ForwardArgs& a) {
+  const TensorView* given[kNumSlots] = {&a.q, &a.k, &a.v, &a.out, &a.lse};
+  return validate(GraphOp::forward, given);
+}
+
 Problem validate_backward(const BackwardArgs& a) {
-  Validator check;
-  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v}) check.operand(*t);
-  check.stats(a.lse);
-  for (const TensorView* t : {&a.k, &a.v, &a.out, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v}) {
-    check.same_device_and_dtype(a.q, *t, true);
-  }
-  check.same_device_and_dtype(a.q, a.lse, false);
-
-  Problem p = problem_from(a.q, a.k, a.v);
-  const int64_t out_shape[4] = {p.b, p.h_q, p.s_q, p.d_v};
-  check.shape(a.out, out_shape, "(batch, heads of q, seq of q, head_dim of v)");
-  check.shape(a.grad_out, out_shape, "out's shape (batch, heads of q, seq of q, head_dim of v)");
-  const TensorView lse = stats_as_4d(a.lse);
-  const int64_t lse_shape[4] = {p.b, p.h_q, p.s_q, 1};
-  check.shape(lse, lse_shape, "(batch, heads of q, seq of q, 1)");
-  const int64_t q_shape[4] = {p.b, p.h_q, p.s_q, p.d_qk};
-  const int64_t k_shape[4] = {p.b, p.h_kv, p.s_kv, p.d_qk};
-  const int64_t v_shape[4] = {p.b, p.h_kv, p.s_kv, p.d_v};
-  check.shape(a.grad_q, q_shape, "q's shape");
-  check.shape(a.grad_k, k_shape, "k's shape");
-  check.shape(a.grad_v, v_shape, "v's shape");
-
-  if (a.grad_q.numel() == 0 && a.grad_k.numel() == 0 && a.grad_v.numel() == 0) {
-    p.nothing_to_do = true;
-    return p;
-  }
-  require_nonempty_problem(p);
-
-  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.out, &a.grad_out}) check.memory(*t, false, false);
-  check.memory(lse, false, true);
-  for (const TensorView* t : {&a.grad_q, &a.grad_k, &a.grad_v}) check.memory(*t, true, false);
-  for (const TensorView* t : {&a.q, &a.k, &a.v, &a.grad_q, &a.grad_k, &a.grad_v}) require_32bit_reach(*t, false);
-  require_32bit_reach(a.out, true);
-  require_32bit_reach(a.grad_out, true);
-
-  const TensorView* outputs[] = {&a.grad_q, &a.grad_k, &a.grad_v};
-  for (int i = 0; i < 3; ++i) {
-    check.writable(*outputs[i]);
-    for (const TensorView* in : {&a.q, &a.k, &a.v, &a.out, &a.grad_out}) check.disjoint(*outputs[i], *in);
-    check.disjoint(*outputs[i], lse);
-    for (int j = 0; j < i; ++j) check.disjoint(*outputs[i], *outputs[j]);
-  }
-  return p;
+  const TensorView* given[kNumSlots] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v};
+  return validate(GraphOp::backward, given);
 }
 
 }  // namespace stridedfa

@@ -1,5 +1,5 @@
-# Included at the end of _core.pyx: DeviceBuffer, the device memory stridedfa hands out when the
-# caller's framework has no adapter, and the generic attention path that allocates it.
+# Included by _core.pyx: DeviceBuffer, the device memory stridedfa owns and hands out when the
+# caller's framework has no adapter (_generic_calls.pxi allocates it).
 #
 # DeviceBuffer is a DLPack producer. Lifetime: every exported DLManagedTensor holds a reference to
 # the buffer, dropped by its deleter; the memory goes back to the pool when the buffer object and all
@@ -7,34 +7,19 @@
 # on; a consumer that asks for another stream gets an event dependency, and memory that was handed
 # to other (or unknown) streams is freed only after the device has finished its work.
 
-from cpython.pycapsule cimport PyCapsule_New
-from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
-from libc.stdint cimport int32_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
-
-from stridedfa._dlpack cimport DLDataType, DLPACK_MINOR_VERSION
-
 
 cdef extern from "Python.h":
     int Py_IsInitialized() nogil
-
-cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
-    void* buffer_alloc(int32_t device, int64_t nbytes, uintptr_t stream) except +raise_core_error
-    void buffer_free(int32_t device, void* ptr, uintptr_t stream, cbool synchronize) noexcept
-
 
 cdef struct VersionedExport:  # one malloc per export: the tensor, then its shape and strides
     DLManagedTensorVersioned tensor
     int64_t shape[8]
     int64_t strides[8]
 
-
 cdef struct LegacyExport:
     DLManagedTensor tensor
     int64_t shape[8]
     int64_t strides[8]
-
 
 cdef void drop_owner(void* owner) noexcept nogil:
     # Deleters may run on any thread, with or without the GIL, even during interpreter teardown
@@ -44,16 +29,13 @@ cdef void drop_owner(void* owner) noexcept nogil:
     with gil:
         Py_DECREF(<object>owner)
 
-
 cdef void versioned_deleter(DLManagedTensorVersioned* tensor) noexcept nogil:
     drop_owner(tensor.manager_ctx)
     free(tensor)
 
-
 cdef void legacy_deleter(DLManagedTensor* tensor) noexcept nogil:
     drop_owner(tensor.manager_ctx)
     free(tensor)
-
 
 cdef void versioned_capsule_destructor(object capsule) noexcept:
     # Only an unconsumed capsule still owns its tensor; a consumer renames it to used_dltensor_*.
@@ -61,12 +43,10 @@ cdef void versioned_capsule_destructor(object capsule) noexcept:
         tensor = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
         tensor.deleter(tensor)
 
-
 cdef void legacy_capsule_destructor(object capsule) noexcept:
     if PyCapsule_IsValid(capsule, b"dltensor"):
         tensor = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
         tensor.deleter(tensor)
-
 
 cdef uintptr_t consumer_stream(object stream) except? 0:
     """The cudaStream_t a consumer named in __dlpack__(stream=...), by the array-API rules; 0 for
@@ -82,7 +62,6 @@ cdef uintptr_t consumer_stream(object stream) except? 0:
     if stream < -1:
         raise ValueError(f"stream must be -1, 1, 2 or a cudaStream_t handle, got {stream}")
     return <uintptr_t>stream
-
 
 cdef class DeviceBuffer:
     """A strided CUDA array owned by stridedfa: what :func:`stridedfa.attention` returns for
@@ -222,7 +201,6 @@ cdef class DeviceBuffer:
             legacy_deleter(&e.tensor)
             raise
 
-
 cdef DeviceBuffer new_buffer(tuple shape, tuple strides, DLDataType dtype, int32_t device,
                              uintptr_t stream, object stream_owner):
     """Allocates a buffer of this layout (non-negative strides) from `device`'s pool on `stream`."""
@@ -249,7 +227,6 @@ cdef DeviceBuffer new_buffer(tuple shape, tuple strides, DLDataType dtype, int32
             buf.ptr = buffer_alloc(device, buf._nbytes, stream)
     return buf
 
-
 cdef int view_of_buffer(DeviceBuffer buf, const char* name, TensorView* view) except -1:
     """The core's view of a buffer stridedfa just allocated (no DLPack round trip)."""
     cdef int i
@@ -265,69 +242,3 @@ cdef int view_of_buffer(DeviceBuffer buf, const char* name, TensorView* view) ex
     view.data = <uintptr_t>buf.ptr
     view.read_only = False
     return 0
-
-
-def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, stream):
-    """stridedfa.attention for producers without an adapter: outputs are DeviceBuffers allocated on
-    the call's stream (the explicit one, else the one intake settles on: the producer's current work
-    stream where it exports the DLPack C exchange API, else the legacy default stream); each input
-    is read once; cuDNN's workspace comes from the core's pool."""
-    cdef SdpaOptions options
-    cdef ForwardArgs fwd
-    cdef Owned owned[3]
-    cdef CallStream st
-    cdef PreparedCall call
-    cdef int64_t shape[4]
-    cdef int64_t strides[4]
-    cdef int i
-    parse_options(scale, causal, causal_alignment, &options)
-    for i in range(3):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
-    parse_stream(stream, &st)
-    try:
-        intake(q, b"q", False, &st, &fwd.q, &owned[0])
-        intake(k, b"k", False, &st, &fwd.k, &owned[1])
-        intake(v, b"v", False, &st, &fwd.v, &owned[2])
-        if fwd.q.ndim != 4 or fwd.v.ndim != 4:
-            raise LayoutError(f"q and v must be 4-D (batch, heads, seq, head_dim); got {fwd.q.ndim}-D q and "
-                              f"{fwd.v.ndim}-D v")
-        if fwd.q.device_type != kDLCUDA:
-            with nogil:  # the validator names the device problem
-                validate_forward(fwd)
-        shape[0], shape[1], shape[2], shape[3] = fwd.q.dims[0], fwd.q.dims[1], fwd.q.dims[2], fwd.v.dims[3]
-        order_like(shape, fwd.q.strides, 4, strides)
-        owner = stream if stream is not None and not isinstance(stream, int) else None
-        out = new_buffer(tuple(shape[i] for i in range(4)), tuple(strides[i] for i in range(4)),
-                         fwd.q.dtype, fwd.q.device_id, st.handle, owner)
-        view_of_buffer(out, b"out", &fwd.out)
-        lse = None
-        if return_lse:
-            lse = new_buffer((shape[0], shape[1], shape[2]), (shape[1] * shape[2], shape[2], 1),
-                             float32_dtype(), fwd.q.device_id, st.handle, owner)
-            view_of_buffer(lse, b"lse", &fwd.lse)
-        call = prepared_forward(fwd, options)
-        with nogil:
-            execute(call, st.handle, NULL)
-        return (out, lse) if return_lse else out
-    finally:
-        release(owned, 3)
-
-
-cdef dict BUFFER_DTYPES = {"float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32)}
-
-
-def _device_buffer(shape, strides, dtype, device=0, stream=0):
-    """An uninitialised DeviceBuffer of this layout on `stream` (an int handle), for tests and
-    debugging; a zero-size one allocates nothing, so it works without a GPU."""
-    cdef DLDataType dt
-    if dtype not in BUFFER_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(BUFFER_DTYPES)}, got {dtype!r}")
-    shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
-    if len(shape) != len(strides) or not 0 < len(shape) <= 8:
-        raise ValueError(f"shape {shape} and strides {strides} need 1 to 8 axes each")
-    if any(n < 0 for n in shape) or any(s < 0 for s in strides):
-        raise ValueError(f"shape {shape} and strides {strides} must be non-negative")
-    dt.code, dt.bits = BUFFER_DTYPES[dtype]
-    dt.lanes = 1
-    return new_buffer(shape, strides, dt, device, stream, None)

@@ -1,11 +1,26 @@
-# Declarations of the C++ core's types (cpp/include/stridedfa). The functions that can throw are
-# declared in _core.pyx, next to the handler that turns their exceptions into stridedfa errors.
+# Declarations of the C++ core (cpp/include/stridedfa), header by header, and nothing else: the
+# Cython modules that wrap them live beside this file (_core.pyx and its .pxi files).
+#
+# Functions that can throw are declared `except +raise_core_error`: Cython catches the C++
+# exception and calls the translator that _core registers at import (_errors.pxi), which raises
+# the stridedfa exception of the same kind (LayoutError, UnsupportedError, BackendError).
 from libc.stdint cimport int32_t, int64_t, uintptr_t
-from libcpp cimport bool
-from libcpp.memory cimport shared_ptr
+from libcpp cimport bool as cbool
 from libcpp.string cimport string
+from libcpp.vector cimport vector
 
 from stridedfa._dlpack cimport DLDataType, DLTensor
+
+
+cdef extern from *:
+    """
+    // The translator of C++ exceptions into stridedfa errors, set once by _core at import.
+    static int (*stridedfa_error_translator)(void) = 0;
+    static int stridedfa_raise_core_error(void) { return stridedfa_error_translator(); }
+    static void stridedfa_set_error_translator(int (*translator)(void)) { stridedfa_error_translator = translator; }
+    """
+    int raise_core_error "stridedfa_raise_core_error"() except -1
+    void set_error_translator "stridedfa_set_error_translator"(int (*translator)() except -1)
 
 
 cdef extern from "stridedfa/errors.hpp" namespace "stridedfa" nogil:
@@ -22,7 +37,7 @@ cdef extern from "stridedfa/errors.hpp" namespace "stridedfa" nogil:
 cdef extern from "stridedfa/tensor_view.hpp" namespace "stridedfa" nogil:
     cdef cppclass TensorView:
         const char* name
-        bool present
+        cbool present
         int32_t ndim
         int64_t dims[8]
         int64_t strides[8]
@@ -30,7 +45,7 @@ cdef extern from "stridedfa/tensor_view.hpp" namespace "stridedfa" nogil:
         int32_t device_type
         int32_t device_id
         uintptr_t data
-        bool read_only
+        cbool read_only
 
     string dtype_name(DLDataType dtype)
 
@@ -38,33 +53,90 @@ cdef extern from "stridedfa/tensor_view.hpp" namespace "stridedfa" nogil:
         none "stridedfa::ExportQuirk::none"
         cupy_unsigned_strides "stridedfa::ExportQuirk::cupy_unsigned_strides"
 
+    TensorView view_from_dltensor(const DLTensor& tensor, cbool read_only, const char* name,
+                                  ExportQuirk quirk) except +raise_core_error
 
-cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
+
+cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
     cpdef enum class CausalAlignment(int32_t):
         top_left
         bottom_right
 
     cdef cppclass SdpaOptions:
-        bool has_scale
+        cbool has_scale
         double scale
-        bool causal
+        cbool causal
         CausalAlignment alignment
 
+    cpdef enum class Role(int32_t):
+        absent
+        input
+        output
+
+    cpdef enum class OperandKind(int32_t):
+        attention
+        stats
+
+    cpdef enum class Reach(int32_t):
+        unlimited
+        elements_2_32
+        bytes_2_32
+
+    cdef enum Slot:
+        kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kNumSlots
+
+    cdef struct OperandInfo:
+        const char* name
+        Role forward
+        Role backward
+        cbool forward_optional
+        OperandKind kind
+        int32_t shape[4]
+        const char* shape_meaning
+        Reach backward_reach
+
+    const OperandInfo kOperands[9]
+
+    cdef cppclass Problem:
+        int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
+        int32_t device
+        DLDataType dtype
+        cbool nothing_to_do
+
+
+cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cdef cppclass ForwardArgs:
         TensorView q, k, v, out, lse
 
     cdef cppclass BackwardArgs:
         TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v
 
-    cdef cppclass Problem:
-        int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
-        int32_t device
-        DLDataType dtype
-        bool nothing_to_do
-
     cdef cppclass PreparedCall:
         Problem problem
         int64_t workspace_bytes
+
+    cbool cudnn_can_read(const TensorView& t)
+    Problem validate_forward(const ForwardArgs& args) except +raise_core_error
+    Problem validate_backward(const BackwardArgs& args) except +raise_core_error
+    PreparedCall prepare_forward(const ForwardArgs& args, const SdpaOptions& options) except +raise_core_error
+    PreparedCall prepare_backward(const BackwardArgs& args, const SdpaOptions& options) except +raise_core_error
+    vector[int64_t] forward_graph_key(const ForwardArgs& args, const SdpaOptions& options, int sm_version,
+                                      int64_t cudnn_version) except +raise_core_error
+    vector[int64_t] backward_graph_key(const BackwardArgs& args, const SdpaOptions& options, int sm_version,
+                                       int64_t cudnn_version) except +raise_core_error
+    void execute(const PreparedCall& call, uintptr_t stream, void* workspace) except +raise_core_error
+    int64_t own_workspace_allocations()
+
+
+cdef extern from "stridedfa/layout_rules.hpp" namespace "stridedfa" nogil:
+    void dense_strides_like(const int64_t* shape, const int64_t* like_strides, int ndim,
+                            int64_t* strides) noexcept
+    cbool is_dense(const int64_t* shape, const int64_t* strides, int ndim) noexcept
+    void gradient_strides(const TensorView& like, int64_t* strides) noexcept
+    TensorView select_packed(const TensorView& packed, int dim, int index, const int* to_logical,
+                             const char* name) noexcept
+    TensorView to_core_axes(const TensorView& layout_view, const int* to_logical,
+                            const char* name) noexcept
 
 
 cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
@@ -72,6 +144,22 @@ cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
         int32_t ordinal
         int32_t sm_version
         string name
+
+    cdef cppclass PoolStats:
+        int64_t reserved_bytes, used_bytes, retain_bytes
+
+    void set_libraries(void* cudnn_dl_handle, const string& cudart_path) except +raise_core_error
+    cbool libraries_loaded()
+    int64_t cudnn_runtime_version() except +raise_core_error
+    int cuda_runtime_version() except +raise_core_error
+    int cuda_driver_version() except +raise_core_error
+    int device_count() except +raise_core_error
+    const DeviceInfo& device_info(int ordinal) except +raise_core_error
+    void stream_wait_stream(int32_t device, uintptr_t consumer, uintptr_t producer) except +raise_core_error
+    void trim_pools() except +raise_core_error
+    PoolStats pool_stats() except +raise_core_error
+    void* buffer_alloc(int32_t device, int64_t nbytes, uintptr_t stream) except +raise_core_error
+    void buffer_free(int32_t device, void* ptr, uintptr_t stream, cbool synchronize) noexcept
 
 
 cdef extern from "stridedfa/graph_cache.hpp" namespace "stridedfa" nogil:
@@ -85,3 +173,25 @@ cdef extern from "stridedfa/graph_cache.hpp" namespace "stridedfa" nogil:
         void set_capacity(size_t capacity)
 
     GraphCache& graph_cache()
+
+
+cdef extern from "stridedfa/cudnn_graphs.hpp" namespace "stridedfa" nogil:
+    int64_t compiled_frontend_version()
+    int64_t compiled_cudnn_version()
+    int64_t compiled_cuda_version()
+
+
+cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
+    cdef enum class ArrayLayout(int64_t):
+        bshd
+        bhsd
+
+    TensorView jax_array_view "stridedfa::jax_ffi::array_view"(
+        const char* name, const int64_t* dims, int64_t rank, ArrayLayout layout, DLDataType dtype,
+        int device, uintptr_t data) except +raise_core_error
+    TensorView jax_stats_view "stridedfa::jax_ffi::stats_view"(
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
+        uintptr_t data) except +raise_core_error
+    void* jax_forward_handler "stridedfa::jax_ffi::forward_handler"()
+    void* jax_forward_inference_handler "stridedfa::jax_ffi::forward_inference_handler"()
+    void* jax_backward_handler "stridedfa::jax_ffi::backward_handler"()

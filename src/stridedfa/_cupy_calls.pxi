@@ -14,7 +14,6 @@ cdef object cupy_allocate(object hooks, object allocation, int64_t nbytes):
     with allocation:
         return hooks.alloc(nbytes)
 
-
 cdef object cupy_empty(object hooks, object allocation, int ndim, const int64_t* shape,
                        const int64_t* strides, object dtype, DLDataType dl_dtype, int device,
                        const char* name, TensorView* view):
@@ -41,7 +40,6 @@ cdef object cupy_empty(object hooks, object allocation, int ndim, const int64_t*
     view.read_only = False
     return array
 
-
 cdef tuple cupy_forward_outputs(object q, object hooks, object allocation, bint with_lse,
                                 ForwardArgs* fwd):
     """out dense in q's axis order and, with_lse, packed float32 (b, h, s) statistics."""
@@ -54,7 +52,7 @@ cdef tuple cupy_forward_outputs(object q, object hooks, object allocation, bint 
         with nogil:  # the validator names the device problem
             validate_forward(fwd[0])
     shape[0], shape[1], shape[2], shape[3] = fwd.q.dims[0], fwd.q.dims[1], fwd.q.dims[2], fwd.v.dims[3]
-    order_like(shape, fwd.q.strides, 4, strides)
+    dense_strides_like(shape, fwd.q.strides, 4, strides)
     out = cupy_empty(hooks, allocation, 4, shape, strides, q.dtype, fwd.q.dtype, fwd.q.device_id, b"out",
                      &fwd.out)
     lse = None
@@ -65,7 +63,6 @@ cdef tuple cupy_forward_outputs(object q, object hooks, object allocation, bint 
         lse = cupy_empty(hooks, allocation, 3, shape, strides, hooks.float32, float32_dtype(),
                          fwd.q.device_id, b"lse", &fwd.lse)
     return out, lse
-
 
 cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, object allocation) except -1:
     """Runs a prepared call with cuDNN's workspace from CuPy's pool on the call's stream (made
@@ -79,7 +76,6 @@ cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, 
     with nogil:
         execute(call, stream, workspace)
     return 0
-
 
 def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks):
     """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
@@ -105,7 +101,6 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
     finally:
         release(owned, 3)
 
-
 cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, BackwardArgs* bwd):
     """grad_q, grad_k, grad_v: each with its input's strides when the input is dense, else dense
     in the input's axis order."""
@@ -128,11 +123,10 @@ cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, Backwar
             validate_backward(bwd[0])
     result = []
     for i in range(3):
-        gradient_layout(views[i][0], strides)
+        gradient_strides(views[i][0], strides)
         result.append(cupy_empty(hooks, allocation, 4, views[i].dims, strides, inputs[i].dtype,
                                  views[i].dtype, views[i].device_id, names[i], grads[i]))
     return tuple(result)
-
 
 def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
                    hooks):
@@ -163,40 +157,3 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
         return grads
     finally:
         release(owned, 6)
-
-
-def _cupy_allocate_like_forward(q, v, bint with_lse, hooks):
-    """The outputs stridedfa.cupy.attention would allocate for q and v (the same code), without a
-    call: for the tests of the layout rule on machines without a GPU."""
-    cdef ForwardArgs fwd
-    cdef Owned owned[2]
-    cdef CallStream st
-    owned[0].versioned = owned[0].legacy = NULL
-    owned[1].versioned = owned[1].legacy = NULL
-    parse_stream(0, &st)
-    try:
-        intake(q, b"q", False, &st, &fwd.q, &owned[0])
-        intake(v, b"v", False, &st, &fwd.v, &owned[1])
-        return cupy_forward_outputs(q, hooks, None, with_lse, &fwd)
-    finally:
-        release(owned, 2)
-
-
-def _cupy_allocate_gradients(q, k, v, hooks):
-    """The gradients stridedfa.cupy.attention_backward would allocate (see
-    _cupy_allocate_like_forward)."""
-    cdef BackwardArgs bwd
-    cdef Owned owned[3]
-    cdef CallStream st
-    cdef int i
-    for i in range(3):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
-    parse_stream(0, &st)
-    try:
-        intake(q, b"q", False, &st, &bwd.q, &owned[0])
-        intake(k, b"k", False, &st, &bwd.k, &owned[1])
-        intake(v, b"v", False, &st, &bwd.v, &owned[2])
-        return cupy_gradients((q, k, v), hooks, None, &bwd)
-    finally:
-        release(owned, 3)

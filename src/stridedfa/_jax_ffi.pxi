@@ -1,29 +1,9 @@
-# The XLA FFI side of the boundary, for stridedfa.jax (included at the end of _core.pyx).
+# Included by _core.pyx: the XLA FFI side of the boundary, for stridedfa.jax.
 #
 # The handlers themselves live in C++ (cpp/src/jax_ffi.cpp) and only need to be handed to JAX as
 # PyCapsules. Trace-time validation builds the handlers' own TensorViews (same function, fake
 # device addresses) and runs the core's validator on them, so a JAX call is refused before
 # anything is compiled or launched exactly when the handler would refuse it.
-
-from cpython.pycapsule cimport PyCapsule_New
-
-from stridedfa._dlpack cimport DLDataType
-
-cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
-    cdef enum class ArrayLayout(int64_t):
-        bshd
-        bhsd
-
-    TensorView jax_array_view "stridedfa::jax_ffi::array_view"(
-        const char* name, const int64_t* dims, int64_t rank, ArrayLayout layout, DLDataType dtype,
-        int device, uintptr_t data) except +raise_core_error
-    TensorView jax_stats_view "stridedfa::jax_ffi::stats_view"(
-        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
-        uintptr_t data) except +raise_core_error
-    void* jax_forward_handler "stridedfa::jax_ffi::forward_handler"()
-    void* jax_forward_inference_handler "stridedfa::jax_ffi::forward_inference_handler"()
-    void* jax_backward_handler "stridedfa::jax_ffi::backward_handler"()
-
 
 def _jax_ffi_targets():
     """``{target name: PyCapsule of its XLA_FFI_Handler}`` for ``jax.ffi.register_ffi_target``

@@ -7,11 +7,9 @@
 #include <memory>
 #include <vector>
 
-#include "stridedfa/sdpa.hpp"
+#include "stridedfa/sdpa_types.hpp"
 
 namespace stridedfa {
-
-enum class GraphOp : int64_t { forward = 1, backward = 2 };
 
 struct OperandDesc {
   bool present = false;

@@ -12,20 +12,12 @@
 #include <memory>
 #include <vector>
 
+#include "stridedfa/sdpa_types.hpp"
 #include "stridedfa/tensor_view.hpp"
 
 namespace stridedfa {
 
 class BuiltGraph;
-
-enum class CausalAlignment : int32_t { top_left = 0, bottom_right = 1 };
-
-struct SdpaOptions {
-  bool has_scale = false;  // false: scale = 1 / sqrt(d_qk)
-  double scale = 0.0;
-  bool causal = false;
-  CausalAlignment alignment = CausalAlignment::top_left;
-};
 
 struct ForwardArgs {
   TensorView q, k, v, out;
@@ -34,17 +26,6 @@ struct ForwardArgs {
 
 struct BackwardArgs {
   TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v;
-};
-
-// Operand slots; the cuDNN tensor UID of a slot is slot + 1.
-enum Slot : int { kQ = 0, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kNumSlots };
-
-// What validation established about a call.
-struct Problem {
-  int64_t b = 0, h_q = 0, h_kv = 0, s_q = 0, s_kv = 0, d_qk = 0, d_v = 0;
-  int32_t device = 0;       // CUDA ordinal shared by every tensor
-  DLDataType dtype{};       // float16 or bfloat16
-  bool nothing_to_do = false;  // every output is empty: return without launching
 };
 
 struct PreparedCall {

@@ -1,0 +1,90 @@
+// The vocabulary every layer of the core shares -- options, the operand table, what validation
+// establishes -- apart from the entry points (sdpa.hpp) so that the graph builder and the XLA FFI
+// glue can use it without including them.
+#pragma once
+
+#include <cstdint>
+
+#include "stridedfa/tensor_view.hpp"
+
+namespace stridedfa {
+
+enum class CausalAlignment : int32_t { top_left = 0, bottom_right = 1 };
+
+// The options of a call: one struct, parsed once at the boundary, written into the cache key
+// (GraphSpec::write_key) and read by the graph builder.
+struct SdpaOptions {
+  bool has_scale = false;  // false: scale = 1 / sqrt(d_qk)
+  double scale = 0.0;
+  bool causal = false;
+  CausalAlignment alignment = CausalAlignment::top_left;
+};
+
+enum class GraphOp : int64_t { forward = 1, backward = 2 };
+
+// Operand slots, in the order of kOperands; the cuDNN tensor UID of a slot is slot + 1.
+enum Slot : int { kQ = 0, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kNumSlots };
+
+enum class Role : int32_t { absent = 0, input = 1, output = 2 };
+
+// attention: float16/bfloat16 shared by the call, 4 axes, head_dim contiguous, 16-byte rules.
+// stats: float32 softmax statistics (batch, heads, seq) or with a trailing axis of 1.
+enum class OperandKind : int32_t { attention = 0, stats = 1 };
+
+// The logical extents an operand's axes must have (kOne: extent 1).
+enum Extent : int32_t { kBatch = 0, kHeadsQ, kHeadsKV, kSeqQ, kSeqKV, kDimQK, kDimV, kOne };
+
+// How far cuDNN's backward can address an operand from its data pointer (validate.cpp says why).
+enum class Reach : int32_t { unlimited = 0, elements_2_32 = 1, bytes_2_32 = 2 };
+
+// One row per operand: the validator, the cache key, the graph builder and the Cython boundary
+// all walk this table, so a new operand is one row plus the lines that put it into the graph.
+struct OperandInfo {
+  const char* name;           // the argument name of sdpa_forward / sdpa_backward and in errors
+  Role forward, backward;     // its role in each op
+  bool forward_optional;      // the forward may leave it out (statistics not wanted)
+  OperandKind kind;
+  Extent shape[4];            // its logical (b, h, s, d) extents
+  const char* shape_meaning;  // how shape errors describe them
+  Reach backward_reach;
+};
+
+inline constexpr OperandInfo kOperands[kNumSlots] = {
+    {"q", Role::input, Role::input, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimQK},
+     "(batch, heads of q, seq of q, head_dim of q)", Reach::elements_2_32},
+    {"k", Role::input, Role::input, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimQK},
+     "(batch, heads of k, seq of k, head_dim of q)", Reach::elements_2_32},
+    {"v", Role::input, Role::input, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimV},
+     "(batch, heads of k, seq of k, head_dim of v)", Reach::elements_2_32},
+    {"out", Role::output, Role::input, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimV},
+     "(batch, heads of q, seq of q, head_dim of v)", Reach::bytes_2_32},
+    {"lse", Role::output, Role::input, true, OperandKind::stats, {kBatch, kHeadsQ, kSeqQ, kOne},
+     "(batch, heads of q, seq of q, 1)", Reach::unlimited},
+    {"grad_out", Role::absent, Role::input, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimV},
+     "out's shape (batch, heads of q, seq of q, head_dim of v)", Reach::bytes_2_32},
+    {"grad_q", Role::absent, Role::output, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimQK},
+     "q's shape", Reach::elements_2_32},
+    {"grad_k", Role::absent, Role::output, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimQK},
+     "k's shape", Reach::elements_2_32},
+    {"grad_v", Role::absent, Role::output, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimV},
+     "v's shape", Reach::elements_2_32},
+};
+
+inline Role role_in(GraphOp op, int slot) {
+  return op == GraphOp::forward ? kOperands[slot].forward : kOperands[slot].backward;
+}
+
+// What validation established about a call.
+struct Problem {
+  int64_t b = 0, h_q = 0, h_kv = 0, s_q = 0, s_kv = 0, d_qk = 0, d_v = 0;
+  int32_t device = 0;          // CUDA ordinal shared by every tensor
+  DLDataType dtype{};          // float16 or bfloat16
+  bool nothing_to_do = false;  // every output is empty: return without launching
+
+  int64_t extent(Extent e) const {
+    const int64_t values[] = {b, h_q, h_kv, s_q, s_kv, d_qk, d_v, 1};
+    return values[e];
+  }
+};
+
+}  // namespace stridedfa

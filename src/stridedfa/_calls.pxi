@@ -1,0 +1,223 @@
+# Included by _core.pyx: the call layer. Options parsed into one SdpaOptions, every operand read
+# in slot order (the core's operand table, kOperands), then validation, the graph lookup and the
+# launch in C++ with the GIL released; the public sdpa_forward / sdpa_backward and the variants
+# adapters and tests use.
+
+cdef const char* SLOT_NAMES[9]  # the argument names, from the operand table
+for _slot in range(kNumSlots):
+    SLOT_NAMES[_slot] = kOperands[_slot].name
+
+
+cdef int parse_options(object scale, object causal, object causal_alignment,
+                       SdpaOptions* options) except -1:
+    if scale is None:
+        options.has_scale = False
+    else:
+        if isinstance(scale, bool):
+            raise TypeError("scale must be a number, got bool")
+        options.has_scale = True
+        options.scale = float(scale)
+    options.causal = bool(causal)
+    if causal_alignment == "top_left":
+        options.alignment = CausalAlignment.top_left
+    elif causal_alignment == "bottom_right":
+        options.alignment = CausalAlignment.bottom_right
+    else:
+        raise ValueError(f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}")
+    return 0
+
+
+cdef ensure_libraries():
+    if libraries_loaded():
+        return
+    from stridedfa import _loader
+    libs = _loader.load()  # raises BackendError saying what was looked for
+    cdef string cudart = libs.cudart.path.encode()
+    set_libraries(<void*><uintptr_t>libs.cudnn.handle, cudart)
+
+
+cdef enum Mode:
+    RUN = 0       # validate, look up or build the graph, execute
+    VALIDATE = 1  # validate only (returns what validation established)
+    KEY = 2       # validate and return the graph-cache key for given device facts
+
+
+cdef dict problem_dict(Problem p):
+    return {"b": p.b, "h_q": p.h_q, "h_kv": p.h_kv, "s_q": p.s_q, "s_kv": p.s_kv, "d_qk": p.d_qk,
+            "d_v": p.d_v, "device": p.device, "dtype": dtype_name(p.dtype).decode(),
+            "nothing_to_do": p.nothing_to_do}
+
+
+cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream,
+                object workspace_allocator, Mode mode=RUN, int sm_version=0, int64_t cudnn_version=0,
+                int64_t repeats=1):
+    """One call: intake of every tensor (slot order), then validation / preparation / execution.
+    Consumed DLPack tensors are released on every path, exactly once."""
+    cdef ForwardArgs fwd
+    cdef BackwardArgs bwd
+    cdef TensorView* views[9]
+    cdef Owned owned[9]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef Problem problem
+    cdef vector[int64_t] key
+    cdef void* workspace = NULL
+    cdef uintptr_t workspace_address
+    cdef int i, n = 9 if backward else 5, first_output = 6 if backward else 3
+    if backward:
+        views[0] = &bwd.q; views[1] = &bwd.k; views[2] = &bwd.v; views[3] = &bwd.out
+        views[4] = &bwd.lse; views[5] = &bwd.grad_out; views[6] = &bwd.grad_q
+        views[7] = &bwd.grad_k; views[8] = &bwd.grad_v
+    else:
+        views[0] = &fwd.q; views[1] = &fwd.k; views[2] = &fwd.v; views[3] = &fwd.out; views[4] = &fwd.lse
+    for i in range(n):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    keep_alive = []
+    parse_stream(stream, &st)
+    try:
+        for i in range(n):
+            if tensors[i] is not None:
+                intake(tensors[i], SLOT_NAMES[i], i >= first_output, &st, views[i], &owned[i])
+        if mode == VALIDATE:
+            with nogil:
+                problem = validate_backward(bwd) if backward else validate_forward(fwd)
+            return problem_dict(problem)
+        if mode == KEY:
+            with nogil:
+                if backward:
+                    key = backward_graph_key(bwd, options, sm_version, cudnn_version)
+                else:
+                    key = forward_graph_key(fwd, options, sm_version, cudnn_version)
+            return tuple(key)
+        if not libraries_loaded():
+            with nogil:  # bad input is reported even where cuDNN is missing
+                problem = validate_backward(bwd) if backward else validate_forward(fwd)
+            ensure_libraries()
+        with nogil:
+            call = prepare_backward(bwd, options) if backward else prepare_forward(fwd, options)
+        if call.workspace_bytes > 0 and workspace_allocator is not None:
+            workspace_address, owner = workspace_allocator(call.workspace_bytes, call.problem.device)
+            keep_alive.append(owner)
+            workspace = <void*>workspace_address
+        with nogil:
+            for i in range(repeats):
+                execute(call, st.handle, workspace)
+    finally:
+        release(owned, n)
+
+
+def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
+                 causal_alignment="top_left", stream=None):
+    """Scaled-dot-product attention forward, written into ``out`` (and ``lse``) in place.
+
+    ``out = softmax(scale * q @ k^T + mask) @ v`` for every batch and query head, computed by
+    cuDNN's fused kernels from the tensors' real strides: views into packed buffers need no copy.
+
+    Args:
+        q: (batch, h_q, s_q, d_qk) query. Any DLPack tensor (torch, CuPy, JAX, ...) on a CUDA
+            device, float16 or bfloat16. Logical axes are fixed; memory order is given by strides
+            alone (a bshd tensor ``x`` is passed as ``x.transpose(1, 2)``).
+        k: (batch, h_kv, s_kv, d_qk) keys; h_q must be a multiple of h_kv (GQA; MQA: h_kv = 1).
+        v: (batch, h_kv, s_kv, d_v) values.
+        out: (batch, h_q, s_q, d_v) output, written in place; any strides satisfying the rules below.
+        lse: optional float32 (batch, h_q, s_q) (or with a trailing axis of 1) output receiving the
+            natural-log log-sum-exp of each row of scaled, masked scores (what the backward needs).
+        scale: score scale; ``1 / sqrt(d_qk)`` when None.
+        causal: mask keys after the query position.
+        causal_alignment: ``"top_left"``: query i sees keys j <= i. ``"bottom_right"``: query i sees
+            keys j <= i + s_kv - s_q (the last query sees every key; for decoding with a KV cache).
+        stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, q
+            decides: the call runs on its producer's current stream where the DLPack C exchange
+            API reports it (torch) and on CuPy's current stream for a CuPy array, else on the
+            legacy default stream; producers on another stream are ordered before the call
+            through ``__dlpack__(stream=...)``.
+
+    Rules (checked before anything runs; a failure raises LayoutError naming the tensor, axis,
+    value and fix, and writes nothing): one CUDA device; one dtype for q, k, v, out; head_dim
+    stride 1; no negative or zero strides on axes with extent > 1; every pointer and every stride
+    (in bytes) of such an axis a multiple of 16; out and lse writable and sharing no memory with
+    each other or any input. Axes of extent 1 may carry any stride. Configurations cuDNN cannot run
+    raise UnsupportedError with cuDNN's reason; a missing or failing cuDNN/CUDA raises BackendError.
+
+    Example::
+
+        qkv = torch.randn(2, 128, 3, 8, 64, device="cuda", dtype=torch.bfloat16)  # packed [b,s,3,h,d]
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))               # views, no copy
+        out = torch.empty(2, 128, 8, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        stridedfa.sdpa_forward(q, k, v, out, causal=True)
+    """
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    run(False, (q, k, v, out, lse), options, stream, None)
+
+
+def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
+                  causal=False, causal_alignment="top_left", stream=None):
+    """Gradients of :func:`sdpa_forward`, written into ``grad_q``, ``grad_k``, ``grad_v`` in place.
+
+    Args:
+        q, k, v, out: as in the forward call that produced ``out``.
+        grad_out: (batch, h_q, s_q, d_v) gradient of the loss with respect to ``out``.
+        lse: the float32 statistics written by the forward. cuDNN before 9.26 reads them as a packed
+            (batch, h_q, s_q) array; other strides are rejected there with UnsupportedError.
+        grad_q, grad_k, grad_v: outputs shaped like q, k, v, with any valid strides (e.g. the
+            three slices of one packed gradient buffer). With GQA, grad_k and grad_v receive the sum
+            over the query heads sharing each kv head.
+        scale, causal, causal_alignment, stream: as in :func:`sdpa_forward`; use the forward's values.
+
+    The same rules as the forward apply; the gradients must not overlap each other or any input.
+    """
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream, None)
+
+
+def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator):
+    """sdpa_forward for framework adapters: ``workspace_allocator(nbytes, device) -> (pointer,
+    owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    run(False, (q, k, v, out, lse), options, stream, workspace_allocator)
+
+
+def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
+              causal_alignment, stream, workspace_allocator):
+    """sdpa_backward for framework adapters (see _forward)."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream,
+        workspace_allocator)
+
+
+def _validate_forward(q, k, v, out, lse=None, stream=None):
+    """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
+    the pointers are never dereferenced). Returns what validation established, or raises."""
+    cdef SdpaOptions options
+    return run(False, (q, k, v, out, lse), options, stream, None, VALIDATE)
+
+
+def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None):
+    """Intake and validation of a backward call, nothing else (see _validate_forward)."""
+    cdef SdpaOptions options
+    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream, None,
+               VALIDATE)
+
+
+def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False,
+                       causal_alignment="top_left", sm_version=90, cudnn_version=91900):
+    """The graph-cache key a forward call would use on a device with these facts (validates
+    first; needs no GPU). Calls with equal keys share one cuDNN graph."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    return run(False, (q, k, v, out, lse), options, None, None, KEY, sm_version, cudnn_version)
+
+
+def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
+                        causal=False, causal_alignment="top_left", sm_version=90,
+                        cudnn_version=91900):
+    """The graph-cache key of a backward call (see _forward_graph_key)."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, None, None,
+               KEY, sm_version, cudnn_version)

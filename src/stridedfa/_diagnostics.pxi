@@ -1,0 +1,108 @@
+# Included by _core.pyx: the graph cache's and the pools' counters, versions, devices, and how
+# intake reads a tensor (for tests and debugging).
+
+def cache_info():
+    """Counters of the process-wide cuDNN graph cache (bounded LRU).
+
+    Returns a dict: hits, misses, builds, build_failures, evictions, size, maxsize and
+    build_seconds (summed wall time of all graph builds). Its capacity is read once from
+    ``STRIDEDFA_GRAPH_CACHE_SIZE`` (default 256). Also the memory stridedfa's own stream-ordered
+    pools hold (workspaces of calls that pass none, DeviceBuffer outputs): pool_reserved_bytes
+    (mapped now, all devices), pool_used_bytes (handed out now) and pool_retain_bytes (what each
+    device's pool keeps mapped across synchronisations at most, from
+    ``STRIDEDFA_POOL_RETAIN_BYTES``, default 512 MiB).
+    """
+    cdef CacheStats s = graph_cache().stats()
+    cdef PoolStats p = pool_stats()
+    return {"hits": s.hits, "misses": s.misses, "builds": s.builds,
+            "build_failures": s.build_failures, "evictions": s.evictions, "size": s.size,
+            "maxsize": s.capacity, "build_seconds": s.build_seconds,
+            "pool_reserved_bytes": p.reserved_bytes, "pool_used_bytes": p.used_bytes,
+            "pool_retain_bytes": p.retain_bytes}
+
+
+def _own_workspace_allocations():
+    """How many workspaces the core allocated itself (from its pool) because a call gave none;
+    adapters always pass one from their framework's allocator."""
+    return own_workspace_allocations()
+
+
+def cache_clear():
+    """Drops every cached graph, resets the counters and gives the unused memory of stridedfa's
+    pools back to the driver."""
+    graph_cache().clear()
+    trim_pools()
+
+
+def _set_cache_capacity(size_t capacity):
+    graph_cache().set_capacity(capacity)
+
+
+def _compiled_versions():
+    """Versions of what the extension was compiled against, as integers."""
+    return {"cudnn_frontend": compiled_frontend_version(), "cudnn": compiled_cudnn_version(),
+            "cuda": compiled_cuda_version()}
+
+
+def _load_libraries():
+    """Loads cuDNN and the CUDA runtime now (normally done by the first call)."""
+    ensure_libraries()
+
+
+def _runtime_versions():
+    """cuDNN, CUDA runtime and driver versions of the loaded libraries (loads them if needed)."""
+    ensure_libraries()
+    return {"cudnn": cudnn_runtime_version(), "cuda_runtime": cuda_runtime_version(),
+            "cuda_driver": cuda_driver_version()}
+
+
+def _devices():
+    """[(ordinal, name, compute capability (major, minor))] of the visible CUDA devices."""
+    ensure_libraries()
+    cdef int n = device_count()
+    cdef int i
+    result = []
+    for i in range(n):
+        info = &device_info(i)
+        result.append((i, info.name.decode("utf-8", "replace"), divmod(info.sm_version, 10)))
+    return result
+
+
+def _inspect_dlpack(obj, stream=None):
+    """How intake reads ``obj``, for tests and debugging: a dict of what the core would see.
+    Unlike the calls, host arrays are read too (through ``__dlpack__()`` with no stream)."""
+    cdef TensorView view
+    cdef Owned owned
+    cdef CallStream st
+    owned.versioned = NULL
+    owned.legacy = NULL
+    parse_stream(stream, &st)
+    try:
+        device = getattr(obj, "__dlpack_device__", None)
+        on_host = device is not None and device()[0] != kDLCUDA
+        if on_host and exchange_api_of(type(obj)) == NULL:
+            consume_capsule(call_dlpack(obj, None, b"x"), b"x", &view, &owned)
+            path = "protocol"
+        else:
+            intake(obj, b"x", False, &st, &view, &owned)
+            if owned.versioned != NULL or owned.legacy != NULL:
+                path = "protocol"
+            elif exchange_api_of(type(obj)) != NULL:
+                path = "exchange_api"
+            else:
+                path = "cupy_attributes"
+        capsule = ("versioned" if owned.versioned != NULL else
+                   "legacy" if owned.legacy != NULL else "borrowed")
+        return {
+            "shape": tuple(view.dims[i] for i in range(view.ndim)),
+            "strides": tuple(view.strides[i] for i in range(view.ndim)),
+            "dtype": dtype_name(view.dtype).decode(),
+            "device": (view.device_type, view.device_id),
+            "data": view.data,
+            "read_only": view.read_only,
+            "path": path,
+            "capsule": capsule,
+            "stream": st.handle if st.decided else None,
+        }
+    finally:
+        release(&owned, 1)

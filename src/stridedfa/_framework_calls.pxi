@@ -1,0 +1,202 @@
+# Included by _core.pyx: the calls of framework adapters whose tensors offer the DLPack C exchange
+# API (stridedfa.torch): one C call reads the inputs, allocates the outputs through the framework
+# (_framework_alloc.pxi), validates, launches and returns the framework's tensors.
+
+
+cdef PreparedCall prepared_forward(const ForwardArgs& fwd, const SdpaOptions& options) except *:
+    """prepare_forward, loading cuDNN on the first call (after validation, so bad input is
+    reported even where cuDNN is missing)."""
+    cdef PreparedCall call
+    if not libraries_loaded():
+        with nogil:
+            validate_forward(fwd)
+        ensure_libraries()
+    with nogil:
+        call = prepare_forward(fwd, options)
+    return call
+
+cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& options) except *:
+    """prepare_backward, loading cuDNN on the first call (see prepared_forward)."""
+    cdef PreparedCall call
+    if not libraries_loaded():
+        with nogil:
+            validate_backward(bwd)
+        ensure_libraries()
+    with nogil:
+        call = prepare_backward(bwd, options)
+    return call
+
+def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False):
+    """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
+    exchange API, as torch >= 2.10 does), on its current stream.
+
+    out is dense in q's axis order (stridedfa._layouts.output_strides); lse, when asked for, is a
+    packed float32 (batch, h_q, s_q); with `together`, in the same allocation as out (one trip
+    through the allocator; the memory returns when both are gone -- for eager autograd, which keeps
+    both. Not under torch.compile's CUDA graphs: they require every output to start a block of
+    their pool). cuDNN's workspace comes from the same allocator.
+    Returns (out, lse or None) as the framework's tensors.
+    """
+    cdef SdpaOptions options
+    cdef ForwardArgs fwd
+    cdef Owned owned[3]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef DLManagedTensorVersioned* out_tensor = NULL
+    cdef DLManagedTensorVersioned* lse_tensor = NULL
+    cdef DLManagedTensorVersioned* pair[2]
+    cdef int64_t out_shape[4]
+    cdef int64_t out_strides[4]
+    cdef int64_t lse_shape[3]
+    cdef int64_t lse_strides[3]
+    cdef int ndims[2]
+    cdef const int64_t* shapes[2]
+    cdef const int64_t* strides[2]
+    cdef DLDataType dtypes[2]
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    cdef const DLPackExchangeAPI* api = exchange_api_of(type(q))
+    if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
+        raise TypeError(f"q ({type(q).__module__}.{type(q).__qualname__}) does not offer the DLPack C "
+                        f"exchange API's allocator; pass preallocated outputs to sdpa_forward instead")
+    for i in range(3):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    parse_stream(None, &st)
+    try:
+        intake(q, b"q", False, &st, &fwd.q, &owned[0])
+        intake(k, b"k", False, &st, &fwd.k, &owned[1])
+        intake(v, b"v", False, &st, &fwd.v, &owned[2])
+        if fwd.q.ndim != 4 or fwd.v.ndim != 4:
+            name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
+            raise LayoutError(f"{name} must have 4 axes (batch, heads, seq, head_dim); it has {ndim}")
+        if fwd.q.device_type != kDLCUDA:
+            with nogil:  # the validator names the device problem
+                validate_forward(fwd)
+        out_shape[0] = fwd.q.dims[0]
+        out_shape[1] = fwd.q.dims[1]
+        out_shape[2] = fwd.q.dims[2]
+        out_shape[3] = fwd.v.dims[3]
+        dense_strides_like(out_shape, fwd.q.strides, 4, out_strides)
+        if with_lse and together:
+            lse_shape[0], lse_shape[1], lse_shape[2] = out_shape[0], out_shape[1], out_shape[2]
+            lse_strides[0], lse_strides[1], lse_strides[2] = out_shape[1] * out_shape[2], out_shape[2], 1
+            ndims[0], ndims[1] = 4, 3
+            shapes[0], shapes[1] = out_shape, lse_shape
+            strides[0], strides[1] = out_strides, lse_strides
+            dtypes[0], dtypes[1] = fwd.q.dtype, float32_dtype()
+            allocate_together(api, 2, ndims, shapes, strides, dtypes, fwd.q.device_id, pair)
+            out_tensor, lse_tensor = pair[0], pair[1]
+            fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
+        else:
+            out_tensor = allocate_strided(api, 4, out_shape, out_strides, fwd.q.dtype, fwd.q.device_id)
+            if with_lse:
+                lse_tensor = allocate_stats(api, fwd.q)
+                fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
+        fwd.out = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
+        call = prepared_forward(fwd, options)
+        execute_with_framework_workspace(api, call, st.handle, fwd.q.device_id)
+        out = to_framework_object(api, out_tensor)
+        out_tensor = NULL
+        lse = None
+        if lse_tensor != NULL:
+            lse = to_framework_object(api, lse_tensor)
+            lse_tensor = NULL
+        return out, lse
+    finally:
+        release(owned, 3)
+        if out_tensor != NULL:
+            out_tensor.deleter(out_tensor)
+        if lse_tensor != NULL:
+            lse_tensor.deleter(lse_tensor)
+
+cdef int intake_readable(object obj, object make_readable, CallStream* st, TensorView* view,
+                         Owned* owned, list keep_alive) except -1:
+    """Reads an input that autograd handed over (grad_out); only a layout cuDNN cannot read (a
+    broadcast from out.sum().backward(), say) is replaced by make_readable(obj), a copy."""
+    intake(obj, b"grad_out", False, st, view, owned)
+    if view.device_type != kDLCUDA or cudnn_can_read(view[0]):
+        return 0
+    release(owned, 1)
+    copy = make_readable(obj)
+    keep_alive.append(copy)
+    intake(copy, b"grad_out", False, st, view, owned)
+    return 0
+
+def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
+                    bint together):
+    """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
+    its current stream, each with its input's strides when the input is dense, else dense in the
+    input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
+    allocator. With `together` (eager autograd wanting all three, which then live alike as the
+    .grad of three parameters) they share one allocation (never under torch.compile's CUDA graphs,
+    which require each output to start a block of their pool). grad_out is passed through make_readable (a copy)
+    only when cuDNN cannot read it. Returns (grad_q, grad_k, grad_v) as the framework's tensors."""
+    cdef SdpaOptions options
+    cdef BackwardArgs bwd
+    cdef Owned owned[6]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef DLManagedTensorVersioned* grads[3]
+    cdef TensorView* inputs[3]
+    cdef TensorView* outputs[3]
+    cdef const char* names[3]
+    cdef int64_t grad_strides[3][4]
+    cdef int ndims[3]
+    cdef const int64_t* shapes[3]
+    cdef const int64_t* strides_of[3]
+    cdef DLDataType dtypes[3]
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    cdef const DLPackExchangeAPI* api = allocating_api(q)
+    for i in range(6):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    for i in range(3):
+        grads[i] = NULL
+    inputs[0], inputs[1], inputs[2] = &bwd.q, &bwd.k, &bwd.v
+    outputs[0], outputs[1], outputs[2] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
+    names[0], names[1], names[2] = b"grad_q", b"grad_k", b"grad_v"
+    keep_alive = []
+    parse_stream(None, &st)
+    try:
+        intake(q, b"q", False, &st, &bwd.q, &owned[0])
+        intake(k, b"k", False, &st, &bwd.k, &owned[1])
+        intake(v, b"v", False, &st, &bwd.v, &owned[2])
+        intake(out, b"out", False, &st, &bwd.out, &owned[3])
+        intake(lse, b"lse", False, &st, &bwd.lse, &owned[4])
+        intake_readable(grad_out, make_readable, &st, &bwd.grad_out, &owned[5], keep_alive)
+        for i in range(3):
+            if inputs[i].ndim != 4:
+                raise LayoutError(f"{SLOT_NAMES[i].decode()} must have 4 axes (batch, heads, seq, head_dim); "
+                                  f"it has {inputs[i].ndim}")
+            if inputs[i].device_type != kDLCUDA:
+                outputs[i][0] = inputs[i][0]  # placeholders: the validator names the device problem
+        if bwd.q.device_type != kDLCUDA or bwd.k.device_type != kDLCUDA or bwd.v.device_type != kDLCUDA:
+            with nogil:
+                validate_backward(bwd)
+        for i in range(3):
+            gradient_strides(inputs[i][0], grad_strides[i])
+            ndims[i], shapes[i], strides_of[i], dtypes[i] = 4, inputs[i].dims, grad_strides[i], inputs[i].dtype
+        if together:
+            allocate_together(api, 3, ndims, shapes, strides_of, dtypes, bwd.q.device_id, grads)
+        for i in range(3):
+            if not together:
+                grads[i] = allocate_strided(api, 4, inputs[i].dims, grad_strides[i], inputs[i].dtype,
+                                            inputs[i].device_id)
+            outputs[i][0] = view_from_dltensor(grads[i].dl_tensor, False, names[i], ExportQuirk.none)
+        call = prepared_backward(bwd, options)
+        execute_with_framework_workspace(api, call, st.handle, bwd.q.device_id)
+        result = []
+        for i in range(3):
+            result.append(to_framework_object(api, grads[i]))
+            grads[i] = NULL
+        return tuple(result)
+    finally:
+        release(owned, 6)
+        for i in range(3):
+            if grads[i] != NULL:
+                grads[i].deleter(grads[i])
+
+
+# --- The packed entry point: q/k/v (or k/v) as slices of one buffer, one packed gradient -----------

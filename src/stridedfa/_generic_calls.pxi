@@ -1,0 +1,49 @@
+# Included by _core.pyx: the framework-free attention path (stridedfa.attention for producers
+# without an adapter): any DLPack inputs, outputs as stridedfa-owned DeviceBuffers (_buffer.pxi).
+
+
+def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, stream):
+    """stridedfa.attention for producers without an adapter: outputs are DeviceBuffers allocated on
+    the call's stream (the explicit one, else the one intake settles on: the producer's current work
+    stream where it exports the DLPack C exchange API, else the legacy default stream); each input
+    is read once; cuDNN's workspace comes from the core's pool."""
+    cdef SdpaOptions options
+    cdef ForwardArgs fwd
+    cdef Owned owned[3]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef int64_t shape[4]
+    cdef int64_t strides[4]
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    for i in range(3):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    parse_stream(stream, &st)
+    try:
+        intake(q, b"q", False, &st, &fwd.q, &owned[0])
+        intake(k, b"k", False, &st, &fwd.k, &owned[1])
+        intake(v, b"v", False, &st, &fwd.v, &owned[2])
+        if fwd.q.ndim != 4 or fwd.v.ndim != 4:
+            raise LayoutError(f"q and v must be 4-D (batch, heads, seq, head_dim); got {fwd.q.ndim}-D q and "
+                              f"{fwd.v.ndim}-D v")
+        if fwd.q.device_type != kDLCUDA:
+            with nogil:  # the validator names the device problem
+                validate_forward(fwd)
+        shape[0], shape[1], shape[2], shape[3] = fwd.q.dims[0], fwd.q.dims[1], fwd.q.dims[2], fwd.v.dims[3]
+        dense_strides_like(shape, fwd.q.strides, 4, strides)
+        owner = stream if stream is not None and not isinstance(stream, int) else None
+        out = new_buffer(tuple(shape[i] for i in range(4)), tuple(strides[i] for i in range(4)),
+                         fwd.q.dtype, fwd.q.device_id, st.handle, owner)
+        view_of_buffer(out, b"out", &fwd.out)
+        lse = None
+        if return_lse:
+            lse = new_buffer((shape[0], shape[1], shape[2]), (shape[1] * shape[2], shape[2], 1),
+                             float32_dtype(), fwd.q.device_id, st.handle, owner)
+            view_of_buffer(lse, b"lse", &fwd.lse)
+        call = prepared_forward(fwd, options)
+        with nogil:
+            execute(call, st.handle, NULL)
+        return (out, lse) if return_lse else out
+    finally:
+        release(owned, 3)

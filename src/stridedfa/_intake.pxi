@@ -1,0 +1,226 @@
+# Included by _core.pyx: DLPack intake. Each argument is read once, without copying, into the
+# core's TensorView, fastest path first: the DLPack C exchange API (torch >= 2.10), CuPy's own
+# attributes, then __dlpack__ capsules (versioned or legacy, consumed by the protocol's rules).
+
+cdef dict _exchange_apis = {}  # type -> address of its DLPackExchangeAPI, 0 if none (keeps types alive)
+
+
+cdef const DLPackExchangeAPI* exchange_api_of(type tp) except? NULL:
+    cached = _exchange_apis.get(tp)
+    if cached is None:
+        address = 0
+        capsule = getattr(tp, "__dlpack_c_exchange_api__", None)
+        if capsule is not None and PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
+            api = <const DLPackExchangeAPI*>PyCapsule_GetPointer(capsule, b"dlpack_exchange_api")
+            if api.header.version.major == DLPACK_MAJOR_VERSION:
+                address = <uintptr_t>api
+        _exchange_apis[tp] = address
+        cached = address
+    return <const DLPackExchangeAPI*><uintptr_t>cached
+
+
+cdef struct Owned:
+    DLManagedTensorVersioned* versioned
+    DLManagedTensor* legacy
+
+
+cdef void release(Owned* owned, int n) noexcept:
+    """Calls each consumed tensor's deleter, exactly once."""
+    cdef int i
+    for i in range(n):
+        if owned[i].versioned != NULL:
+            if owned[i].versioned.deleter != NULL:
+                owned[i].versioned.deleter(owned[i].versioned)
+            owned[i].versioned = NULL
+        if owned[i].legacy != NULL:
+            if owned[i].legacy.deleter != NULL:
+                owned[i].legacy.deleter(owned[i].legacy)
+            owned[i].legacy = NULL
+
+
+cdef object call_dlpack(object obj, object stream, const char* name):
+    method = getattr(obj, "__dlpack__", None)
+    if method is None:
+        raise TypeError(f"{name.decode()}: expected a DLPack tensor (an object with __dlpack__), "
+                        f"got {type(obj).__module__}.{type(obj).__qualname__}")
+    try:
+        return method(stream=stream, max_version=(DLPACK_MAJOR_VERSION, 3))
+    except TypeError:  # a producer that predates max_version
+        return method(stream=stream)
+
+
+cdef int consume_capsule(object capsule, const char* name, TensorView* view, Owned* owned,
+                         ExportQuirk quirk=ExportQuirk.none) except -1:
+    cdef DLManagedTensorVersioned* versioned
+    cdef DLManagedTensor* legacy
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        versioned = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        # Renamed first: from here on the capsule's destructor leaves the tensor to us.
+        PyCapsule_SetName(capsule, b"used_dltensor_versioned")
+        owned.versioned = versioned
+        if versioned.version.major != DLPACK_MAJOR_VERSION:
+            raise UnsupportedError(
+                f"{name.decode()}: its producer exported DLPack {versioned.version.major}."
+                f"{versioned.version.minor}; stridedfa reads DLPack {DLPACK_MAJOR_VERSION}.x")
+        view[0] = view_from_dltensor(versioned.dl_tensor,
+                                     (versioned.flags & DLPACK_FLAG_READ_ONLY) != 0, name, quirk)
+        return 0
+    if PyCapsule_IsValid(capsule, b"dltensor"):
+        legacy = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+        PyCapsule_SetName(capsule, b"used_dltensor")
+        owned.legacy = legacy
+        view[0] = view_from_dltensor(legacy.dl_tensor, False, name, quirk)
+        return 0
+    raise TypeError(f"{name.decode()}.__dlpack__() did not return an unconsumed DLPack capsule "
+                    f"(got {capsule!r})")
+
+
+# --- CuPy arrays, read from their own attributes ---------------------------------------------------
+#
+# CuPy has no DLPack C exchange API, and its __dlpack__ costs microseconds per tensor (it queries
+# the pointer's memory type with cudaPointerGetAttributes on every export) and, in CuPy 14.2,
+# exports negative strides wrongly (ExportQuirk.cupy_unsigned_strides). A CuPy array over plain
+# device memory is therefore read from its public attributes -- data.ptr, data.device_id, shape,
+# strides (signed bytes), dtype -- and ordered the way __dlpack__(stream=...) orders it: a call on
+# another stream than CuPy's current one waits for that stream. Other CuPy arrays (managed or
+# foreign memory, dtypes without a DLPack code here) go through __dlpack__.
+
+cdef tuple _cupy_device_memory = None  # CuPy memory types that are plain device memory
+cdef dict _cupy_dtypes = None          # numpy dtype -> (DLPack code, bits)
+
+
+cdef int load_cupy_types() except -1:
+    global _cupy_device_memory, _cupy_dtypes
+    import numpy
+    from cupy.cuda import memory
+    _cupy_device_memory = tuple(getattr(memory, name) for name in ("PooledMemory", "Memory", "MemoryAsync")
+                                if hasattr(memory, name))
+    _cupy_dtypes = {numpy.dtype(numpy.float16): (2, 16), numpy.dtype(numpy.float32): (2, 32),
+                    numpy.dtype(numpy.float64): (2, 64), numpy.dtype(numpy.int32): (0, 32),
+                    numpy.dtype(numpy.int64): (0, 64)}
+    return 0
+
+
+cdef int intake_cupy(object obj, const char* name, CallStream* st, TensorView* view) except -1:
+    """Reads a CuPy array without DLPack; returns 1 when done, 0 when it must take the protocol."""
+    cdef DLTensor t
+    cdef int64_t shape[8]
+    cdef int64_t strides[8]
+    cdef int i, ndim
+    cdef int64_t itemsize
+    cdef uintptr_t current
+    if _cupy_device_memory is None:
+        load_cupy_types()
+    memptr = obj.data
+    if not isinstance(memptr.mem, _cupy_device_memory):
+        return 0
+    code_bits = _cupy_dtypes.get(obj.dtype)
+    if code_bits is None:
+        return 0
+    dims = obj.shape
+    byte_strides = obj.strides
+    ndim = len(dims)
+    if ndim > 8:
+        return 0  # the protocol path reports it
+    t.dtype.code = code_bits[0]
+    t.dtype.bits = code_bits[1]
+    t.dtype.lanes = 1
+    itemsize = code_bits[1] // 8
+    for i in range(ndim):
+        shape[i] = dims[i]
+        if byte_strides[i] % itemsize != 0:
+            raise LayoutError(f"{name.decode()}: axis {i} has a stride of {byte_strides[i]} bytes, not a "
+                              f"multiple of its {itemsize}-byte elements; pass a copy "
+                              f"(cupy.ascontiguousarray(x))")
+        strides[i] = byte_strides[i] // itemsize
+    t.data = <void*><uintptr_t>memptr.ptr
+    t.device.device_type = kDLCUDA
+    t.device.device_id = memptr.device_id
+    t.ndim = ndim
+    t.shape = shape
+    t.strides = strides
+    t.byte_offset = 0
+    view[0] = view_from_dltensor(t, False, name, ExportQuirk.none)
+    if not st.after_cupy:
+        current = cupy_current_stream()
+        if not st.decided:
+            st.decided = True
+            st.handle = current
+        elif canonical_handle(current) != canonical_handle(st.handle):
+            ensure_libraries()
+            stream_wait_stream(view.device_id, st.handle, current)
+        st.after_cupy = True
+    return 1
+
+
+cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
+                TensorView* view, Owned* owned) except -1:
+    """Reads one argument into `view` without copying; decides the call's stream if still open."""
+    cdef type tp = type(obj)
+    cdef const DLPackExchangeAPI* api = exchange_api_of(tp)
+    cdef DLTensor borrowed
+    cdef DLManagedTensorVersioned* managed = NULL
+    cdef void* current = NULL
+    cdef ExportQuirk quirk = ExportQuirk.none
+    if api != NULL:
+        if api.dltensor_from_py_object_no_sync != NULL:
+            if api.dltensor_from_py_object_no_sync(<void*>obj, &borrowed) != 0:
+                return -1
+            view[0] = view_from_dltensor(borrowed, False, name, ExportQuirk.none)
+        else:
+            if api.managed_tensor_from_py_object_no_sync(<void*>obj, &managed) != 0:
+                return -1
+            owned.versioned = managed
+            view[0] = view_from_dltensor(managed.dl_tensor, (managed.flags & DLPACK_FLAG_READ_ONLY) != 0,
+                                         name, ExportQuirk.none)
+        if view.device_type != kDLCUDA:
+            return 0  # the validator reports the device with the call's context
+        if api.current_work_stream(kDLCUDA, view.device_id, &current) != 0:
+            return -1
+        if not st.decided:
+            st.decided = True
+            st.handle = <uintptr_t>current
+        if <uintptr_t>current == st.handle:
+            return 0  # produced on the stream we run on: no synchronisation needed
+        # Another stream: let the producer order its work before ours through the protocol.
+        release(owned, 1)
+        view.present = False
+    elif is_cupy_type(tp):
+        if tp.__name__ == "ndarray" and intake_cupy(obj, name, st, view):
+            return 0
+        quirk = ExportQuirk.cupy_unsigned_strides
+
+    device = getattr(obj, "__dlpack_device__", None)
+    if device is not None:
+        device_type, device_id = device()
+        if device_type != kDLCUDA:
+            # Without a CUDA device there is no stream to pass; report it like the validator would.
+            kind = {1: "CPU", 3: "CUDA host (pinned) memory", 13: "CUDA managed memory", 10: "ROCm"}.get(
+                device_type, f"DLPack device type {device_type}")
+            raise LayoutError(
+                f"{name.decode()} needs a CUDA device; it lives in {kind} ({tp.__module__}."
+                f"{tp.__qualname__}). Move it to the GPU first (torch: x.cuda(), CuPy: "
+                f"cupy.asarray(x), JAX: jax.device_put(x, gpu)).")
+    if not st.decided:
+        st.decided = True
+        st.handle = default_stream_of(obj)
+    consume_capsule(call_dlpack(obj, protocol_stream(st.handle), name), name, view, owned, quirk)
+    if is_output and tp.__module__.startswith(("jax", "jaxlib")):
+        view.read_only = True  # JAX arrays are immutable though their DLPack export does not say so
+    return 0
+
+
+def _can_read(x):
+    """Whether cuDNN can read ``x`` as an attention input as it lies (the validator's stride and
+    alignment rules); adapters copy a gradient autograd hands over only when this is False."""
+    cdef TensorView view
+    cdef Owned owned
+    cdef CallStream st
+    owned.versioned = NULL
+    owned.legacy = NULL
+    parse_stream(None, &st)
+    try:
+        intake(x, b"x", False, &st, &view, &owned)
+        return view.device_type == kDLCUDA and cudnn_can_read(view)
+    finally:
+        release(&owned, 1)

@@ -1,0 +1,162 @@
+# Included by _core.pyx: the packed entry point. q/k/v (or k/v) are slices of one buffer, read as
+# views (layout_rules.hpp select_packed), and the backward writes dQ/dK/dV into one packed gradient
+# buffer allocated by the buffer's framework.
+
+
+cdef int parse_to_logical(object to_logical, int* out) except -1:
+    if len(to_logical) != 4 or sorted(to_logical) != [0, 1, 2, 3]:
+        raise ValueError(f"to_logical must be a permutation of (0, 1, 2, 3), got {to_logical!r}")
+    for i in range(4):
+        out[i] = to_logical[i]
+    return 0
+
+cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
+    if packed.ndim != 5:
+        raise LayoutError(f"packed must have 5 axes (four named by the layout plus the packing axis); "
+                          f"it has {packed.ndim}")
+    if dim < 0 or dim > 4 or packed.dims[dim] != want:
+        raise LayoutError(f"packed must have extent {want} along dim {dim}")
+    return 0
+
+def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
+                          bint with_lse):
+    """Forward of the packed entry point, outputs allocated by packed's framework (see
+    _forward_alloc). `packed` holds q, k, v (or k, v with `q` given in the same layout) along
+    `dim`; its other axes are in layout order, and `to_logical[i]` is the layout axis holding the
+    core's axis i (b, h, s, d). Returns (out in layout axes, dense in q's memory order; lse or
+    None)."""
+    cdef SdpaOptions options
+    cdef ForwardArgs fwd
+    cdef Owned owned[2]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef TensorView packed_view, q_layout, v_layout, out_layout
+    cdef DLManagedTensorVersioned* out_tensor = NULL
+    cdef DLManagedTensorVersioned* lse_tensor = NULL
+    cdef int perm[4]
+    cdef int64_t out_shape[4]
+    cdef int64_t out_strides[4]
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    parse_to_logical(to_logical, perm)
+    cdef const DLPackExchangeAPI* api = allocating_api(packed)
+    for i in range(2):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    parse_stream(None, &st)
+    try:
+        intake(packed, b"packed", False, &st, &packed_view, &owned[0])
+        check_packed(packed_view, dim, 3 if q is None else 2)
+        if q is None:
+            q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
+            fwd.k = select_packed(packed_view, dim, 1, perm, b"k")
+            fwd.v = select_packed(packed_view, dim, 2, perm, b"v")
+        else:
+            intake(q, b"q", False, &st, &q_layout, &owned[1])
+            if q_layout.ndim != 4:
+                raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
+            fwd.k = select_packed(packed_view, dim, 0, perm, b"k")
+            fwd.v = select_packed(packed_view, dim, 1, perm, b"v")
+        fwd.q = to_core_axes(q_layout, perm, b"q")
+        if packed_view.device_type != kDLCUDA:
+            with nogil:
+                validate_forward(fwd)
+        for i in range(4):
+            out_shape[i] = q_layout.dims[i]
+        out_shape[perm[3]] = fwd.v.dims[3]  # head_dim of v
+        dense_strides_like(out_shape, q_layout.strides, 4, out_strides)
+        out_tensor = allocate_strided(api, 4, out_shape, out_strides, packed_view.dtype, packed_view.device_id)
+        out_layout = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
+        fwd.out = to_core_axes(out_layout, perm, b"out")
+        if with_lse:
+            lse_tensor = allocate_stats(api, fwd.q)
+            fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
+        call = prepared_forward(fwd, options)
+        execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
+        out = to_framework_object(api, out_tensor)
+        out_tensor = NULL
+        lse = None
+        if lse_tensor != NULL:
+            lse = to_framework_object(api, lse_tensor)
+            lse_tensor = NULL
+        return out, lse
+    finally:
+        release(owned, 2)
+        if out_tensor != NULL:
+            out_tensor.deleter(out_tensor)
+        if lse_tensor != NULL:
+            lse_tensor.deleter(lse_tensor)
+
+def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
+                           causal_alignment):
+    """Backward of the packed entry point: allocates one gradient buffer with packed's strides
+    (dense in its axis order if packed is not dense) and, with a separate q, q's gradient (same
+    rule); cuDNN writes dQ/dK/dV straight into their slices. `out` and `grad_out` are in layout
+    axes. Returns (grad_packed, grad_q or None)."""
+    cdef SdpaOptions options
+    cdef BackwardArgs bwd
+    cdef Owned owned[5]
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
+    cdef DLManagedTensorVersioned* grad_packed_tensor = NULL
+    cdef DLManagedTensorVersioned* grad_q_tensor = NULL
+    cdef int perm[4]
+    cdef int64_t strides[8]
+    cdef int i
+    parse_options(scale, causal, causal_alignment, &options)
+    parse_to_logical(to_logical, perm)
+    cdef const DLPackExchangeAPI* api = allocating_api(packed)
+    for i in range(5):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    parse_stream(None, &st)
+    try:
+        intake(packed, b"packed", False, &st, &packed_view, &owned[0])
+        check_packed(packed_view, dim, 3 if q is None else 2)
+        intake(out, b"out", False, &st, &out_layout, &owned[1])
+        intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[2])
+        intake(lse, b"lse", False, &st, &bwd.lse, &owned[3])
+        if out_layout.ndim != 4 or grad_out_layout.ndim != 4:
+            raise LayoutError("out and grad_out must have 4 axes in the packed buffer's layout")
+        bwd.out = to_core_axes(out_layout, perm, b"out")
+        bwd.grad_out = to_core_axes(grad_out_layout, perm, b"grad_out")
+        gradient_strides(packed_view, strides)
+        grad_packed_tensor = allocate_strided(api, 5, packed_view.dims, strides, packed_view.dtype,
+                                              packed_view.device_id)
+        grad_packed_view = view_from_dltensor(grad_packed_tensor.dl_tensor, False, b"grad_packed", ExportQuirk.none)
+        if q is None:
+            bwd.q = select_packed(packed_view, dim, 0, perm, b"q")
+            bwd.k = select_packed(packed_view, dim, 1, perm, b"k")
+            bwd.v = select_packed(packed_view, dim, 2, perm, b"v")
+            bwd.grad_q = select_packed(grad_packed_view, dim, 0, perm, b"grad_q")
+            bwd.grad_k = select_packed(grad_packed_view, dim, 1, perm, b"grad_k")
+            bwd.grad_v = select_packed(grad_packed_view, dim, 2, perm, b"grad_v")
+        else:
+            intake(q, b"q", False, &st, &q_layout, &owned[4])
+            if q_layout.ndim != 4:
+                raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
+            bwd.q = to_core_axes(q_layout, perm, b"q")
+            bwd.k = select_packed(packed_view, dim, 0, perm, b"k")
+            bwd.v = select_packed(packed_view, dim, 1, perm, b"v")
+            gradient_strides(q_layout, strides)
+            grad_q_tensor = allocate_strided(api, 4, q_layout.dims, strides, q_layout.dtype, q_layout.device_id)
+            grad_q_layout = view_from_dltensor(grad_q_tensor.dl_tensor, False, b"grad_q", ExportQuirk.none)
+            bwd.grad_q = to_core_axes(grad_q_layout, perm, b"grad_q")
+            bwd.grad_k = select_packed(grad_packed_view, dim, 0, perm, b"grad_k")
+            bwd.grad_v = select_packed(grad_packed_view, dim, 1, perm, b"grad_v")
+        call = prepared_backward(bwd, options)
+        execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
+        grad_packed = to_framework_object(api, grad_packed_tensor)
+        grad_packed_tensor = NULL
+        grad_q = None
+        if grad_q_tensor != NULL:
+            grad_q = to_framework_object(api, grad_q_tensor)
+            grad_q_tensor = NULL
+        return grad_packed, grad_q
+    finally:
+        release(owned, 5)
+        if grad_packed_tensor != NULL:
+            grad_packed_tensor.deleter(grad_packed_tensor)
+        if grad_q_tensor != NULL:
+            grad_q_tensor.deleter(grad_q_tensor)

@@ -1,0 +1,127 @@
+# Included by _core.pyx: hooks for tests and benchmarks, never called by the package itself. Each
+# exposes one piece of the production path on its own (an allocation, a layout rule, the core's
+# execute in a loop), so tests can pin it down without a GPU where possible.
+
+
+def _allocate_like(like, shape, strides):
+    """A tensor of `like`'s framework, dtype and device with exactly these shape and strides,
+    allocated through the exchange API the way _forward_alloc allocates (a test hook: it runs on
+    CPU tensors too)."""
+    cdef TensorView view
+    cdef Owned owned
+    cdef CallStream st
+    cdef int64_t c_shape[8]
+    cdef int64_t c_strides[8]
+    cdef int i, n = len(shape)
+    cdef const DLPackExchangeAPI* api = exchange_api_of(type(like))
+    if api == NULL or api.managed_tensor_allocator == NULL:
+        raise TypeError(f"{type(like).__qualname__} does not offer the DLPack C exchange API's allocator")
+    if n > 8 or len(strides) != n:
+        raise ValueError("at most 8 axes, and as many strides as extents")
+    for i in range(n):
+        c_shape[i] = shape[i]
+        c_strides[i] = strides[i]
+    owned.versioned = NULL
+    owned.legacy = NULL
+    parse_stream(None, &st)
+    try:
+        intake(like, b"like", False, &st, &view, &owned)
+    finally:
+        release(&owned, 1)
+    return to_framework_object(api, allocate_strided(api, n, c_shape, c_strides, view.dtype,
+                                                     view.device_id, view.device_type))
+
+
+def _output_strides(out_shape, like_strides):
+    """The C rule for output strides (layout_rules.hpp), for the test that keeps it equal to
+    stridedfa._layouts.output_strides."""
+    cdef int64_t shape[8]
+    cdef int64_t like[8]
+    cdef int64_t strides[8]
+    cdef int i, n = len(out_shape)
+    if n > 8 or len(like_strides) != n:
+        raise ValueError("at most 8 axes, and as many strides as extents")
+    for i in range(n):
+        shape[i] = out_shape[i]
+        like[i] = like_strides[i]
+    dense_strides_like(shape, like, n, strides)
+    return tuple(strides[i] for i in range(n))
+
+
+def _gradient_strides(shape, strides):
+    """The C rule for gradient strides (layout_rules.hpp), for the test that keeps it equal to
+    stridedfa._layouts.gradient_strides."""
+    cdef TensorView view
+    cdef int64_t out[8]
+    cdef int i, n = len(shape)
+    if n > 8 or len(strides) != n:
+        raise ValueError("at most 8 axes, and as many strides as extents")
+    view.ndim = n
+    for i in range(n):
+        view.dims[i] = shape[i]
+        view.strides[i] = strides[i]
+    gradient_strides(view, out)
+    return tuple(out[i] for i in range(n))
+
+
+def _execute_repeatedly(q, k, v, out, lse=None, *, int64_t repeats, scale=None, causal=False,
+                        causal_alignment="top_left", stream=None):
+    """sdpa_forward whose prepared call is executed `repeats` times back to back in C++, for the
+    host-overhead benchmark's floor: per-call cost of the core's execute alone."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, &options)
+    run(False, (q, k, v, out, lse), options, stream, None, RUN, 0, 0, repeats)
+
+
+cdef dict BUFFER_DTYPES = {"float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32)}
+
+def _device_buffer(shape, strides, dtype, device=0, stream=0):
+    """An uninitialised DeviceBuffer of this layout on `stream` (an int handle), for tests and
+    debugging; a zero-size one allocates nothing, so it works without a GPU."""
+    cdef DLDataType dt
+    if dtype not in BUFFER_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(BUFFER_DTYPES)}, got {dtype!r}")
+    shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
+    if len(shape) != len(strides) or not 0 < len(shape) <= 8:
+        raise ValueError(f"shape {shape} and strides {strides} need 1 to 8 axes each")
+    if any(n < 0 for n in shape) or any(s < 0 for s in strides):
+        raise ValueError(f"shape {shape} and strides {strides} must be non-negative")
+    dt.code, dt.bits = BUFFER_DTYPES[dtype]
+    dt.lanes = 1
+    return new_buffer(shape, strides, dt, device, stream, None)
+
+
+def _cupy_allocate_like_forward(q, v, bint with_lse, hooks):
+    """The outputs stridedfa.cupy.attention would allocate for q and v (the same code), without a
+    call: for the tests of the layout rule on machines without a GPU."""
+    cdef ForwardArgs fwd
+    cdef Owned owned[2]
+    cdef CallStream st
+    owned[0].versioned = owned[0].legacy = NULL
+    owned[1].versioned = owned[1].legacy = NULL
+    parse_stream(0, &st)
+    try:
+        intake(q, b"q", False, &st, &fwd.q, &owned[0])
+        intake(v, b"v", False, &st, &fwd.v, &owned[1])
+        return cupy_forward_outputs(q, hooks, None, with_lse, &fwd)
+    finally:
+        release(owned, 2)
+
+def _cupy_allocate_gradients(q, k, v, hooks):
+    """The gradients stridedfa.cupy.attention_backward would allocate (see
+    _cupy_allocate_like_forward)."""
+    cdef BackwardArgs bwd
+    cdef Owned owned[3]
+    cdef CallStream st
+    cdef int i
+    for i in range(3):
+        owned[i].versioned = NULL
+        owned[i].legacy = NULL
+    parse_stream(0, &st)
+    try:
+        intake(q, b"q", False, &st, &bwd.q, &owned[0])
+        intake(k, b"k", False, &st, &bwd.k, &owned[1])
+        intake(v, b"v", False, &st, &bwd.v, &owned[2])
+        return cupy_gradients((q, k, v), hooks, None, &bwd)
+    finally:
+        release(owned, 3)
