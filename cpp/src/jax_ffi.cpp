@@ -39,9 +39,12 @@ TensorView array_view(const char* name, const int64_t* dims, int64_t rank, Array
   t.ndim = 4;
   const int64_t logical[4] = {batch, h, s, d};
   const int64_t strides[4] = {outer * inner * d, bshd ? d : s * d, bshd ? h * d : d, 1};
+  // The array's own axis numbers for messages (the batch axes are folded into axis 0).
+  const int64_t caller[4] = {0, bshd ? rank - 2 : rank - 3, bshd ? rank - 3 : rank - 2, rank - 1};
   for (int i = 0; i < 4; ++i) {
     t.dims[i] = logical[i];
     t.strides[i] = strides[i];
+    t.caller_axes[i] = static_cast<int8_t>(caller[i]);
   }
   t.dtype = dtype;
   t.device_type = kDLCUDA;

@@ -73,6 +73,7 @@ TensorView select_packed(const TensorView& packed, int dim, int index, const int
     const int axis = remaining[to_logical ? to_logical[i] : i];
     out.dims[i] = packed.dims[axis];
     out.strides[i] = packed.strides[axis];
+    out.caller_axes[i] = packed.caller_axes[axis];
   }
   out.data = packed.data + std::uintptr_t(index * packed.strides[dim] * packed.itemsize());
   return out;
@@ -84,6 +85,7 @@ TensorView to_core_axes(const TensorView& layout_view, const int* to_logical, co
   for (int i = 0; i < 4; ++i) {
     out.dims[i] = layout_view.dims[to_logical[i]];
     out.strides[i] = layout_view.strides[to_logical[i]];
+    out.caller_axes[i] = layout_view.caller_axes[to_logical[i]];
   }
   return out;
 }

@@ -85,12 +85,6 @@ GraphSpec spec_for(GraphOp op, const Problem& p, const SdpaOptions& o, const Ten
   return spec;
 }
 
-void check_options(const SdpaOptions& options) {
-  if (options.has_scale && !std::isfinite(options.scale)) {
-    throw LayoutError("scale must be a finite number, got " + std::to_string(options.scale));
-  }
-}
-
 PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands) {
   PreparedCall call;
   call.problem = problem;
@@ -178,28 +172,28 @@ struct Operands {
 };
 
 PreparedCall prepare_forward(const ForwardArgs& a, const SdpaOptions& options) {
-  check_options(options);
   const Problem problem = validate_forward(a);
+  validate_options(options, problem);
   return prepare(GraphOp::forward, problem, options, Operands(a).slots);
 }
 
 PreparedCall prepare_backward(const BackwardArgs& a, const SdpaOptions& options) {
-  check_options(options);
   const Problem problem = validate_backward(a);
+  validate_options(options, problem);
   return prepare(GraphOp::backward, problem, options, Operands(a).slots);
 }
 
 std::vector<int64_t> forward_graph_key(const ForwardArgs& a, const SdpaOptions& options, int32_t sm_version,
                                        int64_t cudnn_version) {
-  check_options(options);
   const Problem problem = validate_forward(a);
+  validate_options(options, problem);
   return spec_for(GraphOp::forward, problem, options, Operands(a).slots, sm_version, cudnn_version).key();
 }
 
 std::vector<int64_t> backward_graph_key(const BackwardArgs& a, const SdpaOptions& options, int32_t sm_version,
                                         int64_t cudnn_version) {
-  check_options(options);
   const Problem problem = validate_backward(a);
+  validate_options(options, problem);
   return spec_for(GraphOp::backward, problem, options, Operands(a).slots, sm_version, cudnn_version).key();
 }
 

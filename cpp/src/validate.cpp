@@ -10,9 +10,11 @@
 //     operand gives wrong numbers silently (cudnn-frontend <= 1.23 never rejected it).
 //   - Outputs are writable and share no byte with themselves, each other or any input (exact).
 //   - Every output empty: nothing to do. Extent-1 axes may carry any stride.
+//   - Options: a finite scale; bottom-right causal needs s_q <= s_kv (validate_options).
 //   - The backward's operands within 2^32 elements, out and grad_out within 4 GiB, of their data
 //     pointers (cuDNN's 32-bit offsets; wrong gradients beyond).
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <vector>
 
@@ -34,8 +36,9 @@ std::string shape_str(const TensorView& t) {
   return s.str();
 }
 
-std::string axis_str(int axis) {
-  return "axis " + std::to_string(axis) + " (" + (axis < 4 ? kAxisNames[axis] : "?") + ")";
+// "axis 2 (heads)": the caller's number for the axis (TensorView::caller_axes), the core's name.
+std::string axis_str(const TensorView& t, int axis) {
+  return "axis " + std::to_string(t.caller_axes[axis]) + " (" + (axis < 4 ? kAxisNames[axis] : "?") + ")";
 }
 
 bool is_half(DLDataType d) {
@@ -104,7 +107,7 @@ class Validator {
       if (t.dims[axis] != expected[axis]) {
         std::ostringstream s;
         s << t.name << ": shape " << shape_str(t) << " does not match " << meaning << " = (" << expected[0] << ", "
-          << expected[1] << ", " << expected[2] << ", " << expected[3] << "); " << axis_str(axis) << " is "
+          << expected[1] << ", " << expected[2] << ", " << expected[3] << "); " << axis_str(t, axis) << " is "
           << t.dims[axis] << ", expected " << expected[axis] << ".";
         throw LayoutError(s.str());
       }
@@ -119,22 +122,22 @@ class Validator {
       const int64_t extent = t.dims[axis], stride = t.strides[axis];
       if (extent == 1) continue;  // never stepped along: any stride is fine
       if (stride < 0) {
-        throw LayoutError(std::string(t.name) + ": " + axis_str(axis) + " has negative stride " + std::to_string(stride) +
+        throw LayoutError(std::string(t.name) + ": " + axis_str(t, axis) + " has negative stride " + std::to_string(stride) +
                           "; cuDNN cannot walk memory backwards. Pass a copy (torch: x.contiguous(), CuPy: " +
                           "cupy.ascontiguousarray(x)).");
       }
       if (stride == 0) {
         if (is_output) {
-          throw LayoutError(std::string(t.name) + ": " + axis_str(axis) + " has stride 0 (a broadcast view); an output needs " +
+          throw LayoutError(std::string(t.name) + ": " + axis_str(t, axis) + " has stride 0 (a broadcast view); an output needs " +
                             "its own memory for every element. Allocate it with torch.empty / cupy.empty.");
         }
-        throw LayoutError(std::string(t.name) + ": " + axis_str(axis) + " has stride 0 (a broadcast view), which cuDNN " +
+        throw LayoutError(std::string(t.name) + ": " + axis_str(t, axis) + " has stride 0 (a broadcast view), which cuDNN " +
                           "cannot read. Materialise it (x.contiguous()); for GQA pass k and v with their own h_kv heads, " +
                           "stridedfa maps query heads onto them itself.");
       }
       if (!is_stats && axis == 3) {
         if (stride != 1) {
-          throw LayoutError(std::string(t.name) + ": " + axis_str(axis) + " has stride " + std::to_string(stride) +
+          throw LayoutError(std::string(t.name) + ": " + axis_str(t, axis) + " has stride " + std::to_string(stride) +
                             "; cuDNN needs the head_dim axis contiguous (stride 1). Pass a view whose last logical " +
                             "axis is contiguous in memory, or a copy (x.contiguous()).");
         }
@@ -142,7 +145,7 @@ class Validator {
       }
       if (!is_stats && (stride * item) % kAlignment != 0) {
         std::ostringstream s;
-        s << t.name << ": " << axis_str(axis) << " has stride " << stride << " elements = " << stride * item
+        s << t.name << ": " << axis_str(t, axis) << " has stride " << stride << " elements = " << stride * item
           << " bytes, not a multiple of " << kAlignment << " bytes; cuDNN's vector loads would read misaligned "
           << "data (wrong results on Hopper). Pad that axis to a multiple of " << kAlignment / item
           << " elements or pass a contiguous copy.";
@@ -222,7 +225,7 @@ Problem problem_from(const TensorView& q, const TensorView& k, const TensorView&
   }
   if (v.dims[1] != p.h_kv || v.dims[2] != p.s_kv) {
     int axis = v.dims[1] != p.h_kv ? 1 : 2;
-    throw LayoutError("v: " + axis_str(axis) + " is " + std::to_string(v.dims[axis]) + " but k's is " +
+    throw LayoutError("v: " + axis_str(v, axis) + " is " + std::to_string(v.dims[axis]) + " but k's is " +
                       std::to_string(k.dims[axis]) + "; k and v must share heads and seq.");
   }
   if (p.h_kv == 0 ? p.h_q != 0 : p.h_q % p.h_kv != 0) {
@@ -353,6 +356,17 @@ Problem validate(GraphOp op, const TensorView* const given[kNumSlots]) {
 }
 
 }  // namespace
+
+void validate_options(const SdpaOptions& options, const Problem& p) {
+  if (options.has_scale && !std::isfinite(options.scale)) {
+    throw LayoutError("scale must be a finite number, got " + std::to_string(options.scale));
+  }
+  if (options.causal && options.alignment == CausalAlignment::bottom_right && p.s_q > p.s_kv) {
+    throw UnsupportedError("causal_alignment='bottom_right' with s_q (" + std::to_string(p.s_q) + ") > s_kv (" +
+                           std::to_string(p.s_kv) + ") leaves the first " + std::to_string(p.s_q - p.s_kv) +
+                           " query rows without any key, which cuDNN does not run; use 'top_left', or s_q <= s_kv.");
+  }
+}
 
 Problem validate_forward(const ForwardArgs& a) {
   const TensorView* given[kNumSlots] = {&a.q, &a.k, &a.v, &a.out, &a.lse};

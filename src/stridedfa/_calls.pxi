@@ -4,8 +4,33 @@
 # adapters and tests use.
 
 cdef const char* SLOT_NAMES[9]  # the argument names, from the operand table
-for _slot in range(kNumSlots):
+cdef int _slot
+for _slot in range(<int>kNumSlots):
     SLOT_NAMES[_slot] = kOperands[_slot].name
+
+cdef object role_name(Role role):
+    return "input" if role == Role.input else "output" if role == Role.output else None
+
+
+_EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1)
+
+
+def _operands():
+    """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
+    one dict per operand with its name, its role in the forward and the backward (None, "input" or
+    "output"), whether the forward may leave it out, its kind ("attention" or "stats") and the
+    logical extents of its (b, h, s, d) axes. Intake, validation, the cache key and the graph
+    builder all walk this table."""
+    cdef int slot, n = kNumSlots
+    cdef const OperandInfo* info
+    rows = []
+    for slot in range(n):
+        info = &kOperands[slot]
+        rows.append({"slot": slot, "name": info.name.decode(), "forward": role_name(info.forward),
+                     "backward": role_name(info.backward), "forward_optional": info.forward_optional,
+                     "kind": "attention" if info.kind == OperandKind.attention else "stats",
+                     "shape": tuple(_EXTENTS[info.shape[axis]] for axis in range(4))})
+    return rows
 
 
 cdef int parse_options(object scale, object causal, object causal_alignment,

@@ -35,7 +35,7 @@ from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buff
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,
                              set_error_translator, set_libraries, Slot, stream_wait_stream,
                              TensorView, to_core_axes, trim_pools, validate_backward,
-                             validate_forward, view_from_dltensor)
+                             validate_forward, validate_options, view_from_dltensor)
 from stridedfa._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVersioned,
                                 DLPackExchangeAPI, DLPACK_FLAG_READ_ONLY, DLPACK_MAJOR_VERSION,
                                 DLPACK_MINOR_VERSION, DLDeviceType, DLTensor, kDLCUDA)

@@ -4,7 +4,7 @@
 # Functions that can throw are declared `except +raise_core_error`: Cython catches the C++
 # exception and calls the translator that _core registers at import (_errors.pxi), which raises
 # the stridedfa exception of the same kind (LayoutError, UnsupportedError, BackendError).
-from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uintptr_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -46,6 +46,7 @@ cdef extern from "stridedfa/tensor_view.hpp" namespace "stridedfa" nogil:
         int32_t device_id
         uintptr_t data
         cbool read_only
+        int8_t caller_axes[8]
 
     string dtype_name(DLDataType dtype)
 
@@ -68,16 +69,16 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         cbool causal
         CausalAlignment alignment
 
-    cpdef enum class Role(int32_t):
+    cdef enum class Role(int32_t):
         absent
         input
         output
 
-    cpdef enum class OperandKind(int32_t):
+    cdef enum class OperandKind(int32_t):
         attention
         stats
 
-    cpdef enum class Reach(int32_t):
+    cdef enum class Reach(int32_t):
         unlimited
         elements_2_32
         bytes_2_32
@@ -118,6 +119,7 @@ cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cbool cudnn_can_read(const TensorView& t)
     Problem validate_forward(const ForwardArgs& args) except +raise_core_error
     Problem validate_backward(const BackwardArgs& args) except +raise_core_error
+    void validate_options(const SdpaOptions& options, const Problem& problem) except +raise_core_error
     PreparedCall prepare_forward(const ForwardArgs& args, const SdpaOptions& options) except +raise_core_error
     PreparedCall prepare_backward(const BackwardArgs& args, const SdpaOptions& options) except +raise_core_error
     vector[int64_t] forward_graph_key(const ForwardArgs& args, const SdpaOptions& options, int sm_version,

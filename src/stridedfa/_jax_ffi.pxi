@@ -25,7 +25,7 @@ cdef void jax_slots(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorVi
         views[4] = &fwd.lse
 
 
-cdef DLDataType jax_dtype(str name) except *:
+cdef DLDataType jax_dtype(str name, const char* operand=b"the operand") except *:
     cdef DLDataType t
     t.lanes = 1
     if name == "float16":
@@ -36,19 +36,23 @@ cdef DLDataType jax_dtype(str name) except *:
         t.code, t.bits = 2, 32
     elif name == "float64":
         t.code, t.bits = 2, 64
+    elif name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+        t.code, t.bits = (1 if name[0] == "u" else 0), int(name.lstrip("uint"))  # the core names the dtype
     else:
-        raise LayoutError(f"dtype {name} is not float16 or bfloat16")
+        raise LayoutError(f"{operand.decode()}: dtype {name} is not supported; attention operands must be "
+                          f"float16 or bfloat16 (e.g. x.astype(jnp.bfloat16))")
     return t
 
 
-cdef int jax_views(bint backward, int64_t layout, tuple shapes, str dtype, int device,
+cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, int device,
                    TensorView** views) except -1:
     """Fills the call's views (slot order) as the handler would, at distinct, 256-byte aligned
-    fake addresses: the validator never dereferences them."""
+    fake addresses: the validator never dereferences them. `dtype`: the attention operands' dtype
+    name, or one name per slot (so the validator sees each operand's own dtype)."""
     cdef int64_t dims[8]
     cdef int n = 9 if backward else 5
     cdef int i, j, rank
-    cdef DLDataType data_type = jax_dtype(dtype)
+    cdef DLDataType data_type
     cdef DLDataType stats_type = jax_dtype("float32")
     cdef uintptr_t address = 0x100000000
     cdef int64_t nbytes
@@ -63,6 +67,7 @@ cdef int jax_views(bint backward, int64_t layout, tuple shapes, str dtype, int d
         rank = len(shape)
         if rank > 8:
             raise LayoutError(f"{SLOT_NAMES[i].decode()}: {rank} axes; stridedfa reads at most 8")
+        data_type = jax_dtype(dtype if isinstance(dtype, str) else dtype[i], SLOT_NAMES[i])
         nbytes = 4 if i == 4 else data_type.bits // 8
         for j in range(rank):
             dims[j] = shape[j]
@@ -76,20 +81,23 @@ cdef int jax_views(bint backward, int64_t layout, tuple shapes, str dtype, int d
     return 0
 
 
-def _jax_validate(bint backward, int64_t layout, tuple shapes, str dtype):
+def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
+                  causal_alignment="top_left"):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
-    may be None) in ``layout``
-    (0: bshd, 1: bhsd). Needs no GPU. Returns what validation established, or raises
+    may be None) in ``layout`` (0: bshd, 1: bhsd), and the options' rules. Needs no GPU. Returns what validation established, or raises
     LayoutError / UnsupportedError."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef Problem problem
+    cdef SdpaOptions options
     cdef TensorView* views[9]
+    parse_options(scale, causal, causal_alignment, &options)
     jax_slots(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
+        validate_options(options, problem)
     return problem_dict(problem)
 
 

@@ -27,7 +27,6 @@ __all__ = ["attention", "packed_attention"]
 # well under a microsecond and allocates through torch's allocator. Older torch goes through
 # __dlpack__, which needs the stream spelled out and tensors detached.
 _HAS_EXCHANGE_API = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
-_ALIGNMENT = 16  # bytes; cuDNN's requirement for pointers and strides
 _LOGICAL = "bhsd"  # the core's axis names: batch, heads, sequence, head_dim
 
 
@@ -560,10 +559,4 @@ def _readable(t: torch.Tensor) -> torch.Tensor:
     """grad_out as cuDNN can read it. Autograd may hand a broadcast gradient (stride 0, e.g. from
     out.sum().backward()) or another layout cuDNN cannot read; only then is a copy made. The rule
     is the validator's (_core._can_read)."""
-    if _HAS_EXCHANGE_API:
-        return t if _core._can_read(t) else t.contiguous()
-    item = t.element_size()  # torch < 2.10: __dlpack__ would need a stream and a detach per call
-    ok = t.stride(-1) == 1 and t.data_ptr() % _ALIGNMENT == 0 and all(
-        size == 1 or (stride > 0 and stride * item % _ALIGNMENT == 0)
-        for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
-    return _raw(t) if ok else t.contiguous()
+    return _raw(t) if _core._can_read(_raw(t)) else t.contiguous()

@@ -47,6 +47,9 @@ bool cudnn_can_read(const TensorView& t);
 // Validation alone (throws LayoutError / UnsupportedError). Needs no GPU and no cuDNN.
 Problem validate_forward(const ForwardArgs& args);
 Problem validate_backward(const BackwardArgs& args);
+// The options' rules, given what validation established: a finite scale, and bottom-right causal
+// alignment only with s_q <= s_kv (UnsupportedError).
+void validate_options(const SdpaOptions& options, const Problem& problem);
 
 // Validate, then look up or build the graph. Throws BackendError when cuDNN is not loaded.
 PreparedCall prepare_forward(const ForwardArgs& args, const SdpaOptions& options);

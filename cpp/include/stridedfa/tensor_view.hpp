@@ -23,6 +23,9 @@ struct TensorView {
   int32_t device_id = 0;
   std::uintptr_t data = 0;  // DLTensor::data + byte_offset: the address of element (0, ..., 0)
   bool read_only = false;   // DLPack READ_ONLY flag, or an immutable producer (JAX)
+  // The caller's number for each axis, for messages: a JAX bshd array's heads are its axis 2, a
+  // packed buffer's slices keep the buffer's axis numbers. Identity for a tensor read as given.
+  int8_t caller_axes[kMaxDims] = {0, 1, 2, 3, 4, 5, 6, 7};
 
   int64_t numel() const;
   int64_t itemsize() const { return (int64_t(dtype.bits) * dtype.lanes + 7) / 8; }

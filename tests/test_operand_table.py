@@ -1,0 +1,144 @@
+"""The core's operand table (sdpa_types.hpp kOperands) is what every layer reads: walked here.
+
+For every operand of each op, on fake CUDA tensors (no GPU): the public signatures take the
+operands under the table's names (the optional ones as keywords); the validator checks each operand's dtype and
+shape as its row says and names the operand; an output may not overlap an input; and the graph
+cache key distinguishes every operand's strides. A new operand is a new row, and these tests
+cover it without a new line.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import pytest
+
+import stridedfa
+from stridedfa import _core
+from helpers.fake_dlpack import FakeTensor
+
+GiB = 1 << 30
+_bases = itertools.count(1)
+PROBLEM = {"batch": 2, "h_q": 4, "h_kv": 2, "s_q": 16, "s_kv": 32, "d_qk": 64, "d_v": 128, 1: 1}
+TABLE = _core._operands()
+OPS = {"forward": stridedfa.sdpa_forward, "backward": stridedfa.sdpa_backward}
+
+
+def operands(op):
+    return [row for row in TABLE if row[op] is not None]
+
+
+def shape_of(row, **change):
+    extents = dict(PROBLEM, **change)
+    shape = tuple(extents[e] for e in row["shape"])
+    return shape[:3] if row["kind"] == "stats" else shape  # statistics as (b, h, s)
+
+
+def make(row, shape=None, dtype=None):
+    shape = shape or shape_of(row)
+    dtype = dtype or ("float32" if row["kind"] == "stats" else "bfloat16")
+    return FakeTensor(shape, None, dtype, data=0x100000000000 + next(_bases) * GiB)
+
+
+def call_args(op, **replace):
+    """{operand name: tensor} for a valid call, with `replace`d operands."""
+    return {row["name"]: replace.get(row["name"], make(row)) for row in operands(op)}
+
+
+def positional(fn, args):
+    """`args` in the order of fn's parameters (the public order, e.g. grad_out before lse)."""
+    return [args[name] for name in inspect.signature(fn).parameters if name in args]
+
+
+def validate(op, args):
+    fn = _core._validate_forward if op == "forward" else _core._validate_backward
+    return fn(*positional(fn, args))
+
+
+def key(op, args):
+    # cuDNN 9.26 reads the statistics at any strides (older versions refuse non-packed ones).
+    graph_key = _core._forward_graph_key if op == "forward" else _core._backward_graph_key
+    return graph_key(*positional(graph_key, args), cudnn_version=92600)
+
+
+def test_table_rows_are_in_slot_order_with_names_and_roles():
+    assert [row["slot"] for row in TABLE] == list(range(len(TABLE)))
+    assert len({row["name"] for row in TABLE}) == len(TABLE)
+    for op in OPS:
+        roles = {row[op] for row in operands(op)}
+        assert roles == {"input", "output"}, op
+    assert all(row["shape"][3] == 1 for row in TABLE if row["kind"] == "stats")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_public_signatures_name_every_operand(op):
+    parameters = inspect.signature(OPS[op]).parameters
+    for row in operands(op):
+        parameter = parameters[row["name"]]
+        optional = op == "forward" and row["forward_optional"]
+        assert (parameter.kind is inspect.Parameter.KEYWORD_ONLY) == optional, row["name"]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_valid_call_passes_and_reports_the_problem(op):
+    problem = validate(op, call_args(op))
+    assert {k: problem[k] for k in ("b", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v")} == {
+        "b": 2, "h_q": 4, "h_kv": 2, "s_q": 16, "s_kv": 32, "d_qk": 64, "d_v": 128}
+
+
+@pytest.mark.parametrize("op, row", [(op, row) for op in OPS for row in operands(op)],
+                         ids=lambda x: x if isinstance(x, str) else x["name"])
+def test_every_operand_has_its_dtype_checked_and_named(op, row):
+    wrong = "float16" if row["kind"] == "stats" else "float32"
+    args = call_args(op, **{row["name"]: make(row, dtype=wrong)})
+    with pytest.raises(stridedfa.LayoutError, match=rf"^{row['name']}\b.*dtype"):
+        validate(op, args)
+
+
+@pytest.mark.parametrize("op, row", [(op, row) for op in OPS for row in operands(op)],
+                         ids=lambda x: x if isinstance(x, str) else x["name"])
+def test_every_operand_has_its_shape_checked_and_named(op, row):
+    # One more along the operand's last non-unit extent that no other operand fixes alone.
+    axis = max(i for i, e in enumerate(row["shape"]) if e != 1)
+    extent = row["shape"][axis]
+    shape = list(shape_of(row))
+    shape[axis] += 8
+    args = call_args(op, **{row["name"]: make(row, shape=tuple(shape))})
+    with pytest.raises(stridedfa.LayoutError) as error:
+        validate(op, args)
+    message = str(error.value)
+    if row["name"] in ("q", "k", "v"):  # these three define the problem: the clash names one of them
+        assert any(name in message for name in ("q", "k", "v")), message
+    else:
+        assert message.startswith(row["name"]), message
+    assert str(PROBLEM[extent] + 8) in message or "multiple" in message, message
+
+
+@pytest.mark.parametrize("op, row", [(op, row) for op in OPS for row in operands(op) if row[op] == "output"],
+                         ids=lambda x: x if isinstance(x, str) else x["name"])
+def test_every_output_may_not_overlap_an_input(op, row):
+    for other in operands(op):
+        if other[op] != "input" or other["kind"] != row["kind"] or shape_of(other) != shape_of(row):
+            continue
+        args = call_args(op)
+        args[row["name"]] = args[other["name"]]
+        with pytest.raises(stridedfa.LayoutError, match=f"{row['name']} overlaps {other['name']}"):
+            validate(op, args)
+
+
+@pytest.mark.parametrize("op, row", [(op, row) for op in OPS for row in operands(op)],
+                         ids=lambda x: x if isinstance(x, str) else x["name"])
+def test_the_cache_key_holds_every_operands_strides(op, row):
+    args = call_args(op)
+    base = key(op, args)
+    shape = shape_of(row)
+    if row["kind"] == "stats":
+        b, h, s = shape
+        strides = (h * s + 4, s, 1)  # padded between batches
+    else:
+        b, h, s, d = shape
+        strides = (s * h * d, d, h * d, 1)  # bshd memory order
+    args[row["name"]] = FakeTensor(shape, strides, "float32" if row["kind"] == "stats" else "bfloat16",
+                                                data=0x100000000000 + next(_bases) * GiB)
+    assert key(op, args) != base
