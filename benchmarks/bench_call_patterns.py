@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 
-from bench_host_overhead import sleep_cycles_for  # the same GPU-spin calibration
+from bench_host_overhead import measured_build, sleep_cycles_for  # shared with the host benchmark
 
 
 def log(*args):
@@ -207,8 +207,7 @@ def main(argv=None):
     env = {"python": platform.python_version(), "torch": torch.__version__, "stridedfa": sfa.__version__,
            "device": torch.cuda.get_device_name(), "cpus": os.cpu_count(),
            "cudnn": sfa.info().get("cudnn"), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if os.environ.get("STRIDEDFA_COMMIT"):
-        env["commit"] = os.environ["STRIDEDFA_COMMIT"]
+    env.update(measured_build(sfa))
     data = {"benchmark": "call_patterns", "environment": env,
             "sync": sync_rows(torch, sfa, repeats, calls=10 if args.quick else 20),
             "train": train_rows(torch, sfa, repeats if args.quick else 15, steps=20,

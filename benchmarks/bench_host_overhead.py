@@ -138,6 +138,16 @@ def remaining_costs(results, targets):
     return lines
 
 
+def measured_build(sfa):
+    """The measured wheel's own provenance (written into it by its build), not the checkout the
+    benchmark was launched from; that one too when STRIDEDFA_COMMIT names it."""
+    build = sfa.info().get("build", {})
+    facts = {"commit": build.get("commit"), "dirty": build.get("dirty")}
+    if os.environ.get("STRIDEDFA_COMMIT"):
+        facts["launched_from_commit"] = os.environ["STRIDEDFA_COMMIT"]
+    return facts
+
+
 def log(*args):
     print(*args, flush=True)
 
@@ -328,7 +338,7 @@ def run(args):
         "spin_ms": args.spin_ms,
         "environment": environment(torch, sfa),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": os.environ.get("STRIDEDFA_COMMIT"),
+        **measured_build(sfa),
         "results": results,
         "errors": errors,
         "floor_allocates_workspace": floor_allocates_workspace,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import subprocess
 
 from scikit_build_core import build as _scikit_build
 
@@ -89,6 +90,26 @@ def _pyproject_for_major():
         path.write_text(original)
 
 
+COMMIT_ENV, DIRTY_ENV = "STRIDEDFA_BUILD_COMMIT", "STRIDEDFA_BUILD_DIRTY"
+
+
+def _record_provenance() -> None:
+    """The commit a build is made from, and whether tracked files differ from it, for CMake to
+    write into the package (stridedfa/_build_info.py; stridedfa.info()["build"]). Read from git
+    in a checkout; a build from an sdist or another tree keeps what the environment says, else
+    "unknown". Runs before pyproject.toml is rewritten for another CUDA major."""
+    if COMMIT_ENV in os.environ:
+        return
+    commit, dirty = "unknown", "unknown"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        run = dict(capture_output=True, text=True, timeout=30, check=True)
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], **run).stdout.strip() or "unknown"
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], **run).stdout
+        dirty = "true" if status.strip() else "false"
+    os.environ[COMMIT_ENV] = commit
+    os.environ.setdefault(DIRTY_ENV, dirty)
+
+
 def _requires(base: list[str]) -> list[str]:
     return [*base, *MAJORS[cuda_major()]["build_requires"]]
 
@@ -127,11 +148,13 @@ def prepare_metadata_for_build_editable(metadata_directory, config_settings=None
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    _record_provenance()
     with _pyproject_for_major():
         return _scikit_build.build_wheel(wheel_directory, _settings(config_settings), metadata_directory)
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    _record_provenance()
     with _pyproject_for_major():
         return _scikit_build.build_editable(wheel_directory, _settings(config_settings), metadata_directory)
 

@@ -164,3 +164,16 @@ except stridedfa.BackendError as error:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "REFUSED" in result.stdout, result.stdout + result.stderr
     assert "was built for CUDA" in result.stdout and "install stridedfa-cu" in result.stdout, result.stdout
+
+
+def test_the_build_records_its_commit_and_cuda_major():
+    """The build writes what it is into the package (stridedfa/_build_info.py): info() reports it,
+    and the loader's CUDA major is the one the extension was compiled against."""
+    import re
+
+    from stridedfa import _build_info, _core
+
+    build = stridedfa.info()["build"]
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", build["commit"]), build
+    assert build["dirty"] in ("true", "false", "unknown"), build
+    assert build["cuda_major"] == _build_info.CUDA_MAJOR == _core._compiled_versions()["cuda"] // 1000

@@ -6,7 +6,7 @@ import platform
 import sys
 from typing import Any
 
-from stridedfa import _core, _loader
+from stridedfa import _build_info, _core, _loader
 from stridedfa._errors import StridedFAError
 from stridedfa._version import __version__
 
@@ -21,7 +21,8 @@ def info() -> dict[str, Any]:
     """Versions, library paths and devices, or the reason each is unavailable.
 
     Loads cuDNN and the CUDA runtime if no call has done so yet. Never raises for a missing GPU or
-    library: the entry says why instead. Keys: ``stridedfa``, ``distribution`` (``stridedfa-cu13``
+    library: the entry says why instead. Keys: ``stridedfa``, ``build`` (the commit it was built
+    from, whether tracked files differed from it, its CUDA major), ``distribution`` (``stridedfa-cu13``
     or ``stridedfa-cu12``), ``cuda_major`` (the CUDA major this build is for: it loads only that
     major's runtime), ``python``, ``built_with`` (the cuDNN, cudnn-frontend and CUDA versions
     compiled against), ``cudnn`` and ``cuda_runtime`` (version,
@@ -29,9 +30,10 @@ def info() -> dict[str, Any]:
     capability per ordinal — or ``error``), ``graph_cache``.
     """
     built = _core._compiled_versions()
-    cuda_major = built["cuda"] // 1000
+    cuda_major = int(_build_info.CUDA_MAJOR)
     report: dict[str, Any] = {
         "stridedfa": __version__,
+        "build": {"commit": _build_info.COMMIT, "dirty": _build_info.DIRTY, "cuda_major": cuda_major},
         "distribution": f"stridedfa-cu{cuda_major}",
         "cuda_major": cuda_major,
         "python": f"{platform.python_implementation()} {sys.version.split()[0]}",

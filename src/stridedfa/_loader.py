@@ -132,10 +132,11 @@ def find_cudart() -> Library:
 
 
 def _cuda_major() -> int:
-    """The CUDA major this build of stridedfa was compiled for (its distribution's -cuXX)."""
-    from stridedfa import _core
+    """The CUDA major this build of stridedfa was compiled for (its distribution's -cuXX), as the
+    build wrote it into the package."""
+    from stridedfa import _build_info
 
-    return _core._compiled_versions()["cuda"] // 1000
+    return int(_build_info.CUDA_MAJOR)
 
 
 class _NotFound(Exception):
