@@ -56,7 +56,7 @@ def run_gpu() -> int:
     try:
         import torch
     except ImportError:
-        torch = None
+        torch = None  # type: ignore[assignment]
     if torch is None or not torch.cuda.is_available():
         print("\ntorch with CUDA is not installed: the GPU demo allocates device memory with torch.")
         return run_numpy("torch with CUDA is not installed")

@@ -512,7 +512,7 @@ def _unpack(packed, dim, q):
     return q, packed.select(dim, 0), packed.select(dim, 1)
 
 
-_TO_LOGICAL = {}  # layout -> the permutation taking its axes to (b, h, s, d)
+_TO_LOGICAL: dict[str, list[int]] = {}  # layout -> the permutation taking its axes to (b, h, s, d)
 
 
 def _to_logical(layout: str) -> list[int]:

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("jinja2", reason="the recipe check needs jinja2 (pip install -e .[test])")
 pytest.importorskip("yaml", reason="the recipe check needs pyyaml (pip install -e .[test])")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "ci" / "check_recipe.py"
 
 

@@ -16,7 +16,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CI = REPO / "ci"
 WORKFLOW = REPO / ".github/workflows/ci.yml"
 sys.path.insert(0, str(CI))

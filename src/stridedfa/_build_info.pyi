@@ -1,0 +1,3 @@
+COMMIT: str
+DIRTY: str
+CUDA_MAJOR: int
