@@ -5,7 +5,8 @@
 
 1. The version has one source: src/stridedfa/_version.py. pyproject.toml declares it dynamic and
    reads it there (scikit-build-core's regex provider); stridedfa/__init__.py imports it.
-2. ci/matrix.yml is valid and expands for every job kind (ci/matrix.py), its Pythons satisfy requires-python, the lowest one is requires-python's
+2. ci/matrix.yml is valid and expands for every job kind (ci/matrix.py), its Pythons satisfy
+   requires-python, the lowest one is requires-python's
    lower bound (the oldest supported CPython is built and tested), and any per-version
    `Programming Language :: Python :: 3.N` classifiers list exactly the matrix's Pythons.
 3. Every CUDA major in ci/matrix.yml is one the build supports: pyproject.toml, or the in-tree build

@@ -526,7 +526,8 @@ def check_variant(data: dict, platform: str, variant: dict[str, str], project: P
             continue
         spec = host.get(conda_name)
         if spec is None:
-            problems.append(f"requirements.host: {conda_name} is missing (build-system.requires has {requirement.name})")
+            problems.append(f"requirements.host: {conda_name} is missing "
+                            f"(build-system.requires has {requirement.name})")
             continue
         for op in ("==", ">="):
             wanted = bound(requirement.constraints, op)

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpu_unavailable_reason() -> str | None:
     """None when a CUDA device and cuDNN are usable, else why not."""
     import stridedfa

@@ -12,8 +12,8 @@ import itertools
 import pytest
 
 import stridedfa
-from stridedfa import _core
 from helpers.fake_dlpack import FakeTensor
+from stridedfa import _core
 
 B, H, S, D = 2, 4, 32, 64
 _addresses = itertools.count(1)

@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from stridedfa import _layouts
 from helpers.fake_dlpack import FakeTensor
+from stridedfa import _layouts
 
 
 def _run(code: str) -> subprocess.CompletedProcess:

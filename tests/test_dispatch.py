@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import stridedfa
-from stridedfa import _dispatch
-
 from helpers.fake_dlpack import FakeTensor
+from stridedfa import _dispatch
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import stridedfa
-from stridedfa import _core
 from helpers.fake_dlpack import CPU, ExchangeTensor, FakeTensor, StrictStreamTensor
+from stridedfa import _core
 
 inspect = _core._inspect_dlpack
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import stridedfa
-from stridedfa import _core
 from helpers.fake_dlpack import ExchangeTensor, FakeTensor
+from stridedfa import _core
 
 inspect = _core._inspect_dlpack
 SHAPE = (2, 4, 128, 64)
@@ -72,7 +72,8 @@ def test_negative_strides_below_address_zero_are_refused(make):
 @pytest.mark.parametrize("make", producers())
 def test_plausible_negative_strides_get_the_validators_reason(make):
     q = make(shape=SHAPE, strides=with_stride(2, -64), data=BASE)
-    with pytest.raises(stridedfa.LayoutError, match=r"q: axis 2 \(seq\) has negative stride -64; .*cupy\.ascontiguousarray"):
+    with pytest.raises(stridedfa.LayoutError,
+                       match=r"q: axis 2 \(seq\) has negative stride -64; .*cupy\.ascontiguousarray"):
         stridedfa.sdpa_forward(q, q, q, FakeTensor(SHAPE, data=BASE + (1 << 40)))
 
 
@@ -120,7 +121,8 @@ def test_absurd_strides_of_an_output_are_refused_and_nothing_else_read():
 def test_backward_operands_are_checked_too():
     good = [FakeTensor(SHAPE, data=BASE + (i << 36)) for i in range(8)]
     lse = FakeTensor(SHAPE[:3], dtype="float32", data=BASE + (9 << 36), strides=(2**62, 128, 1))
-    with pytest.raises(stridedfa.LayoutError, match=r"lse: its layout reaches memory beyond 2\^57.*\(axis 0 has stride 4611686018427387904"):
+    with pytest.raises(stridedfa.LayoutError,
+                       match=r"lse: its layout reaches memory beyond 2\^57.*\(axis 0 has stride 4611686018427387904"):
         stridedfa.sdpa_backward(*good[:5], lse, *good[5:])
 
 

@@ -11,9 +11,9 @@ import sys
 import textwrap
 
 import pytest
-from helpers.fake_dlpack import FakeTensor, row_major
 
 import stridedfa
+from helpers.fake_dlpack import FakeTensor, row_major
 from stridedfa import _core
 
 
@@ -241,7 +241,8 @@ def test_lowering_uses_inference_target_and_typed_attributes(sj, jax):
 
 def test_lowering_of_grad_uses_forward_with_statistics_and_backward(sj, jax):
     q, kv = _spec(jax, (2, 8, 128, 64), "float16"), _spec(jax, (2, 2, 256, 64), "float16")
-    loss = lambda q, k, v: sj.attention(q, k, v, layout="bhsd").astype("float32").sum()
+    def loss(q, k, v):
+        return sj.attention(q, k, v, layout="bhsd").astype("float32").sum()
     calls = _custom_calls(jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv).as_text())
     assert len(calls) == 2, calls
     assert "@stridedfa_sdpa_forward(" in calls[0] and "@stridedfa_sdpa_backward(" in calls[1]

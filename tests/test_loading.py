@@ -81,6 +81,7 @@ def test_calls_without_a_gpu_fail_with_backend_error_after_validation():
     if not isinstance(stridedfa.info()["devices"], dict):
         pytest.skip("a GPU is present")
     import numpy as np
+
     from helpers.fake_dlpack import FakeTensor
 
     # A CPU array is a layout problem: reported before anything is loaded.

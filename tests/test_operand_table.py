@@ -15,8 +15,8 @@ import itertools
 import pytest
 
 import stridedfa
-from stridedfa import _core
 from helpers.fake_dlpack import FakeTensor
+from stridedfa import _core
 
 GiB = 1 << 30
 _bases = itertools.count(1)

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stridedfa
-from stridedfa import _core
 from helpers.fake_dlpack import CPU, FakeTensor
+from stridedfa import _core
 
 B, H, S, D = 2, 4, 16, 64
 GiB = 1 << 30

@@ -109,8 +109,8 @@ void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   auto k = graph.tensor(describe(spec, kK));
   auto v = graph.tensor(describe(spec, kV));
   const bool stats = spec.operands[kLse].present;
-  auto attributes = fe::graph::SDPA_attributes().set_name("sdpa_forward").set_generate_stats(stats).set_attn_scale(
-      spec.scale);
+  auto attributes =
+      fe::graph::SDPA_attributes().set_name("sdpa_forward").set_generate_stats(stats).set_attn_scale(spec.scale);
   set_mask(attributes, spec);
   auto [o, lse] = graph.sdpa(q, k, v, attributes);
   mark_output(o, spec, kO);
@@ -138,7 +138,10 @@ std::shared_ptr<const BuiltGraph> build_graph(const GraphSpec& spec, void* cudnn
   auto handle = static_cast<cudnnHandle_t>(cudnn_handle);
   try {
     auto graph = new_graph(spec);
-    if (spec.op == GraphOp::forward) add_forward(*graph, spec); else add_backward(*graph, spec);
+    if (spec.op == GraphOp::forward)
+      add_forward(*graph, spec);
+    else
+      add_backward(*graph, spec);
     check(graph->validate(), "rejected the graph");
     check(graph->build_operation_graph(handle), "could not build the operation graph");
     check(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "found no execution plan");

@@ -33,8 +33,8 @@ using GraphFuture = std::shared_future<std::shared_ptr<const BuiltGraph>>;
 struct GraphCache::Impl {
   struct Entry {
     GraphFuture graph;
-    std::list<Key>::iterator lru;  // position in recency order (front = most recent)
-    uint64_t generation;           // tells a re-inserted key from the entry a builder made
+    std::list<Key>::iterator lru;             // position in recency order (front = most recent)
+    uint64_t generation;                      // tells a re-inserted key from the entry a builder made
     std::shared_ptr<const BuiltGraph> built;  // set once the build succeeded (tickets need it)
   };
   mutable std::mutex mutex;

@@ -85,10 +85,14 @@ using Stream = CUstream_st*;
 
 DLDataType dl_dtype(const char* name, ffi::DataType type) {
   switch (type) {
-    case ffi::DataType::F16: return {kDLFloat, 16, 1};
-    case ffi::DataType::BF16: return {kDLBfloat, 16, 1};
-    case ffi::DataType::F32: return {kDLFloat, 32, 1};
-    case ffi::DataType::F64: return {kDLFloat, 64, 1};
+    case ffi::DataType::F16:
+      return {kDLFloat, 16, 1};
+    case ffi::DataType::BF16:
+      return {kDLBfloat, 16, 1};
+    case ffi::DataType::F32:
+      return {kDLFloat, 32, 1};
+    case ffi::DataType::F64:
+      return {kDLFloat, 64, 1};
     default:
       throw LayoutError(std::string(name) + ": XLA element type " + std::to_string(static_cast<int>(type)) +
                         " is not float16 or bfloat16");
@@ -163,8 +167,8 @@ ffi::Error current_error() noexcept {
 }
 
 ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch, const ffi::AnyBuffer& q,
-                   const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, ffi::AnyBuffer& out,
-                   const ffi::AnyBuffer* lse, const Attrs& attrs) noexcept {
+                   const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, ffi::AnyBuffer& out, const ffi::AnyBuffer* lse,
+                   const Attrs& attrs) noexcept {
   try {
     const auto layout = static_cast<ArrayLayout>(attrs.layout);
     ForwardArgs args;
@@ -188,9 +192,8 @@ ffi::Error forward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scr
 }
 
 ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
-                                  ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
-                                  double scale, bool has_scale, bool causal, int64_t causal_alignment,
-                                  int64_t layout) {
+                                  ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, double scale,
+                                  bool has_scale, bool causal, int64_t causal_alignment, int64_t layout) {
   return forward(stream, device, scratch, q, k, v, *out, nullptr, {scale, has_scale, causal, causal_alignment, layout});
 }
 
@@ -211,8 +214,7 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     args.grad_q = array_of("grad_q", *grad_q, array_layout, device);
     args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
     args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
-    launch(prepare_backward(args, options_of({scale, has_scale, causal, causal_alignment, layout})), stream,
-           scratch);
+    launch(prepare_backward(args, options_of({scale, has_scale, causal, causal_alignment, layout})), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
     return current_error();
@@ -232,10 +234,7 @@ auto with_attrs(Binding binding) {
 
 // The execution context every handler takes: XLA's stream, the device ordinal, its scratch memory.
 auto bind_context() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<Stream>>()
-      .Ctx<ffi::DeviceOrdinal>()
-      .Ctx<ffi::ScratchAllocator>();
+  return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<Stream>>().Ctx<ffi::DeviceOrdinal>().Ctx<ffi::ScratchAllocator>();
 }
 
 }  // namespace
@@ -244,29 +243,29 @@ auto bind_context() {
 // Not command-buffer compatible (no ffi::Traits): a call may build a graph or allocate workspace.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_forward, stridedfa::jax_ffi::forward_impl,
                               stridedfa::jax_ffi::with_attrs(stridedfa::jax_ffi::bind_context()
-                                                                 .Arg<ffi::AnyBuffer>()   // q
-                                                                 .Arg<ffi::AnyBuffer>()   // k
-                                                                 .Arg<ffi::AnyBuffer>()   // v
-                                                                 .Ret<ffi::AnyBuffer>()   // out
+                                                                 .Arg<ffi::AnyBuffer>()     // q
+                                                                 .Arg<ffi::AnyBuffer>()     // k
+                                                                 .Arg<ffi::AnyBuffer>()     // v
+                                                                 .Ret<ffi::AnyBuffer>()     // out
                                                                  .Ret<ffi::AnyBuffer>()));  // lse
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_forward_inference, stridedfa::jax_ffi::forward_inference_impl,
                               stridedfa::jax_ffi::with_attrs(stridedfa::jax_ffi::bind_context()
-                                                                 .Arg<ffi::AnyBuffer>()   // q
-                                                                 .Arg<ffi::AnyBuffer>()   // k
-                                                                 .Arg<ffi::AnyBuffer>()   // v
+                                                                 .Arg<ffi::AnyBuffer>()     // q
+                                                                 .Arg<ffi::AnyBuffer>()     // k
+                                                                 .Arg<ffi::AnyBuffer>()     // v
                                                                  .Ret<ffi::AnyBuffer>()));  // out
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_backward, stridedfa::jax_ffi::backward_impl,
                               stridedfa::jax_ffi::with_attrs(stridedfa::jax_ffi::bind_context()
-                                                                 .Arg<ffi::AnyBuffer>()   // q
-                                                                 .Arg<ffi::AnyBuffer>()   // k
-                                                                 .Arg<ffi::AnyBuffer>()   // v
-                                                                 .Arg<ffi::AnyBuffer>()   // out
-                                                                 .Arg<ffi::AnyBuffer>()   // lse
-                                                                 .Arg<ffi::AnyBuffer>()   // grad_out
-                                                                 .Ret<ffi::AnyBuffer>()   // grad_q
-                                                                 .Ret<ffi::AnyBuffer>()   // grad_k
+                                                                 .Arg<ffi::AnyBuffer>()     // q
+                                                                 .Arg<ffi::AnyBuffer>()     // k
+                                                                 .Arg<ffi::AnyBuffer>()     // v
+                                                                 .Arg<ffi::AnyBuffer>()     // out
+                                                                 .Arg<ffi::AnyBuffer>()     // lse
+                                                                 .Arg<ffi::AnyBuffer>()     // grad_out
+                                                                 .Ret<ffi::AnyBuffer>()     // grad_q
+                                                                 .Ret<ffi::AnyBuffer>()     // grad_k
                                                                  .Ret<ffi::AnyBuffer>()));  // grad_v
 
 namespace stridedfa::jax_ffi {

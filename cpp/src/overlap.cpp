@@ -141,7 +141,10 @@ void byte_range(const Runs& r, wide& first, wide& last) {  // inclusive
   last = r.base + r.width - 1;
   for (const auto& a : r.axes) {
     wide span = a.coef * a.hi;
-    if (span < 0) first += span; else last += span;
+    if (span < 0)
+      first += span;
+    else
+      last += span;
   }
 }
 
@@ -177,7 +180,10 @@ Overlap internal_overlap(const TensorView& t) {
   wide span = 0;
   bool nested = true;
   for (const auto& a : axes) {
-    if (a.coef <= span) { nested = false; break; }
+    if (a.coef <= span) {
+      nested = false;
+      break;
+    }
     span += a.coef * a.hi;
   }
   if (nested) return Overlap::none;

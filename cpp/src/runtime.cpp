@@ -68,15 +68,17 @@ void resolve(void* lib, const char* symbol, Fn& fn, const std::string& lib_name)
   fn = reinterpret_cast<Fn>(dlsym(lib, symbol));
   if (!fn) {
     const char* err = dlerror();
-    throw BackendError("symbol " + std::string(symbol) + " not found in " + lib_name + (err ? ": " + std::string(err) : ""));
+    throw BackendError("symbol " + std::string(symbol) + " not found in " + lib_name +
+                       (err ? ": " + std::string(err) : ""));
   }
 }
 
 const Api& loaded_api() {
   const Api& a = api();
   if (!api_ready.load(std::memory_order_acquire)) {
-    throw BackendError("cuDNN and the CUDA runtime are not loaded yet (stridedfa loads them on first GPU use; see "
-                       "stridedfa.info() for what was found)");
+    throw BackendError(
+        "cuDNN and the CUDA runtime are not loaded yet (stridedfa loads them on first GPU use; see "
+        "stridedfa.info() for what was found)");
   }
   return a;
 }
@@ -139,11 +141,12 @@ void set_libraries(void* cudnn_dl_handle, const std::string& cudart_path) {
   int runtime_version = 0;
   if (next.RuntimeGetVersion(&runtime_version) != cudaSuccess || runtime_version / 1000 != CUDART_VERSION / 1000) {
     dlclose(next.cudart);
-    throw BackendError("this stridedfa (stridedfa-cu" + std::to_string(CUDART_VERSION / 1000) + ") was built for CUDA " +
-                       std::to_string(CUDART_VERSION / 1000) + " but " + cudart_path + " is CUDA runtime " +
-                       std::to_string(runtime_version / 1000) + "." + std::to_string(runtime_version % 1000 / 10) +
-                       "; install stridedfa-cu" + std::to_string(runtime_version / 1000) +
-                       " for that runtime, or the CUDA " + std::to_string(CUDART_VERSION / 1000) + " runtime");
+    throw BackendError("this stridedfa (stridedfa-cu" + std::to_string(CUDART_VERSION / 1000) +
+                       ") was built for CUDA " + std::to_string(CUDART_VERSION / 1000) + " but " + cudart_path +
+                       " is CUDA runtime " + std::to_string(runtime_version / 1000) + "." +
+                       std::to_string(runtime_version % 1000 / 10) + "; install stridedfa-cu" +
+                       std::to_string(runtime_version / 1000) + " for that runtime, or the CUDA " +
+                       std::to_string(CUDART_VERSION / 1000) + " runtime");
   }
   resolve(next.cudart, "cudaDriverGetVersion", next.DriverGetVersion, cudart_path);
   resolve(next.cudart, "cudaGetDeviceCount", next.GetDeviceCount, cudart_path);
@@ -332,9 +335,9 @@ cudaMemPool_t pool_for(int32_t device) {
 
 void* allocate_from_pool(int32_t device, int64_t bytes, std::uintptr_t stream, const char* what) {
   void* ptr = nullptr;
-  check_cuda(loaded_api().MallocFromPoolAsync(&ptr, size_t(bytes), pool_for(device),
-                                              reinterpret_cast<cudaStream_t>(stream)),
-             what);
+  check_cuda(
+      loaded_api().MallocFromPoolAsync(&ptr, size_t(bytes), pool_for(device), reinterpret_cast<cudaStream_t>(stream)),
+      what);
   return ptr;
 }
 

@@ -85,7 +85,8 @@ GraphSpec spec_for(GraphOp op, const Problem& p, const SdpaOptions& o, const Ten
   return spec;
 }
 
-PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands) {
+PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& options,
+                     const TensorView* const* operands) {
   PreparedCall call;
   call.problem = problem;
   if (problem.nothing_to_do) return call;

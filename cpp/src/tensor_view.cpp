@@ -18,9 +18,7 @@ namespace {
 
 using wide = __int128;
 
-std::string axis_of(const TensorView& t, int axis) {
-  return std::string(t.name) + ": axis " + std::to_string(axis);
-}
+std::string axis_of(const TensorView& t, int axis) { return std::string(t.name) + ": axis " + std::to_string(axis); }
 
 // Producers hand over int64 strides; a defect upstream (see ExportQuirk) can make them huge.
 int64_t repaired_stride(int64_t stride, int64_t itemsize, ExportQuirk quirk) {
@@ -99,7 +97,10 @@ void check_addressable(const TensorView& t) {
     wide span = wide(t.strides[i]) * (t.dims[i] - 1);  // < 2^126 in magnitude
     const wide magnitude = span < 0 ? -span : span;
     span = magnitude > beyond ? (span < 0 ? -beyond : beyond) : span * item;  // clamped, stays far out
-    if (span < 0) low += span; else high += span;
+    if (span < 0)
+      low += span;
+    else
+      high += span;
     if (magnitude > widest_span) {
       widest_span = magnitude;
       widest = i;
@@ -121,13 +122,26 @@ void check_addressable(const TensorView& t) {
 std::string dtype_name(DLDataType dtype) {
   std::string base;
   switch (dtype.code) {
-    case kDLInt: base = "int"; break;
-    case kDLUInt: base = "uint"; break;
-    case kDLFloat: base = "float"; break;
-    case kDLBfloat: base = "bfloat"; break;
-    case kDLComplex: base = "complex"; break;
-    case kDLBool: return "bool";
-    default: base = "dlpack_code" + std::to_string(dtype.code) + "_"; break;
+    case kDLInt:
+      base = "int";
+      break;
+    case kDLUInt:
+      base = "uint";
+      break;
+    case kDLFloat:
+      base = "float";
+      break;
+    case kDLBfloat:
+      base = "bfloat";
+      break;
+    case kDLComplex:
+      base = "complex";
+      break;
+    case kDLBool:
+      return "bool";
+    default:
+      base = "dlpack_code" + std::to_string(dtype.code) + "_";
+      break;
   }
   std::string name = base + std::to_string(dtype.bits);
   if (dtype.lanes != 1) name += "x" + std::to_string(dtype.lanes);
@@ -136,16 +150,26 @@ std::string dtype_name(DLDataType dtype) {
 
 std::string device_type_name(int32_t device_type) {
   switch (device_type) {
-    case kDLCPU: return "CPU";
-    case kDLCUDA: return "CUDA";
-    case kDLCUDAHost: return "CUDA host (pinned) memory";
-    case kDLCUDAManaged: return "CUDA managed memory";
-    case kDLROCM: return "ROCm";
-    case kDLROCMHost: return "ROCm host memory";
-    case kDLMetal: return "Metal";
-    case kDLOneAPI: return "oneAPI";
-    case kDLVulkan: return "Vulkan";
-    default: return "DLPack device type " + std::to_string(device_type);
+    case kDLCPU:
+      return "CPU";
+    case kDLCUDA:
+      return "CUDA";
+    case kDLCUDAHost:
+      return "CUDA host (pinned) memory";
+    case kDLCUDAManaged:
+      return "CUDA managed memory";
+    case kDLROCM:
+      return "ROCm";
+    case kDLROCMHost:
+      return "ROCm host memory";
+    case kDLMetal:
+      return "Metal";
+    case kDLOneAPI:
+      return "oneAPI";
+    case kDLVulkan:
+      return "Vulkan";
+    default:
+      return "DLPack device type " + std::to_string(device_type);
   }
 }
 

@@ -41,13 +41,9 @@ std::string axis_str(const TensorView& t, int axis) {
   return "axis " + std::to_string(t.caller_axes[axis]) + " (" + (axis < 4 ? kAxisNames[axis] : "?") + ")";
 }
 
-bool is_half(DLDataType d) {
-  return d.lanes == 1 && d.bits == 16 && (d.code == kDLFloat || d.code == kDLBfloat);
-}
+bool is_half(DLDataType d) { return d.lanes == 1 && d.bits == 16 && (d.code == kDLFloat || d.code == kDLBfloat); }
 bool is_float32(DLDataType d) { return d.lanes == 1 && d.bits == 32 && d.code == kDLFloat; }
-bool same_dtype(DLDataType a, DLDataType b) {
-  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
-}
+bool same_dtype(DLDataType a, DLDataType b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
 
 class Validator {
  public:
@@ -69,7 +65,8 @@ class Validator {
   void stats(const TensorView& t) {
     bool shape_ok = t.ndim == 3 || (t.ndim == 4 && t.dims[3] == 1);
     if (!shape_ok) {
-      throw LayoutError(std::string(t.name) + ": expected shape (batch, heads of q, seq of q) or with a trailing axis of 1, got " +
+      throw LayoutError(std::string(t.name) +
+                        ": expected shape (batch, heads of q, seq of q) or with a trailing axis of 1, got " +
                         shape_str(t) + ".");
     }
     check_addressable(t);
@@ -82,8 +79,9 @@ class Validator {
 
   void device(const TensorView& t) {
     if (t.device_type != kDLCUDA) {
-      throw LayoutError(std::string(t.name) + " needs a CUDA device; it lives in " + device_type_name(t.device_type) +
-                        ". Move it to the GPU first (torch: x.cuda(), CuPy: cupy.asarray(x), JAX: jax.device_put(x, gpu)).");
+      throw LayoutError(
+          std::string(t.name) + " needs a CUDA device; it lives in " + device_type_name(t.device_type) +
+          ". Move it to the GPU first (torch: x.cuda(), CuPy: cupy.asarray(x), JAX: jax.device_put(x, gpu)).");
     }
     if (t.device_id < 0) {
       throw LayoutError(std::string(t.name) + ": its producer reports CUDA device " + std::to_string(t.device_id) +
@@ -94,7 +92,8 @@ class Validator {
   void same_device_and_dtype(const TensorView& ref, const TensorView& t, bool check_dtype) {
     if (t.device_id != ref.device_id) {
       throw LayoutError(std::string(t.name) + " is on cuda:" + std::to_string(t.device_id) + " but " + ref.name +
-                        " is on cuda:" + std::to_string(ref.device_id) + "; all tensors of a call must be on one device.");
+                        " is on cuda:" + std::to_string(ref.device_id) +
+                        "; all tensors of a call must be on one device.");
     }
     if (check_dtype && !same_dtype(t.dtype, ref.dtype)) {
       throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) + " differs from " + ref.name + "'s " +
@@ -122,18 +121,21 @@ class Validator {
       const int64_t extent = t.dims[axis], stride = t.strides[axis];
       if (extent == 1) continue;  // never stepped along: any stride is fine
       if (stride < 0) {
-        throw LayoutError(std::string(t.name) + ": " + axis_str(t, axis) + " has negative stride " + std::to_string(stride) +
+        throw LayoutError(std::string(t.name) + ": " + axis_str(t, axis) + " has negative stride " +
+                          std::to_string(stride) +
                           "; cuDNN cannot walk memory backwards. Pass a copy (torch: x.contiguous(), CuPy: " +
                           "cupy.ascontiguousarray(x)).");
       }
       if (stride == 0) {
         if (is_output) {
-          throw LayoutError(std::string(t.name) + ": " + axis_str(t, axis) + " has stride 0 (a broadcast view); an output needs " +
+          throw LayoutError(std::string(t.name) + ": " + axis_str(t, axis) +
+                            " has stride 0 (a broadcast view); an output needs " +
                             "its own memory for every element. Allocate it with torch.empty / cupy.empty.");
         }
-        throw LayoutError(std::string(t.name) + ": " + axis_str(t, axis) + " has stride 0 (a broadcast view), which cuDNN " +
-                          "cannot read. Materialise it (x.contiguous()); for GQA pass k and v with their own h_kv heads, " +
-                          "stridedfa maps query heads onto them itself.");
+        throw LayoutError(
+            std::string(t.name) + ": " + axis_str(t, axis) + " has stride 0 (a broadcast view), which cuDNN " +
+            "cannot read. Materialise it (x.contiguous()); for GQA pass k and v with their own h_kv heads, " +
+            "stridedfa maps query heads onto them itself.");
       }
       if (!is_stats && axis == 3) {
         if (stride != 1) {
@@ -168,7 +170,8 @@ class Validator {
                         "JAX array); outputs are written in place, so pass a writable array.");
     }
     switch (internal_overlap(t)) {
-      case Overlap::none: return;
+      case Overlap::none:
+        return;
       case Overlap::overlaps:
         throw LayoutError(std::string(t.name) + ": two of its elements share memory (strides " + strides_str(t) +
                           " for shape " + shape_str(t) + "); an output needs distinct memory for every element.");
@@ -181,11 +184,12 @@ class Validator {
   void disjoint(const TensorView& out, const TensorView& other) {
     if (!other.present) return;
     switch (memory_overlap(out, other)) {
-      case Overlap::none: return;
+      case Overlap::none:
+        return;
       case Overlap::overlaps:
-        throw LayoutError(std::string(out.name) + " overlaps " + other.name + " in memory; outputs are written in place and " +
-                          "must not share memory with each other or with any input. Give " + out.name +
-                          " its own buffer.");
+        throw LayoutError(
+            std::string(out.name) + " overlaps " + other.name + " in memory; outputs are written in place and " +
+            "must not share memory with each other or with any input. Give " + out.name + " its own buffer.");
       case Overlap::unknown:
         throw LayoutError(std::string("stridedfa could not prove that ") + out.name + " and " + other.name +
                           " do not overlap (their strides are too irregular to decide quickly); give " + out.name +

@@ -8,6 +8,7 @@ cdef int _slot
 for _slot in range(<int>kNumSlots):
     SLOT_NAMES[_slot] = kOperands[_slot].name
 
+
 cdef object role_name(Role role):
     return "input" if role == Role.input else "output" if role == Role.output else None
 
@@ -52,6 +53,17 @@ cdef int parse_options(object scale, object causal, object causal_alignment,
     return 0
 
 
+cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorView** views) noexcept:
+    """views[slot]: the call's TensorView of each operand, in the operand table's slot order."""
+    if backward:
+        views[0], views[1], views[2] = &bwd.q, &bwd.k, &bwd.v
+        views[3], views[4], views[5] = &bwd.out, &bwd.lse, &bwd.grad_out
+        views[6], views[7], views[8] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
+    else:
+        views[0], views[1], views[2] = &fwd.q, &fwd.k, &fwd.v
+        views[3], views[4] = &fwd.out, &fwd.lse
+
+
 cdef ensure_libraries():
     if libraries_loaded():
         return
@@ -89,12 +101,7 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
     cdef void* workspace = NULL
     cdef uintptr_t workspace_address
     cdef int i, n = 9 if backward else 5, first_output = 6 if backward else 3
-    if backward:
-        views[0] = &bwd.q; views[1] = &bwd.k; views[2] = &bwd.v; views[3] = &bwd.out
-        views[4] = &bwd.lse; views[5] = &bwd.grad_out; views[6] = &bwd.grad_q
-        views[7] = &bwd.grad_k; views[8] = &bwd.grad_v
-    else:
-        views[0] = &fwd.q; views[1] = &fwd.k; views[2] = &fwd.v; views[3] = &fwd.out; views[4] = &fwd.lse
+    slot_views(backward, &fwd, &bwd, views)
     for i in range(n):
         owned[i].versioned = NULL
         owned[i].legacy = NULL

@@ -10,37 +10,38 @@ Intake reads each argument without copying, fastest path first:
 The GIL is released while graphs are built and while they execute.
 """
 
-from cpython.exc cimport PyErr_Occurred
-from cpython.pycapsule cimport (PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New,
-                                PyCapsule_SetName)
-from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
-from libc.stdint cimport int32_t, int64_t, uintptr_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy, memset, strncpy
-from libcpp cimport bool as cbool
-from libcpp.string cimport string
-from libcpp.vector cimport vector
+# The included files use these names (cython-lint reads each file alone: hence no-cython-lint).
+from cpython.exc cimport PyErr_Occurred  # no-cython-lint
+from cpython.pycapsule cimport (PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New,  # no-cython-lint
+                                PyCapsule_SetName)  # no-cython-lint
+from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject  # no-cython-lint
+from libc.stdint cimport int32_t, int64_t, uintptr_t  # no-cython-lint
+from libc.stdlib cimport free, malloc  # no-cython-lint
+from libc.string cimport memcpy, memset, strncpy  # no-cython-lint
+from libcpp cimport bool as cbool  # no-cython-lint
+from libcpp.string cimport string  # no-cython-lint
+from libcpp.vector cimport vector  # no-cython-lint
 
-from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buffer_alloc,
-                             buffer_free, CacheStats, CausalAlignment, classify_current_exception,
-                             compiled_cuda_version, compiled_cudnn_version,
-                             compiled_frontend_version, cuda_driver_version, cuda_runtime_version,
-                             cudnn_can_read, cudnn_runtime_version, dense_strides_like,
-                             device_count, device_info, DeviceInfo, dtype_name, ErrorKind, execute,
-                             ExportQuirk, forward_graph_key, ForwardArgs, gradient_strides,
-                             graph_cache, jax_array_view, jax_backward_handler, jax_forward_handler,
-                             jax_forward_inference_handler, jax_stats_view, kNumSlots, kOperands,
-                             libraries_loaded, OperandInfo, OperandKind, own_workspace_allocations,
-                             pool_stats, PoolStats, prepare_backward, prepare_forward, PreparedCall,
-                             Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,
-                             set_error_translator, set_libraries, Slot, stream_wait_stream,
-                             TensorView, to_core_axes, trim_pools, validate_backward,
-                             validate_forward, validate_options, view_from_dltensor)
-from stridedfa._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVersioned,
-                                DLPackExchangeAPI, DLPACK_FLAG_READ_ONLY, DLPACK_MAJOR_VERSION,
-                                DLPACK_MINOR_VERSION, DLDeviceType, DLTensor, kDLCUDA)
+from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buffer_alloc,  # no-cython-lint
+                             buffer_free, CacheStats, CausalAlignment, classify_current_exception,  # no-cython-lint
+                             compiled_cuda_version, compiled_cudnn_version,  # no-cython-lint
+                             compiled_frontend_version, cuda_driver_version, cuda_runtime_version,  # no-cython-lint
+                             cudnn_can_read, cudnn_runtime_version, dense_strides_like,  # no-cython-lint
+                             device_count, device_info, DeviceInfo, dtype_name, ErrorKind, execute,  # no-cython-lint
+                             ExportQuirk, forward_graph_key, ForwardArgs, gradient_strides,  # no-cython-lint
+                             graph_cache, jax_array_view, jax_backward_handler, jax_forward_handler,  # no-cython-lint
+                             jax_forward_inference_handler, jax_stats_view, kNumSlots, kOperands,  # no-cython-lint
+                             libraries_loaded, OperandInfo, OperandKind, own_workspace_allocations,  # no-cython-lint
+                             pool_stats, PoolStats, prepare_backward, prepare_forward, PreparedCall,  # no-cython-lint
+                             Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint
+                             set_error_translator, set_libraries, Slot, stream_wait_stream,  # no-cython-lint
+                             TensorView, to_core_axes, trim_pools, validate_backward,  # no-cython-lint
+                             validate_forward, validate_options, view_from_dltensor)  # no-cython-lint
+from stridedfa._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVersioned,  # no-cython-lint
+                                DLPackExchangeAPI, DLPACK_FLAG_READ_ONLY, DLPACK_MAJOR_VERSION,  # no-cython-lint
+                                DLPACK_MINOR_VERSION, DLDeviceType, DLTensor, kDLCUDA)  # no-cython-lint
 
-from stridedfa._errors import BackendError, LayoutError, StridedFAError, UnsupportedError
+from stridedfa._errors import BackendError, LayoutError, StridedFAError, UnsupportedError  # no-cython-lint
 
 # One concern per file; the C++ declarations they call are all in _cpp.pxd.
 include "_errors.pxi"            # C++ exceptions -> stridedfa errors

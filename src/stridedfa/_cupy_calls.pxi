@@ -14,6 +14,7 @@ cdef object cupy_allocate(object hooks, object allocation, int64_t nbytes):
     with allocation:
         return hooks.alloc(nbytes)
 
+
 cdef object cupy_empty(object hooks, object allocation, int ndim, const int64_t* shape,
                        const int64_t* strides, object dtype, DLDataType dl_dtype, int device,
                        const char* name, TensorView* view):
@@ -40,6 +41,7 @@ cdef object cupy_empty(object hooks, object allocation, int ndim, const int64_t*
     view.read_only = False
     return array
 
+
 cdef tuple cupy_forward_outputs(object q, object hooks, object allocation, bint with_lse,
                                 ForwardArgs* fwd):
     """out dense in q's axis order and, with_lse, packed float32 (b, h, s) statistics."""
@@ -64,6 +66,7 @@ cdef tuple cupy_forward_outputs(object q, object hooks, object allocation, bint 
                          fwd.q.device_id, b"lse", &fwd.lse)
     return out, lse
 
+
 cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, object allocation) except -1:
     """Runs a prepared call with cuDNN's workspace from CuPy's pool on the call's stream (made
     current by `allocation` when it is not already): the block is reused only by work queued behind
@@ -76,6 +79,7 @@ cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, 
     with nogil:
         execute(call, stream, workspace)
     return 0
+
 
 def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks):
     """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
@@ -100,6 +104,7 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
         return out, lse
     finally:
         release(owned, 3)
+
 
 cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, BackwardArgs* bwd):
     """grad_q, grad_k, grad_v: each with its input's strides when the input is dense, else dense
@@ -127,6 +132,7 @@ cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, Backwar
         result.append(cupy_empty(hooks, allocation, 4, views[i].dims, strides, inputs[i].dtype,
                                  views[i].dtype, views[i].device_id, names[i], grads[i]))
     return tuple(result)
+
 
 def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
                    hooks):

@@ -78,7 +78,7 @@ def attention(q, k, v, **options):
 
 def _classify(q) -> str:
     tp = type(q)
-    for kind, (module_name, type_name, _) in _FRAMEWORKS.items():
+    for kind, (module_name, type_name, _) in _FRAMEWORKS.items():  # noqa: B007 (kept after break)
         module = sys.modules.get(module_name)
         if module is None:
             continue  # not imported, so q cannot be one of its arrays

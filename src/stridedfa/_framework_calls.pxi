@@ -15,6 +15,7 @@ cdef PreparedCall prepared_forward(const ForwardArgs& fwd, const SdpaOptions& op
         call = prepare_forward(fwd, options)
     return call
 
+
 cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& options) except *:
     """prepare_backward, loading cuDNN on the first call (see prepared_forward)."""
     cdef PreparedCall call
@@ -25,6 +26,7 @@ cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& 
     with nogil:
         call = prepare_backward(bwd, options)
     return call
+
 
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
@@ -110,6 +112,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
         if lse_tensor != NULL:
             lse_tensor.deleter(lse_tensor)
 
+
 cdef int intake_readable(object obj, object make_readable, CallStream* st, TensorView* view,
                          Owned* owned, list keep_alive) except -1:
     """Reads an input that autograd handed over (grad_out); only a layout cuDNN cannot read (a
@@ -122,6 +125,7 @@ cdef int intake_readable(object obj, object make_readable, CallStream* st, Tenso
     keep_alive.append(copy)
     intake(copy, b"grad_out", False, st, view, owned)
     return 0
+
 
 def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
                     bint together):

@@ -15,16 +15,6 @@ def _jax_ffi_targets():
     }
 
 
-cdef void jax_slots(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorView** views) noexcept:
-    if backward:
-        views[0] = &bwd.q; views[1] = &bwd.k; views[2] = &bwd.v; views[3] = &bwd.out
-        views[4] = &bwd.lse; views[5] = &bwd.grad_out; views[6] = &bwd.grad_q
-        views[7] = &bwd.grad_k; views[8] = &bwd.grad_v
-    else:
-        views[0] = &fwd.q; views[1] = &fwd.k; views[2] = &fwd.v; views[3] = &fwd.out
-        views[4] = &fwd.lse
-
-
 cdef DLDataType jax_dtype(str name, const char* operand=b"the operand") except *:
     cdef DLDataType t
     t.lanes = 1
@@ -85,15 +75,15 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
                   causal_alignment="top_left"):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
-    may be None) in ``layout`` (0: bshd, 1: bhsd), and the options' rules. Needs no GPU. Returns what validation established, or raises
-    LayoutError / UnsupportedError."""
+    may be None) in ``layout`` (0: bshd, 1: bhsd), and the options' rules. Needs no GPU. Returns
+    what validation established, or raises LayoutError / UnsupportedError."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef Problem problem
     cdef SdpaOptions options
     cdef TensorView* views[9]
     parse_options(scale, causal, causal_alignment, &options)
-    jax_slots(backward, &fwd, &bwd, views)
+    slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
@@ -113,7 +103,7 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     cdef int sm = sm_version
     cdef int64_t cudnn = cudnn_version
     parse_options(scale, causal, causal_alignment, &options)
-    jax_slots(backward, &fwd, &bwd, views)
+    slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views)
     with nogil:
         if backward:

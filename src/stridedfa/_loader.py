@@ -7,7 +7,8 @@ libcudnn.so.9 is taken, in this order, from:
   3. the path in ``STRIDEDFA_CUDNN_LIBRARY``;
   4. the system: cuda-pathfinder's search (the dynamic loader's path, conda, CUDA_HOME).
 The CUDA runtime (libcudart.so.13, or .12 for a CUDA 12 build) comes from cuda-pathfinder, which
-also prefers a copy already loaded; the core refuses a runtime of another major than it was built for. The result, or why nothing was found, is remembered for the process and shown by
+also prefers a copy already loaded; the core refuses a runtime of another major than it was built
+for. The result, or why nothing was found, is remembered for the process and shown by
 ``stridedfa.info()``.
 """
 

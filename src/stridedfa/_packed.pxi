@@ -10,6 +10,7 @@ cdef int parse_to_logical(object to_logical, int* out) except -1:
         out[i] = to_logical[i]
     return 0
 
+
 cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
     if packed.ndim != 5:
         raise LayoutError(f"packed must have 5 axes (four named by the layout plus the packing axis); "
@@ -17,6 +18,7 @@ cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
     if dim < 0 or dim > 4 or packed.dims[dim] != want:
         raise LayoutError(f"packed must have extent {want} along dim {dim}")
     return 0
+
 
 def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
                           bint with_lse):
@@ -86,6 +88,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
             lse_tensor.deleter(lse_tensor)
+
 
 def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
                            causal_alignment):

@@ -75,6 +75,7 @@ def _execute_repeatedly(q, k, v, out, lse=None, *, int64_t repeats, scale=None, 
 
 cdef dict BUFFER_DTYPES = {"float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32)}
 
+
 def _device_buffer(shape, strides, dtype, device=0, stream=0):
     """An uninitialised DeviceBuffer of this layout on `stream` (an int handle), for tests and
     debugging; a zero-size one allocates nothing, so it works without a GPU."""
@@ -106,6 +107,7 @@ def _cupy_allocate_like_forward(q, v, bint with_lse, hooks):
         return cupy_forward_outputs(q, hooks, None, with_lse, &fwd)
     finally:
         release(owned, 2)
+
 
 def _cupy_allocate_gradients(q, k, v, hooks):
     """The gradients stridedfa.cupy.attention_backward would allocate (see

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from stridedfa import _core
-from stridedfa._errors import LayoutError, UnsupportedError
+from stridedfa._errors import LayoutError
 
 # Built against jaxlib 0.6.2's FFI headers (see pyproject.toml): XLA runs handlers built against
 # older FFI headers, not newer ones, and jax.ffi.ffi_call with vmap_method is needed.

@@ -94,8 +94,8 @@ def _probs(qg, k, scale, allowed):
         s = np.where(allowed, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)  # finite: each row has an allowed key
     e = np.exp(s - m)
-    l = e.sum(axis=-1, keepdims=True)
-    return e / l, (m + np.log(l))[..., 0]
+    total = e.sum(axis=-1, keepdims=True)
+    return e / total, (m + np.log(total))[..., 0]
 
 
 def sdpa_forward(q: Any, k: Any, v: Any, *, scale: float | None = None,

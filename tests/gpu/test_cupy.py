@@ -282,7 +282,7 @@ def test_two_streams_concurrently_match_single_stream_runs(cupy, seed):
                 results.append((stream, stridedfa.cupy.attention(*p, causal=True, return_lse=True)))
     for stream in streams:
         stream.synchronize()
-    for i, (stream, (out, lse)) in enumerate(results):
+    for i, (_stream, (out, lse)) in enumerate(results):
         want_out, want_lse = baselines[i % 2]
         assert cp.array_equal(out, want_out), f"out of launch {i}"
         assert cp.array_equal(lse, want_lse), f"lse of launch {i}"

@@ -14,8 +14,7 @@ torch = require_cuda()
 
 import numpy as np  # noqa: E402
 
-from helpers.cases import (DEVICE, Case, check_against_reference,  # noqa: E402
-                           check_fully_written, run_case)
+from helpers.cases import DEVICE, Case, check_against_reference, check_fully_written, run_case  # noqa: E402
 from helpers.layouts import make_qkv  # noqa: E402
 from helpers.torch_ref import torch_reference, torch_reference_grads  # noqa: E402
 

@@ -10,9 +10,15 @@ from helpers.cuda import require_cuda
 torch = require_cuda()
 
 import stridedfa  # noqa: E402
-
-from helpers.cases import (DEVICE, Case, cache_counters, cache_delta,  # noqa: E402
-                           check_against_reference, check_fully_written, run_case)
+from helpers.cases import (  # noqa: E402
+    DEVICE,
+    Case,
+    cache_counters,
+    cache_delta,
+    check_against_reference,
+    check_fully_written,
+    run_case,
+)
 from helpers.checks import assert_bitexact  # noqa: E402
 from helpers.layouts import copy_to_layout, make_qkv, poisoned_like_strided, poisoned_lse  # noqa: E402
 

@@ -8,9 +8,17 @@ from helpers.cuda import require_cuda
 torch = require_cuda()
 
 import stridedfa  # noqa: E402
-
-from helpers.cases import (DEVICE, Case, build, check_against_reference, check_forward,  # noqa: E402
-                           check_fully_written, check_grads, forward, run_case)
+from helpers.cases import (  # noqa: E402
+    DEVICE,
+    Case,
+    build,
+    check_against_reference,
+    check_forward,
+    check_fully_written,
+    check_grads,
+    forward,
+    run_case,
+)
 from helpers.checks import assert_all_nan, assert_bitexact  # noqa: E402
 from helpers.layouts import general_tensor, make_qkv, poisoned_like_strided, poisoned_lse  # noqa: E402
 

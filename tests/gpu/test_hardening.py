@@ -11,8 +11,8 @@ torch = require_cuda()
 
 import stridedfa  # noqa: E402
 import stridedfa.torch  # noqa: E402
-from helpers.producers import Producer  # noqa: E402
 from helpers.checks import TOLERANCES, assert_close, assert_close_to_scale  # noqa: E402
+from helpers.producers import Producer  # noqa: E402
 from helpers.torch_ref import torch_reference, torch_reference_grads  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
-import jax.numpy as jnp
+import jax.numpy as jnp  # noqa: E402
 
-import stridedfa
-from stridedfa import reference
+import stridedfa  # noqa: E402
+from stridedfa import reference  # noqa: E402
 
 try:
     import stridedfa.jax as sj

@@ -12,7 +12,6 @@ from helpers.cuda import require_cuda
 torch = require_cuda()
 
 import stridedfa  # noqa: E402
-
 from helpers.cases import DEVICE, check_forward  # noqa: E402
 from helpers.checks import assert_bitexact, assert_no_nan  # noqa: E402
 from helpers.layouts import poisoned_lse  # noqa: E402

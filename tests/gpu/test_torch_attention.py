@@ -8,7 +8,6 @@ torch = require_cuda()
 
 import stridedfa  # noqa: E402
 import stridedfa.torch  # noqa: E402,F401  (the adapter may be a lazily imported submodule)
-
 from helpers.cases import DEVICE, check_bitexact, check_forward, check_grads  # noqa: E402
 from helpers.checks import assert_bitexact, assert_no_nan  # noqa: E402
 from helpers.layouts import make_qkv, qkv_views, stride_order  # noqa: E402

@@ -10,7 +10,6 @@ torch = require_cuda()
 
 import stridedfa  # noqa: E402
 import stridedfa.torch as sfa_torch  # noqa: E402
-
 from helpers.checks import bitexact_mismatch  # noqa: E402
 
 pytestmark = pytest.mark.gpu

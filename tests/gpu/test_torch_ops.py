@@ -8,10 +8,9 @@ torch = require_cuda()
 
 import stridedfa  # noqa: E402
 import stridedfa.torch as sfa_torch  # noqa: E402
-from stridedfa import _layouts  # noqa: E402
-
 from helpers.cases import DEVICE, check_forward, check_grads  # noqa: E402
 from helpers.checks import assert_no_nan  # noqa: E402
+from stridedfa import _layouts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -9,11 +9,9 @@ from helpers.cuda import require_cuda
 torch = require_cuda()
 
 import stridedfa.torch as sfa_torch  # noqa: E402
-from stridedfa import _layouts  # noqa: E402
-
-from helpers.checks import (assert_close, assert_close_to_scale, assert_no_nan,  # noqa: E402
-                            bitexact_mismatch)
+from helpers.checks import assert_close, assert_close_to_scale, assert_no_nan, bitexact_mismatch  # noqa: E402
 from helpers.torch_ref import torch_reference, torch_reference_grads  # noqa: E402
+from stridedfa import _layouts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

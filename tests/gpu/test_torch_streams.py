@@ -9,7 +9,6 @@ from helpers.cuda import require_cuda
 torch = require_cuda()
 
 import stridedfa.torch as sfa_torch  # noqa: E402
-
 from helpers.checks import bitexact_mismatch  # noqa: E402
 
 pytestmark = pytest.mark.gpu

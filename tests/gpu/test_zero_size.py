@@ -8,7 +8,6 @@ torch = require_cuda()
 
 import stridedfa  # noqa: E402
 import stridedfa.torch  # noqa: E402,F401
-
 from helpers.cases import DEVICE, Case, backward, build, cache_counters, forward  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -8,10 +8,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import (TOLERANCES, assert_close, assert_close_to_scale, assert_fully_written,
-                     bitexact_mismatch)
-from .layouts import (as_dtype, layout_tensor, make_generator, make_qkv, poisoned_like_strided,
-                      poisoned_lse, poisoned_qkv)
+from .checks import TOLERANCES, assert_close, assert_close_to_scale, assert_fully_written, bitexact_mismatch
+from .layouts import (
+    as_dtype,
+    layout_tensor,
+    make_generator,
+    make_qkv,
+    poisoned_like_strided,
+    poisoned_lse,
+    poisoned_qkv,
+)
 from .torch_ref import torch_reference, torch_reference_grads
 
 DEVICE = "cuda"
@@ -62,10 +68,10 @@ class Case:
     def ref_options(self) -> dict:
         return dict(scale=self.scale, causal=self.causal, alignment=self.alignment)
 
-    def replace(self, **changes) -> "Case":
+    def replace(self, **changes) -> Case:
         return dataclasses.replace(self, **changes)
 
-    def contiguous(self) -> "Case":
+    def contiguous(self) -> Case:
         """The same case with every tensor in plain bhsd layout."""
         return self.replace(layout="bhsd", out_layout="bhsd", dout_layout="bhsd",
                             grad_layout="bhsd")

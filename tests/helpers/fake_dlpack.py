@@ -13,8 +13,21 @@ received and how often its deleter ran, and a subclass can also publish the DLPa
 from __future__ import annotations
 
 import ctypes
-from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_int32, c_int64, c_uint8, c_uint16,
-                    c_uint32, c_uint64, c_void_p, py_object)
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_int64,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+    py_object,
+)
 
 CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
 DTYPES = {  # name -> (DLPack code, bits)

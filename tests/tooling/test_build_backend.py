@@ -86,7 +86,8 @@ def test_header_locator_checks_the_major(tmp_path, monkeypatch):
     (include / "nv" / "target").write_text("")
     env = {"CUDA_HOME": str(tmp_path), "STRIDEDFA_CUDA_MAJOR": "12", "PATH": "/usr/bin:/bin"}
     code = ("import importlib.util, sys; sys.argv=['x']; "
-            f"spec = importlib.util.spec_from_file_location('loc', {str(ROOT / 'cmake' / 'locate_build_headers.py')!r}); "
+            "spec = importlib.util.spec_from_file_location("
+            f"'loc', {str(ROOT / 'cmake' / 'locate_build_headers.py')!r}); "
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.cuda_includes()")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode != 0 and "CUDA 13, but this build is for CUDA 12" in result.stderr

@@ -94,7 +94,8 @@ BROKEN = {
     "build string without the CUDA major": (
         "recipe/meta.yaml", "string: cuda{{ cuda_major }}_py", "string: py", "does not name the CUDA major"),
     "hash doubled h (PKG_HASH starts with h)": (
-        "recipe/meta.yaml", "{{ CONDA_PY }}{{ PKG_HASH }}", "{{ CONDA_PY }}h{{ PKG_HASH }}", "it starts with h already"),
+        "recipe/meta.yaml", "{{ CONDA_PY }}{{ PKG_HASH }}", "{{ CONDA_PY }}h{{ PKG_HASH }}",
+        "it starts with h already"),
     "CUDA 13 with the glibc 2.17 sysroot": (
         "recipe/conda_build_config.yaml", '  - "2.28"', '  - "2.17"', "(cuda_compiler_version, c_stdlib_version)"),
     "Python below requires-python": (

@@ -93,17 +93,12 @@ typedef struct DLManagedTensorVersioned {
 /* The C exchange API (DLPack 1.3): type(x).__dlpack_c_exchange_api__ is a PyCapsule named
  * "dlpack_exchange_api" holding a pointer to this table. Every function returns 0 on success and
  * -1 with a Python exception set. */
-typedef int (*DLPackManagedTensorAllocator)(DLTensor* prototype, DLManagedTensorVersioned** out,
-                                            void* error_ctx,
-                                            void (*set_error)(void* error_ctx, const char* kind,
-                                                              const char* message));
-typedef int (*DLPackManagedTensorFromPyObjectNoSync)(void* py_object,
-                                                     DLManagedTensorVersioned** out);
-typedef int (*DLPackManagedTensorToPyObjectNoSync)(DLManagedTensorVersioned* tensor,
-                                                   void** out_py_object);
+typedef int (*DLPackManagedTensorAllocator)(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
+                                            void (*set_error)(void* error_ctx, const char* kind, const char* message));
+typedef int (*DLPackManagedTensorFromPyObjectNoSync)(void* py_object, DLManagedTensorVersioned** out);
+typedef int (*DLPackManagedTensorToPyObjectNoSync)(DLManagedTensorVersioned* tensor, void** out_py_object);
 typedef int (*DLPackDLTensorFromPyObjectNoSync)(void* py_object, DLTensor* out);
-typedef int (*DLPackCurrentWorkStream)(DLDeviceType device_type, int32_t device_id,
-                                       void** out_current_stream);
+typedef int (*DLPackCurrentWorkStream)(DLDeviceType device_type, int32_t device_id, void** out_current_stream);
 
 typedef struct DLPackExchangeAPIHeader {
   DLPackVersion version;

@@ -40,15 +40,16 @@ enum class Reach : int32_t { unlimited = 0, elements_2_32 = 1, bytes_2_32 = 2 };
 // One row per operand: the validator, the cache key, the graph builder and the Cython boundary
 // all walk this table, so a new operand is one row plus the lines that put it into the graph.
 struct OperandInfo {
-  const char* name;           // the argument name of sdpa_forward / sdpa_backward and in errors
-  Role forward, backward;     // its role in each op
-  bool forward_optional;      // the forward may leave it out (statistics not wanted)
+  const char* name;        // the argument name of sdpa_forward / sdpa_backward and in errors
+  Role forward, backward;  // its role in each op
+  bool forward_optional;   // the forward may leave it out (statistics not wanted)
   OperandKind kind;
   Extent shape[4];            // its logical (b, h, s, d) extents
   const char* shape_meaning;  // how shape errors describe them
   Reach backward_reach;
 };
 
+// clang-format off: one row per line reads as a table
 inline constexpr OperandInfo kOperands[kNumSlots] = {
     {"q", Role::input, Role::input, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimQK},
      "(batch, heads of q, seq of q, head_dim of q)", Reach::elements_2_32},
@@ -69,6 +70,7 @@ inline constexpr OperandInfo kOperands[kNumSlots] = {
     {"grad_v", Role::absent, Role::output, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimV},
      "v's shape", Reach::elements_2_32},
 };
+// clang-format on
 
 inline Role role_in(GraphOp op, int slot) {
   return op == GraphOp::forward ? kOperands[slot].forward : kOperands[slot].backward;
