@@ -56,7 +56,7 @@ def sync_rows(torch, sfa, repeats, calls):
                   "stridedfa_generic": lambda: sfa.sdpa_forward(q, k, v, out),
                   "stridedfa_torch": lambda: sfa.torch.attention(q, k, v)}
     samples = {(name, pattern): [] for name in contenders for pattern in ("back_to_back", "sync_each")}
-    for name, fn in contenders.items():
+    for fn in contenders.values():
         for _ in range(3):
             fn()
     torch.cuda.synchronize()
@@ -124,10 +124,10 @@ def train_rows(torch, sfa, repeats, steps, spin_cycles):
             if layout == "packed":
                 qkv = torch.randn(b, s, 3, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
-                def ours():
+                def ours(qkv=qkv, causal=causal):
                     sfa.torch.packed_attention(qkv, 2, causal=causal).sum().backward()
 
-                def theirs():
+                def theirs(qkv=qkv, causal=causal):
                     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                         F.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # conda-build runs this in the work directory with $PREFIX (host), $PYTHON, $SP_DIR,
 # $target_platform and the variant's keys (cuda_compiler_version, ...) in the environment.
+# shellcheck disable=SC2154  # cuda_compiler_version, target_platform: set by conda-build
 set -euxo pipefail
 
 # The CUDA major stridedfa is built for (frontend code branches on CUDART_VERSION), as for the
