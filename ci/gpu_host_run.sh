@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session on the H200 test host (no network; see shared GPU_HOST.md): ci/test_gpu.sh with
+# One GPU session on the H200 test host (no network; see ci/gpu_host.md): ci/test_gpu.sh with
 # the stridedfa wheel carried in .whl/ (built by ci/build_wheel_for_gpu_host.sh), offline, the
 # whole test suite (CPU and GPU tests): environment report, tests, benchmarks and demo, every log
 # in $OUT, then bundled into logs.tgz (few files travel back from the host). Every stage runs even

@@ -3,8 +3,6 @@ tensors), fullgraph tracing of a transformer block, the layout rule shared by C 
 exchange-API allocation path on CPU tensors."""
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -72,16 +70,6 @@ def test_fake_backward_and_packed_strides():
         qkv, 2, "bshd", None, out_p, lse_p, torch.empty_like(out_p), None, True, "top_left")
     assert grad_packed.shape == qkv.shape and grad_packed.stride() == qkv.stride()
     assert grad_q.numel() == 0
-
-
-strides_strategy = st.lists(st.integers(0, 5000), min_size=4, max_size=4)
-shape_strategy = st.lists(st.integers(0, 9), min_size=4, max_size=4)
-
-
-@settings(max_examples=300, deadline=None)
-@given(shape=shape_strategy, strides=strides_strategy)
-def test_c_and_python_layout_rules_agree(shape, strides):
-    assert _core._output_strides(tuple(shape), tuple(strides)) == _layouts.output_strides(shape, strides)
 
 
 def test_extent1_axes_do_not_steer_the_output_layout():
@@ -172,14 +160,6 @@ def test_fake_kernels_trace_with_symbolic_shapes():
     graph = make_fx(step, tracing_mode="symbolic")(qkv)
     targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
     assert sum("stridedfa" in t for t in targets) == 4
-
-
-@settings(max_examples=300, deadline=None)
-@given(shape=st.lists(st.integers(0, 6), min_size=5, max_size=5),
-       strides=st.lists(st.integers(0, 3000), min_size=5, max_size=5))
-def test_c_and_python_gradient_rules_agree(shape, strides):
-    # The packed entry point allocates its gradient in C; its fake kernel uses _layouts.
-    assert _core._gradient_strides(tuple(shape), tuple(strides)) == _layouts.gradient_strides(shape, strides)
 
 
 def test_dense_packed_gradient_keeps_the_packed_strides():
