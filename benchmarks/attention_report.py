@@ -10,8 +10,17 @@ import json
 import math
 import os
 
-from attention_timing import (CONTENDERS, GATED, GRAD_REL, GRAD_YARDSTICK_FACTOR, LSE_ATOL,
-                              METRICS, OUT_ATOL, OUT_RTOL, case_key)
+from attention_timing import (
+    CONTENDERS,
+    GATED,
+    GRAD_REL,
+    GRAD_YARDSTICK_FACTOR,
+    LSE_ATOL,
+    METRICS,
+    OUT_ATOL,
+    OUT_RTOL,
+    case_key,
+)
 
 LABELS = {
     "torch_cudnn": "torch cuDNN",
@@ -164,18 +173,18 @@ def render_markdown(data, anchors):
     for c in cases:
         ch = c.get("check", {})
 
-        def fwdv(n, key, nd=4):
+        def fwdv(n, key, nd=4, ch=ch):
             f = (ch.get(n) or {}).get("fwd")
             return "—" if not f or f.get(key) is None else f"{f[key]:.{nd}g}"
 
-        def bwdv(n):
+        def bwdv(n, ch=ch):
             g = (ch.get(n) or {}).get("bwd")
             if not g:
                 return "—"
             w = g.get("worst_rel_to_max")
             return "error" if w is None else (f"{w:.3g}" if isinstance(w, float) else str(w))
 
-        def okv(n):
+        def okv(n, ch=ch):
             e = ch.get(n) or {}
             if "fwd_error" in e:
                 return "error"

@@ -421,7 +421,7 @@ def run_case(torch, sfa, c, tp, res, *, ignore_mismatch=False):
                 except Exception as e:  # noqa: BLE001
                     res["results"][n][metric] = {"error": note_error(n, metric, e)}
                     del prepared[n]
-        for n, (fn, reps, preroll, samples, _) in prepared.items():
+        for n, (_fn, reps, preroll, samples, _) in prepared.items():
             r = summarize(samples, reps)
             r["preroll"] = preroll
             r["tflops"] = flops / (r["ms"] * 1e-3) / 1e12

@@ -132,9 +132,24 @@ import time
 import traceback
 
 from attention_report import compute_ratios, render_markdown, write_outputs
-from attention_timing import (CHECK_ROWS, GRAD_REL, GRAD_YARDSTICK_FACTOR, LSE_ATOL, OUT_ATOL,
-                              OUT_RTOL, PREROLL_MS, SETTLE_MS, Abort, case_label, case_name,
-                              cuda_alive, err_str, log, new_case_result, run_case)
+from attention_timing import (
+    CHECK_ROWS,
+    GRAD_REL,
+    GRAD_YARDSTICK_FACTOR,
+    LSE_ATOL,
+    OUT_ATOL,
+    OUT_RTOL,
+    PREROLL_MS,
+    SETTLE_MS,
+    Abort,
+    case_label,
+    case_name,
+    cuda_alive,
+    err_str,
+    log,
+    new_case_result,
+    run_case,
+)
 
 SCHEMA = "stridedfa.bench_attention/1"
 
