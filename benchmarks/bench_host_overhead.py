@@ -69,6 +69,11 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
+
+# The one DLPack producer without an adapter, shared with the GPU tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.producers import Producer  # noqa: E402
 
 SHAPE = (1, 4, 64, 64)
 # (row, reference row, target): every stridedfa entry point at most torch's own SDPA host time in
@@ -150,19 +155,6 @@ def measured_build(sfa):
 
 def log(*args):
     print(*args, flush=True)
-
-
-class Producer:
-    """A DLPack producer stridedfa has no adapter for (outputs become stridedfa.DeviceBuffer)."""
-
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, **kwargs):
-        return self._array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
 
 
 def contenders(torch, sfa):
