@@ -153,7 +153,8 @@ from attention_timing import (
 
 SCHEMA = "stridedfa.bench_attention/1"
 
-# (b, h_q, h_kv, s, d, causal); s_q == s_kv. From shared/GPU_HOST.md.
+# (b, h_q, h_kv, s, d, causal); s_q == s_kv: the team's anchor configurations on the H200 host
+# (ci/gpu_host.md says how that host builds and runs).
 CONFIGS = [
     (2, 16, 16, 4096, 128, False),
     (2, 16, 16, 4096, 128, True),
@@ -163,7 +164,7 @@ CONFIGS = [
     (1, 16, 16, 16384, 128, True),
 ]
 
-# Anchor figures measured on the H200 test host (GPU_HOST.md, 2026-12-02), TFLOP/s,
+# Anchor figures measured on the H200 test host (team notes, 2026-12-02), TFLOP/s,
 # contiguous layout: torch SDPA cuDNN fwd / fwd+bwd, torch SDPA flash fwd / fwd+bwd.
 ANCHORS = {
     (2, 16, 16, 4096, 128, False): {"torch_cudnn": (566, 534), "torch_flash": (331, 286)},
