@@ -19,8 +19,9 @@
 # Stages: the tests (the stride fuzz apart), the stride fuzz at scale (STRIDEDFA_FUZZ_VALID valid and
 # STRIDEDFA_FUZZ_INVALID invalid layouts, default 10000 / 2000; counts in fuzz.json), the benchmarks,
 # the demo. Stage time limits (seconds): TESTS_TIMEOUT (420), FUZZ_TIMEOUT (420),
-# HOST_BENCH_TIMEOUT (150), PATTERNS_TIMEOUT (150), BENCH_TIMEOUT (200), DEMO_TIMEOUT (90).
-# SKIP_STAGES: names to skip, e.g. "bench demo" (of: tests fuzz host patterns bench demo).
+# HOST_BENCH_TIMEOUT (150), PATTERNS_TIMEOUT (150), ALLOC_BENCH_TIMEOUT (60), BENCH_TIMEOUT (200),
+# DEMO_TIMEOUT (90).
+# SKIP_STAGES: names to skip, e.g. "bench demo" (of: tests fuzz host patterns alloc bench demo).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
@@ -111,6 +112,12 @@ if ! skip patterns; then
   timeout "${PATTERNS_TIMEOUT:-150}" "$python" -X faulthandler "$repo/benchmarks/bench_call_patterns.py" \
     --out "$out" "${quick[@]}" > "$out/bench_call_patterns.log" 2>&1
   echo "call-patterns benchmark: exit $?" | tee -a "$out/summary.txt"
+fi
+
+if ! skip alloc; then
+  timeout "${ALLOC_BENCH_TIMEOUT:-60}" "$python" -X faulthandler "$repo/benchmarks/bench_allocation.py" \
+    --out "$out/allocation.json" > "$out/bench_allocation.log" 2>&1
+  echo "allocation benchmark: exit $?; $(tail -n 4 "$out/bench_allocation.log" | tr '\n' '|')" | tee -a "$out/summary.txt"
 fi
 
 if ! skip bench; then
