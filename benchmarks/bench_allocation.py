@@ -73,7 +73,7 @@ def main() -> int:
             stridedfa._core._device_buffer((nbytes // 2,), (1,), "float16", device.device_id, handle)
 
         def theirs(nbytes=nbytes):
-            mr.allocate(nbytes, stream).close(stream)
+            mr.allocate(nbytes, stream=stream).close(stream=stream)
 
         rows[f"alloc_free/{label}"] = {"stridedfa_pool": timed(ours, args.calls, args.rounds, sync),
                                        "cuda_core": timed(theirs, args.calls, args.rounds, sync)}
@@ -84,10 +84,10 @@ def main() -> int:
     rng = np.random.default_rng(0)
     views = []
     for _ in range(3):  # q, k, v: cuda.core views, a producer stridedfa has no adapter for
-        view = StridedMemoryView.from_buffer(mr.allocate(nbytes, stream), SHAPE, strides,
+        view = StridedMemoryView.from_buffer(mr.allocate(nbytes, stream=stream), SHAPE, strides,
                                              dtype=np.dtype(np.float16))
         view.copy_from(StridedMemoryView.from_array_interface(
-            rng.standard_normal(SHAPE).astype(np.float16)), stream)
+            rng.standard_normal(SHAPE).astype(np.float16)), stream=stream)
         views.append(view)
     q, k, v = views
 
@@ -95,7 +95,7 @@ def main() -> int:
         stridedfa.attention(q, k, v, stream=stream)
 
     def cuda_core_output():
-        out = StridedMemoryView.from_buffer(mr.allocate(nbytes, stream), SHAPE, strides,
+        out = StridedMemoryView.from_buffer(mr.allocate(nbytes, stream=stream), SHAPE, strides,
                                             dtype=np.dtype(np.float16))
         stridedfa.sdpa_forward(q, k, v, out, stream=stream)
 

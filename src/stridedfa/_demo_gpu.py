@@ -100,9 +100,9 @@ class CudaCoreBackend:
 
     def _put(self, host):
         """A device copy of a NumPy array, as a typed view over a buffer from the memory resource."""
-        view = self.View.from_buffer(self.memory.allocate(host.nbytes, self.stream), host.shape,
+        view = self.View.from_buffer(self.memory.allocate(host.nbytes, stream=self.stream), host.shape,
                                      tuple(s // host.itemsize for s in host.strides), dtype=host.dtype)
-        view.copy_from(self.View.from_array_interface(host), self.stream)
+        view.copy_from(self.View.from_array_interface(host), stream=self.stream)
         return view
 
     def upload(self, host):
@@ -131,7 +131,7 @@ class CudaCoreBackend:
 
     def download(self, x):
         host = np.empty(x.shape, dtype=x.dtype)
-        x.copy_to(self.View.from_array_interface(host), self.stream, blocking=True)
+        x.copy_to(self.View.from_array_interface(host), stream=self.stream, blocking=True)
         return host.astype(np.float32)
 
     def sync(self):
