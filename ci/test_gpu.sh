@@ -21,6 +21,7 @@
 # the demo. Stage time limits (seconds): TESTS_TIMEOUT (420), FUZZ_TIMEOUT (420),
 # HOST_BENCH_TIMEOUT (150), PATTERNS_TIMEOUT (150), ALLOC_BENCH_TIMEOUT (60), BENCH_TIMEOUT (200),
 # DEMO_TIMEOUT (90).
+# TESTS_SUBSET: a path under tests/ to run alone (a re-run of what failed), else every test.
 # SKIP_STAGES: names to skip, e.g. "bench demo" (of: tests fuzz host patterns alloc bench demo).
 set -euo pipefail
 
@@ -86,7 +87,7 @@ tests_rc=0
 
 # Most important first: a short lease may end before the later stages.
 if ! skip tests; then
-  timeout "${TESTS_TIMEOUT:-420}" "$python" -X faulthandler -m pytest "$repo/tests" "${marker[@]}" \
+  timeout "${TESTS_TIMEOUT:-420}" "$python" -X faulthandler -m pytest "$repo/tests/${TESTS_SUBSET:-}" "${marker[@]}" \
     --ignore="$repo/tests/gpu/test_stride_fuzz.py" -p no:cacheprovider -q -rfEsx \
     --junitxml="$out/pytest.xml" > "$out/pytest.log" 2>&1
   tests_rc=$?
