@@ -8,6 +8,7 @@ packed-vs-contiguous bit-exactness check, the fp32 NumPy reference, the timing) 
 
 from __future__ import annotations
 
+import ctypes
 import time
 
 import numpy as np
@@ -89,7 +90,7 @@ class CudaCoreBackend:
     name, dtype = "cuda.core", "float16"
 
     def __init__(self):
-        from cuda.core import Buffer, Device
+        from cuda.core import Buffer, Device, LegacyPinnedMemoryResource
         from cuda.core.utils import StridedMemoryView
         self.Buffer, self.View = Buffer, StridedMemoryView
         self.device = Device()
@@ -97,13 +98,23 @@ class CudaCoreBackend:
         self.device_name = self.device.name
         self.stream = self.device.create_stream()  # passed to stridedfa by __cuda_stream__
         self.memory = self.device.memory_resource
+        self.pinned = LegacyPinnedMemoryResource()
+
+    def _typed(self, buffer, shape, dtype):
+        shape = tuple(shape)
+        strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+        return self.View.from_buffer(buffer, shape, strides, dtype=np.dtype(dtype))
 
     def _put(self, host):
-        """A device copy of a NumPy array, as a typed view over a buffer from the memory resource."""
-        view = self.View.from_buffer(self.memory.allocate(host.nbytes, stream=self.stream), host.shape,
-                                     tuple(s // host.itemsize for s in host.strides), dtype=host.dtype)
-        view.copy_from(self.View.from_array_interface(host), stream=self.stream)
-        return view
+        """A device copy of a C-contiguous NumPy array, by Buffer copies through pinned memory
+        (cuda.core 1.2.0's StridedMemoryView.copy_from is not implemented yet)."""
+        staging = self.pinned.allocate(host.nbytes)
+        ctypes.memmove(int(staging.handle), host.ctypes.data, host.nbytes)
+        device = self.memory.allocate(host.nbytes, stream=self.stream)
+        device.copy_from(staging, stream=self.stream)
+        self.stream.sync()
+        staging.close()
+        return self._typed(device, host.shape, host.dtype)
 
     def upload(self, host):
         self._host = np.ascontiguousarray(host, dtype=np.float16)  # the rounded numbers, kept
@@ -114,11 +125,14 @@ class CudaCoreBackend:
         return self._host.astype(np.float32)
 
     def full_nan(self, shape, dtype):
-        return self._put(np.full(shape, np.nan, dtype=np.float32 if dtype == "float32" else np.float16))
+        dtype = np.dtype(np.float32 if dtype == "float32" else np.float16)
+        buffer = self.memory.allocate(int(np.prod(shape)) * dtype.itemsize, stream=self.stream)
+        buffer.fill(np.array(np.nan, dtype).tobytes(), stream=self.stream)
+        return self._typed(buffer, shape, dtype)
 
     def strided(self, base, shape, strides, offset=0):
         itemsize = base.dtype.itemsize
-        memory = self.Buffer.from_handle(base.ptr + offset * itemsize, (base.size - offset) * itemsize,
+        memory = self.Buffer.from_handle(base.ptr + offset * itemsize, (int(np.prod(base.shape)) - offset) * itemsize,
                                          owner=base)
         return self.View.from_buffer(memory, tuple(shape), tuple(strides), dtype=base.dtype)
 
@@ -129,9 +143,13 @@ class CudaCoreBackend:
                                                tuple(s * 2 for s in view.strides))
         return self._put(np.ascontiguousarray(host))
 
-    def download(self, x):
+    def download(self, x):  # a dense view
         host = np.empty(x.shape, dtype=x.dtype)
-        x.copy_to(self.View.from_array_interface(host), stream=self.stream, blocking=True)
+        staging = self.pinned.allocate(host.nbytes)
+        staging.copy_from(self.Buffer.from_handle(x.ptr, host.nbytes, owner=x), stream=self.stream)
+        self.stream.sync()
+        ctypes.memmove(host.ctypes.data, int(staging.handle), host.nbytes)
+        staging.close()
         return host.astype(np.float32)
 
     def sync(self):
