@@ -6,6 +6,12 @@
 # exported tensors are gone. Ordering: the buffer remembers the stream its contents were produced
 # on; a consumer that asks for another stream gets an event dependency, and memory that was handed
 # to other (or unknown) streams is freed only after the device has finished its work.
+#
+# Memory comes from the core's pool (cpp/src/runtime.cpp), not cuda.core: in GPU run 20
+# (benchmarks/results/2026-12-03-h200-run20/allocation.json, cuda.core 1.2.0) cuda.core's
+# DeviceMemoryResource alloc+free alone cost 0.52-0.85x ours, but a whole call with its output
+# typed through cuda.core cost 1.10x (18.95 vs 17.20 us). Allocating DeviceBuffer's memory from
+# cuda.core's resource while keeping this typed export is the open experiment.
 
 
 cdef extern from "Python.h":
