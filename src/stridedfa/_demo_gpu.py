@@ -190,10 +190,10 @@ def run(be) -> int:
     ms = (time.perf_counter() - start) / REPS * 1e3
     tflops = 4 * B * H * S * S * D / 2 / (ms * 1e-3) / 1e12
 
-    copies = [be.contiguous(x) for x in (q, k, v)]
+    q_c, k_c, v_c = (be.contiguous(x) for x in (q, k, v))
     out_c = be.full_nan((B, H, S, D), be.dtype)
     lse_c = be.full_nan((B, H, S), "float32")
-    stridedfa.sdpa_forward(*copies, out_c, lse=lse_c, causal=True, stream=be.stream)
+    stridedfa.sdpa_forward(q_c, k_c, v_c, out_c, lse=lse_c, causal=True, stream=be.stream)
     be.sync()
     out_h = be.download(out_base).transpose(0, 2, 1, 3)
     lse_h = be.download(lse)
