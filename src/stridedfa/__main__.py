@@ -3,9 +3,8 @@
 With a CUDA GPU it runs cuDNN through stridedfa on q/k/v views of one packed [b, s, 3, h, d]
 buffer (device memory from torch, else CuPy, else cuda-python's cuda.core: no framework needed),
 checks the result against the NumPy reference, checks that the packed views and contiguous copies
-give bit-identical output, and times the call. Without
-a GPU it runs the same check through the NumPy reference on a small problem and says what is
-missing for the GPU path. Exit status 0 means every check passed.
+give bit-identical output, and times the call. Without a GPU it runs the same check through the
+NumPy reference on a small problem and says what is missing for the GPU path. Exit status 0 means every check passed.
 """
 
 from __future__ import annotations

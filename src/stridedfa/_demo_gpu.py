@@ -25,6 +25,8 @@ class TorchBackend:
 
     def __init__(self):
         import torch
+        if not torch.cuda.is_available():
+            raise ImportError("torch is installed without CUDA")
         self.torch = torch
         self.device_name = torch.cuda.get_device_name()
         self.stream = None  # torch's current stream, which stridedfa picks up itself
@@ -132,8 +134,8 @@ class CudaCoreBackend:
 
     def strided(self, base, shape, strides, offset=0):
         itemsize = base.dtype.itemsize
-        memory = self.Buffer.from_handle(base.ptr + offset * itemsize, (int(np.prod(base.shape)) - offset) * itemsize,
-                                         owner=base)
+        size = (int(np.prod(base.shape)) - offset) * itemsize
+        memory = self.Buffer.from_handle(base.ptr + offset * itemsize, size, owner=base)
         return self.View.from_buffer(memory, tuple(shape), tuple(strides), dtype=base.dtype)
 
     def contiguous(self, view):
@@ -161,10 +163,6 @@ def backend():
     errors = []
     for make in (TorchBackend, CupyBackend, CudaCoreBackend):
         try:
-            if make is TorchBackend:
-                import torch
-                if not torch.cuda.is_available():
-                    raise ImportError("torch is installed without CUDA")
             return make(), None
         except Exception as e:  # not installed, or installed without a usable GPU
             errors.append(f"{make.name}: {e}")
