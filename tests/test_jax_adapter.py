@@ -280,8 +280,6 @@ BAD_CALLS = [
      r"v: axis 2 \(heads\) is 4"),
     ((2, 128, 8, 60), (2, 256, 2, 60), (2, 256, 2, 64), ("float16",) * 3, {}, stridedfa.LayoutError,
      "multiple of 8"),
-    ((2, 256, 8, 64), (2, 128, 2, 64), (2, 128, 2, 64), ("bfloat16",) * 3,
-     {"causal": True, "causal_alignment": "bottom_right"}, stridedfa.UnsupportedError, "without any key"),
     ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16",) * 3, {"layout": "sbhd"}, ValueError,
      "layout must be"),
     ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16",) * 3, {"causal_alignment": "center"},

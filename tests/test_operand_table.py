@@ -32,13 +32,18 @@ def operands(op):
 def shape_of(row, **change):
     extents = dict(PROBLEM, **change)
     shape = tuple(extents[e] for e in row["shape"])
-    return shape[:3] if row["kind"] == "stats" else shape  # statistics as (b, h, s)
+    # statistics as (b, h, s), lengths as (b,)
+    return {"stats": shape[:3], "lengths": shape[:1]}.get(row["kind"], shape)
 
 
-def make(row, shape=None, dtype=None):
+DTYPES = {"stats": "float32", "lengths": "int32", "attention": "bfloat16"}
+WRONG_DTYPES = {"stats": "float16", "lengths": "int64", "attention": "float32"}
+
+
+def make(row, shape=None, dtype=None, strides=None):
     shape = shape or shape_of(row)
-    dtype = dtype or ("float32" if row["kind"] == "stats" else "bfloat16")
-    return FakeTensor(shape, None, dtype, data=0x100000000000 + next(_bases) * GiB)
+    dtype = dtype or DTYPES[row["kind"]]
+    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_bases) * GiB)
 
 
 def call_args(op, **replace):
@@ -46,20 +51,15 @@ def call_args(op, **replace):
     return {row["name"]: replace.get(row["name"], make(row)) for row in operands(op)}
 
 
-def positional(fn, args):
-    """`args` in the order of fn's parameters (the public order, e.g. grad_out before lse)."""
-    return [args[name] for name in inspect.signature(fn).parameters if name in args]
-
-
 def validate(op, args):
     fn = _core._validate_forward if op == "forward" else _core._validate_backward
-    return fn(*positional(fn, args))
+    return fn(**args)  # every operand under its table name
 
 
 def key(op, args):
     # cuDNN 9.26 reads the statistics at any strides (older versions refuse non-packed ones).
     graph_key = _core._forward_graph_key if op == "forward" else _core._backward_graph_key
-    return graph_key(*positional(graph_key, args), cudnn_version=92600)
+    return graph_key(**args, cudnn_version=92600)
 
 
 def test_table_rows_are_in_slot_order_with_names_and_roles():
@@ -76,7 +76,7 @@ def test_public_signatures_name_every_operand(op):
     parameters = inspect.signature(OPS[op]).parameters
     for row in operands(op):
         parameter = parameters[row["name"]]
-        optional = op == "forward" and row["forward_optional"]
+        optional = row[f"{op}_optional"]
         assert (parameter.kind is inspect.Parameter.KEYWORD_ONLY) == optional, row["name"]
 
 
@@ -90,8 +90,7 @@ def test_a_valid_call_passes_and_reports_the_problem(op):
 @pytest.mark.parametrize("op, row", [(op, row) for op in OPS for row in operands(op)],
                          ids=lambda x: x if isinstance(x, str) else x["name"])
 def test_every_operand_has_its_dtype_checked_and_named(op, row):
-    wrong = "float16" if row["kind"] == "stats" else "float32"
-    args = call_args(op, **{row["name"]: make(row, dtype=wrong)})
+    args = call_args(op, **{row["name"]: make(row, dtype=WRONG_DTYPES[row["kind"]])})
     with pytest.raises(stridedfa.LayoutError, match=rf"^{row['name']}\b.*dtype"):
         validate(op, args)
 
@@ -136,9 +135,10 @@ def test_the_cache_key_holds_every_operands_strides(op, row):
     if row["kind"] == "stats":
         b, h, s = shape
         strides = (h * s + 4, s, 1)  # padded between batches
+    elif row["kind"] == "lengths":
+        strides = (2,)  # every other int32 of a buffer
     else:
         b, h, s, d = shape
         strides = (s * h * d, d, h * d, 1)  # bshd memory order
-    args[row["name"]] = FakeTensor(shape, strides, "float32" if row["kind"] == "stats" else "bfloat16",
-                                                data=0x100000000000 + next(_bases) * GiB)
+    args[row["name"]] = make(row, strides=strides)
     assert key(op, args) != base

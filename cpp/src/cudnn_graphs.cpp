@@ -37,7 +37,8 @@ Tensor_attributes describe(const GraphSpec& spec, Slot slot) {
                .set_uid(uid_of(slot))
                .set_dim({d.dims[0], d.dims[1], d.dims[2], d.dims[3]})
                .set_stride({d.strides[0], d.strides[1], d.strides[2], d.strides[3]});
-  if (slot == kLse) t.set_data_type(fe::DataType_t::FLOAT);
+  if (kOperands[slot].kind == OperandKind::stats) t.set_data_type(fe::DataType_t::FLOAT);
+  if (kOperands[slot].kind == OperandKind::lengths) t.set_data_type(fe::DataType_t::INT32);
   return t;
 }
 
@@ -48,7 +49,7 @@ void mark_output(const std::shared_ptr<Tensor_attributes>& t, const GraphSpec& s
       .set_uid(uid_of(slot))
       .set_dim({d.dims[0], d.dims[1], d.dims[2], d.dims[3]})
       .set_stride({d.strides[0], d.strides[1], d.strides[2], d.strides[3]});
-  if (slot == kLse) t->set_data_type(fe::DataType_t::FLOAT);
+  if (kOperands[slot].kind == OperandKind::stats) t->set_data_type(fe::DataType_t::FLOAT);
 }
 
 fe::DiagonalAlignment_t diagonal(CausalAlignment a) {
@@ -97,10 +98,22 @@ std::shared_ptr<fe::graph::Graph> new_graph(const GraphSpec& spec) {
   return graph;
 }
 
+// The mask: a diagonal band (causal is a right bound of 0; FlashAttention's window left w is
+// cuDNN's left bound w + 1, which keeps keys j > i - bound) and the padding lengths.
 template <class Attributes>
-void set_mask(Attributes& attributes, const GraphSpec& spec) {
-  if (spec.causal) {
-    attributes.set_diagonal_alignment(diagonal(spec.alignment)).set_diagonal_band_right_bound(0);
+void set_mask(fe::graph::Graph& graph, Attributes& attributes, const GraphSpec& spec) {
+  const bool band = spec.left_bound != SdpaOptions::kUnbounded || spec.right_bound != SdpaOptions::kUnbounded;
+  if (band) attributes.set_diagonal_alignment(diagonal(spec.alignment));
+  if (spec.right_bound != SdpaOptions::kUnbounded) {
+    attributes.set_diagonal_band_right_bound(static_cast<int>(spec.right_bound));
+  }
+  if (spec.left_bound != SdpaOptions::kUnbounded) {
+    attributes.set_diagonal_band_left_bound(static_cast<int>(spec.left_bound + 1));
+  }
+  if (spec.operands[kSeqLensQ].present) {
+    attributes.set_padding_mask(true)
+        .set_seq_len_q(graph.tensor(describe(spec, kSeqLensQ)))
+        .set_seq_len_kv(graph.tensor(describe(spec, kSeqLensKV)));
   }
 }
 
@@ -111,7 +124,7 @@ void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   const bool stats = spec.operands[kLse].present;
   auto attributes =
       fe::graph::SDPA_attributes().set_name("sdpa_forward").set_generate_stats(stats).set_attn_scale(spec.scale);
-  set_mask(attributes, spec);
+  set_mask(graph, attributes, spec);
   auto [o, lse] = graph.sdpa(q, k, v, attributes);
   mark_output(o, spec, kO);
   if (stats) mark_output(lse, spec, kLse);
@@ -125,7 +138,8 @@ void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
   auto d_o = graph.tensor(describe(spec, kGradO));
   auto lse = graph.tensor(describe(spec, kLse));
   auto attributes = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(spec.scale);
-  set_mask(attributes, spec);
+  set_mask(graph, attributes, spec);
+  if (spec.deterministic) attributes.set_deterministic_algorithm(true);
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, lse, attributes);
   mark_output(dq, spec, kGradQ);
   mark_output(dk, spec, kGradK);

@@ -12,6 +12,7 @@
 #include "stridedfa/cudnn_graphs.hpp"
 #include "stridedfa/errors.hpp"
 #include "stridedfa/graph_cache.hpp"
+#include "stridedfa/memops.hpp"
 #include "stridedfa/runtime.hpp"
 
 namespace stridedfa {
@@ -67,17 +68,85 @@ void check_version_gates(const GraphSpec& spec) {
       ", 1). Pass a contiguous lse (e.g. lse.contiguous()), or let stridedfa allocate it.");
 }
 
-GraphSpec spec_for(GraphOp op, const Problem& p, const SdpaOptions& o, const TensorView* const* operands,
-                   int32_t sm_version, int64_t cudnn_version) {
+bool is_packed_stats(const TensorView& lse) {
+  const int64_t h = lse.dims[1], s = lse.dims[2];
+  return (lse.dims[0] == 1 || lse.strides[0] == h * s) && (h == 1 || lse.strides[1] == s) &&
+         (s == 1 || lse.strides[2] == 1);
+}
+
+// What a call hands cuDNN once the mask's empty rows and keys are cut off (visibility.hpp): the
+// operands as views of the caller's tensors, the fills for the regions cut off, and whether the
+// statistics must be staged packed.
+struct Plan {
+  Problem problem;  // the sub-problem cuDNN computes
+  TensorView views[kNumSlots];
+  const TensorView* slots[kNumSlots] = {};
+  int n_fills = 0;
+  Fill fills[kMaxFills];
+  bool stage_lse = false;
+  TensorView lse_source;
+  bool nothing_for_cudnn = false;
+};
+
+void add_fill(Plan& plan, const TensorView& region, int slot) {
+  if (region.numel() == 0) return;
+  plan.fills[plan.n_fills++] = {region, kOperands[slot].kind == OperandKind::stats ? kNegativeInfinityBits : 0u};
+}
+
+void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
+               int64_t cudnn_version, Plan& plan) {
+  plan.problem = problem;
+  const bool has_lengths = operands[kSeqLensQ] || operands[kSeqLensKV];
+  const Visibility seen = visible_region(options, problem, has_lengths);
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (!operands[s]) continue;
+    plan.views[s] = *operands[s];
+    plan.slots[s] = &plan.views[s];
+  }
+  if (problem.nothing_to_do || !seen.restricts(problem)) return;
+  plan.problem.s_q = std::max<int64_t>(seen.row_end - seen.row_begin, 0);
+  plan.problem.s_kv = std::max<int64_t>(seen.key_end - seen.key_begin, 0);
+  plan.nothing_for_cudnn = seen.empty();
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (!operands[s] || kOperands[s].kind == OperandKind::lengths) continue;
+    const Extent seq = kOperands[s].shape[2];
+    const int64_t begin = seq == kSeqQ ? seen.row_begin : seen.key_begin;
+    const int64_t end = seq == kSeqQ ? seen.row_end : seen.key_end;
+    const int64_t extent = operands[s]->dims[2];
+    const int64_t b = std::min(begin, extent), e = std::clamp(end, b, extent);
+    if (role_in(op, s) == Role::output) {
+      add_fill(plan, seq_slice(*operands[s], 0, b), s);
+      add_fill(plan, seq_slice(*operands[s], e, extent), s);
+    }
+    plan.views[s] = seq_slice(*operands[s], b, e);
+  }
+  if (op == GraphOp::backward && cudnn_version < 92600 && is_packed_stats(*operands[kLse]) &&
+      !is_packed_stats(plan.views[kLse])) {
+    plan.stage_lse = true;
+    plan.lse_source = plan.views[kLse];
+    TensorView& staged = plan.views[kLse];  // described packed; its pointer is set at launch
+    staged.strides[0] = staged.dims[1] * staged.dims[2];
+    staged.strides[1] = staged.dims[2];
+    staged.strides[2] = 1;
+    staged.strides[3] = 1;
+    staged.data = 0;
+  }
+}
+
+GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t sm_version, int64_t cudnn_version) {
+  const Problem& p = plan.problem;
   GraphSpec spec;
   spec.op = op;
   spec.dtype = p.dtype;
   for (int s = 0; s < kNumSlots; ++s) {
-    if (operands[s]) spec.operands[s] = describe_operand(*operands[s]);
+    if (plan.slots[s]) spec.operands[s] = describe_operand(*plan.slots[s]);
   }
   spec.scale = static_cast<float>(o.has_scale ? o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_qk)));
   spec.causal = o.causal;
   spec.alignment = o.alignment;
+  spec.left_bound = o.left_bound();
+  spec.right_bound = o.right_bound();
+  spec.deterministic = op == GraphOp::backward && o.deterministic;
   spec.device = p.device;
   spec.sm_version = sm_version;
   spec.cudnn_version = cudnn_version;
@@ -93,8 +162,13 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   if (!libraries_loaded()) {
     throw BackendError("cuDNN is not loaded; stridedfa loads it on the first GPU call (see stridedfa.info())");
   }
-  const GraphSpec spec =
-      spec_for(op, problem, options, operands, device_info(problem.device).sm_version, cudnn_runtime_version());
+  const int64_t cudnn_version = cudnn_runtime_version();
+  Plan plan;
+  plan_call(op, problem, options, operands, cudnn_version, plan);
+  call.n_fills = plan.n_fills;
+  std::copy(plan.fills, plan.fills + plan.n_fills, call.fills);
+  if (plan.nothing_for_cudnn) return call;
+  const GraphSpec spec = spec_for(op, plan, options, device_info(problem.device).sm_version, cudnn_version);
   // A training or decoding loop repeats its last configuration: each thread remembers its last
   // lookup, and a repeat redeems a ticket instead of hashing and comparing a key in the cache.
   thread_local struct {
@@ -122,7 +196,12 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   call.workspace_bytes = call.graph->workspace_bytes;
   call.n_ptrs = static_cast<int>(call.graph->operand_order.size());
   for (int i = 0; i < call.n_ptrs; ++i) {
-    call.ptrs[i] = reinterpret_cast<void*>(operands[call.graph->operand_order[size_t(i)]]->data);
+    const Slot slot = call.graph->operand_order[size_t(i)];
+    call.ptrs[i] = reinterpret_cast<void*>(plan.slots[slot]->data);
+    if (slot == kLse && plan.stage_lse) {
+      call.staged_lse_ptr = i;
+      call.staged_lse_source = plan.lse_source;
+    }
   }
   return call;
 }
@@ -144,6 +223,9 @@ int GraphSpec::write_key(int64_t* out) const {
   out[n++] = scale_bits;
   out[n++] = causal;
   out[n++] = static_cast<int64_t>(alignment);
+  out[n++] = left_bound;
+  out[n++] = right_bound;
+  out[n++] = deterministic;
   out[n++] = device;
   out[n++] = sm_version;
   out[n++] = cudnn_version;
@@ -155,47 +237,58 @@ std::vector<int64_t> GraphSpec::key() const {
   return std::vector<int64_t>(k, k + write_key(k));
 }
 
-// The operands of a call in slot order (absent ones null); the statistics as their 4-axis view.
+namespace {
+
+// The operands of a call in slot order (absent ones null), each as its 4-axis view.
 struct Operands {
-  TensorView lse;
+  TensorView views[kNumSlots];
   const TensorView* slots[kNumSlots] = {};
 
-  explicit Operands(const ForwardArgs& a) : lse(stats_as_4d(a.lse)) {
-    const TensorView* s[] = {&a.q, &a.k, &a.v, &a.out, a.lse.present ? &lse : nullptr};
-    std::copy(std::begin(s), std::end(s), slots);
-  }
-  explicit Operands(const BackwardArgs& a) : lse(stats_as_4d(a.lse)) {
-    const TensorView* s[] = {&a.q, &a.k, &a.v, &a.out, &lse, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v};
-    std::copy(std::begin(s), std::end(s), slots);
+  explicit Operands(const SlotViews& given) {
+    for (int s = 0; s < kNumSlots; ++s) {
+      if (!given[s] || !given[s]->present) continue;
+      views[s] = as_4d(*given[s], kOperands[s].kind);
+      slots[s] = &views[s];
+    }
   }
   Operands(const Operands&) = delete;  // slots point into this object
   Operands& operator=(const Operands&) = delete;
 };
 
+std::vector<int64_t> graph_key(GraphOp op, const Problem& problem, const SdpaOptions& options, const Operands& operands,
+                               int32_t sm_version, int64_t cudnn_version) {
+  Plan plan;
+  plan_call(op, problem, options, operands.slots, cudnn_version, plan);
+  if (problem.nothing_to_do || plan.nothing_for_cudnn) return {};
+  return spec_for(op, plan, options, sm_version, cudnn_version).key();
+}
+
+}  // namespace
+
 PreparedCall prepare_forward(const ForwardArgs& a, const SdpaOptions& options) {
   const Problem problem = validate_forward(a);
   validate_options(options, problem);
-  return prepare(GraphOp::forward, problem, options, Operands(a).slots);
+  return prepare(GraphOp::forward, problem, options, Operands(a.slots()).slots);
 }
 
 PreparedCall prepare_backward(const BackwardArgs& a, const SdpaOptions& options) {
   const Problem problem = validate_backward(a);
   validate_options(options, problem);
-  return prepare(GraphOp::backward, problem, options, Operands(a).slots);
+  return prepare(GraphOp::backward, problem, options, Operands(a.slots()).slots);
 }
 
 std::vector<int64_t> forward_graph_key(const ForwardArgs& a, const SdpaOptions& options, int32_t sm_version,
                                        int64_t cudnn_version) {
   const Problem problem = validate_forward(a);
   validate_options(options, problem);
-  return spec_for(GraphOp::forward, problem, options, Operands(a).slots, sm_version, cudnn_version).key();
+  return graph_key(GraphOp::forward, problem, options, Operands(a.slots()), sm_version, cudnn_version);
 }
 
 std::vector<int64_t> backward_graph_key(const BackwardArgs& a, const SdpaOptions& options, int32_t sm_version,
                                         int64_t cudnn_version) {
   const Problem problem = validate_backward(a);
   validate_options(options, problem);
-  return spec_for(GraphOp::backward, problem, options, Operands(a).slots, sm_version, cudnn_version).key();
+  return graph_key(GraphOp::backward, problem, options, Operands(a.slots()), sm_version, cudnn_version);
 }
 
 namespace {
@@ -207,19 +300,32 @@ int64_t own_workspace_allocations() { return own_workspace_count.load(std::memor
 void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   if (call.problem.nothing_to_do) return;
   DeviceGuard guard(call.problem.device);
+  for (int i = 0; i < call.n_fills; ++i) fill_strided(call.fills[i].region, call.fills[i].pattern, stream);
+  if (!call.graph) return;
   void* handle = cudnn_handle_for(call.problem.device, stream);
   void* pooled = nullptr;
-  if (call.workspace_bytes > 0 && workspace == nullptr) {
-    workspace = pooled = pool_alloc(call.problem.device, call.workspace_bytes, stream);
-    own_workspace_count.fetch_add(1, std::memory_order_relaxed);
-  }
+  void* staged = nullptr;
+  void* ptrs[kNumSlots];
+  std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
-    call.graph->execute(handle, call.ptrs, workspace);
+    if (call.workspace_bytes > 0 && workspace == nullptr) {
+      workspace = pooled = pool_alloc(call.problem.device, call.workspace_bytes, stream);
+      own_workspace_count.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (call.staged_lse_ptr >= 0) {
+      const TensorView& src = call.staged_lse_source;
+      staged = pool_alloc(call.problem.device, src.numel() * src.itemsize(), stream);
+      copy_to_packed(src, staged, stream);
+      ptrs[call.staged_lse_ptr] = staged;
+    }
+    call.graph->execute(handle, ptrs, workspace);
   } catch (...) {
     if (pooled) pool_free(pooled, stream);
+    if (staged) pool_free(staged, stream);
     throw;
   }
   if (pooled) pool_free(pooled, stream);
+  if (staged) pool_free(staged, stream);
 }
 
 }  // namespace stridedfa

@@ -10,11 +10,13 @@
 //     operand gives wrong numbers silently (cudnn-frontend <= 1.23 never rejected it).
 //   - Outputs are writable and share no byte with themselves, each other or any input (exact).
 //   - Every output empty: nothing to do. Extent-1 axes may carry any stride.
-//   - Options: a finite scale; bottom-right causal needs s_q <= s_kv (validate_options).
+//   - Options: a finite scale, window bounds of 0 or more (validate_options).
+//   - Padding lengths: int32 (batch,) vectors on the call's device.
 //   - The backward's operands within 2^32 elements, out and grad_out within 4 GiB, of their data
 //     pointers (cuDNN's 32-bit offsets; wrong gradients beyond).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <vector>
 
@@ -74,6 +76,28 @@ class Validator {
     if (!is_float32(t.dtype)) {
       throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
                         " is not supported; the softmax statistics (log-sum-exp) are float32.");
+    }
+  }
+
+  // Padding lengths: int32 (batch,) or (batch, 1, 1, 1), read by cuDNN on the device only.
+  void lengths(const TensorView& t) {
+    const bool shape_ok = t.ndim == 1 || (t.ndim == 4 && t.dims[1] == 1 && t.dims[2] == 1 && t.dims[3] == 1);
+    if (!shape_ok) {
+      throw LayoutError(std::string(t.name) + ": expected shape (batch,) of per-sequence lengths, got " + shape_str(t) +
+                        ".");
+    }
+    check_addressable(t);
+    device(t);
+    if (!(t.dtype.code == kDLInt && t.dtype.bits == 32 && t.dtype.lanes == 1)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
+                        " is not supported; sequence lengths are int32 (torch: x.to(torch.int32)).");
+    }
+    if (t.dims[0] > 1 && t.strides[0] <= 0) {
+      throw LayoutError(std::string(t.name) + ": axis 0 (batch) has stride " + std::to_string(t.strides[0]) +
+                        "; give each batch entry its own length (a contiguous int32 vector).");
+    }
+    if (t.numel() != 0 && t.data % 4 != 0) {
+      throw LayoutError(std::string(t.name) + ": data pointer is not 4-byte aligned; pass a contiguous copy.");
     }
   }
 
@@ -297,28 +321,63 @@ TensorView stats_as_4d(const TensorView& lse) {
 }
 
 namespace {
+TensorView lengths_as_4d(const TensorView& lengths) {
+  TensorView t = lengths;
+  if (t.ndim == 1) {
+    t.ndim = 4;
+    for (int axis = 1; axis < 4; ++axis) {
+      t.dims[axis] = 1;
+      t.strides[axis] = 1;
+    }
+  }
+  return t;
+}
+}  // namespace
+
+TensorView as_4d(const TensorView& t, OperandKind kind) {
+  switch (kind) {
+    case OperandKind::stats:
+      return stats_as_4d(t);
+    case OperandKind::lengths:
+      return lengths_as_4d(t);
+    default:
+      return t;
+  }
+}
+
+namespace {
 
 // Every rule, walking the operand table: per-operand checks, shapes against what q, k and v
 // establish, then memory rules, then outputs writable and disjoint from every input and from
 // each other. `given[slot]` is null where the op has no such operand.
-Problem validate(GraphOp op, const TensorView* const given[kNumSlots]) {
+Problem validate(GraphOp op, const SlotViews& given) {
   Validator check;
-  const TensorView* t[kNumSlots] = {};  // the operands present, statistics as their 4-axis view
-  TensorView stats4[kNumSlots];
+  const TensorView* t[kNumSlots] = {};  // the operands present, each as its 4-axis view
+  TensorView as4[kNumSlots];
   for (int s = 0; s < kNumSlots; ++s) {
     if (role_in(op, s) == Role::absent || !given[s]) continue;
-    if (op == GraphOp::forward && kOperands[s].forward_optional && !given[s]->present) continue;
-    if (kOperands[s].kind == OperandKind::attention) {
-      check.operand(*given[s]);
-      t[s] = given[s];
-    } else {
-      check.stats(*given[s]);
-      stats4[s] = stats_as_4d(*given[s]);
-      t[s] = &stats4[s];
+    if (optional_in(op, s) && !given[s]->present) continue;
+    switch (kOperands[s].kind) {
+      case OperandKind::attention:
+        check.operand(*given[s]);
+        break;
+      case OperandKind::stats:
+        check.stats(*given[s]);
+        break;
+      case OperandKind::lengths:
+        check.lengths(*given[s]);
+        break;
     }
+    as4[s] = as_4d(*given[s], kOperands[s].kind);
+    t[s] = &as4[s];
   }
   for (int s = kQ + 1; s < kNumSlots; ++s) {
     if (t[s]) check.same_device_and_dtype(*t[kQ], *t[s], kOperands[s].kind == OperandKind::attention);
+  }
+  if (!t[kSeqLensQ] != !t[kSeqLensKV]) {
+    throw LayoutError(std::string(t[kSeqLensQ] ? "seqlens_kv" : "seqlens_q") + " is missing: padding lengths " +
+                      "are given for queries and keys together (pass the full length, e.g. torch.full((b,), s), " +
+                      "for the side without padding).");
   }
 
   Problem p = problem_from(*t[kQ], *t[kK], *t[kV]);  // q, k and v agree with each other
@@ -337,7 +396,9 @@ Problem validate(GraphOp op, const TensorView* const given[kNumSlots]) {
   require_nonempty_problem(p);
 
   for (int s = 0; s < kNumSlots; ++s) {
-    if (t[s]) check.memory(*t[s], role_in(op, s) == Role::output, kOperands[s].kind == OperandKind::stats);
+    if (t[s] && kOperands[s].kind != OperandKind::lengths) {
+      check.memory(*t[s], role_in(op, s) == Role::output, kOperands[s].kind == OperandKind::stats);
+    }
   }
   if (op == GraphOp::backward) {
     for (int s = 0; s < kNumSlots; ++s) {
@@ -362,24 +423,21 @@ Problem validate(GraphOp op, const TensorView* const given[kNumSlots]) {
 }  // namespace
 
 void validate_options(const SdpaOptions& options, const Problem& p) {
+  (void)p;
   if (options.has_scale && !std::isfinite(options.scale)) {
     throw LayoutError("scale must be a finite number, got " + std::to_string(options.scale));
   }
-  if (options.causal && options.alignment == CausalAlignment::bottom_right && p.s_q > p.s_kv) {
-    throw UnsupportedError("causal_alignment='bottom_right' with s_q (" + std::to_string(p.s_q) + ") > s_kv (" +
-                           std::to_string(p.s_kv) + ") leaves the first " + std::to_string(p.s_q - p.s_kv) +
-                           " query rows without any key, which cuDNN does not run; use 'top_left', or s_q <= s_kv.");
+  if (options.window_left < SdpaOptions::kUnbounded || options.window_right < SdpaOptions::kUnbounded) {
+    throw LayoutError("window bounds must be non-negative token counts (or None for unbounded), got (" +
+                      std::to_string(options.window_left) + ", " + std::to_string(options.window_right) + ")");
+  }
+  if (options.window_left > INT32_MAX || options.window_right > INT32_MAX) {
+    throw LayoutError("window bounds must be below 2^31 tokens (use None for unbounded)");
   }
 }
 
-Problem validate_forward(const ForwardArgs& a) {
-  const TensorView* given[kNumSlots] = {&a.q, &a.k, &a.v, &a.out, &a.lse};
-  return validate(GraphOp::forward, given);
-}
+Problem validate_forward(const ForwardArgs& a) { return validate(GraphOp::forward, a.slots()); }
 
-Problem validate_backward(const BackwardArgs& a) {
-  const TensorView* given[kNumSlots] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.grad_out, &a.grad_q, &a.grad_k, &a.grad_v};
-  return validate(GraphOp::backward, given);
-}
+Problem validate_backward(const BackwardArgs& a) { return validate(GraphOp::backward, a.slots()); }
 
 }  // namespace stridedfa

@@ -3,7 +3,7 @@
 # launch in C++ with the GIL released; the public sdpa_forward / sdpa_backward and the variants
 # adapters and tests use.
 
-cdef const char* SLOT_NAMES[9]  # the argument names, from the operand table
+cdef const char* SLOT_NAMES[11]  # the argument names, from the operand table
 cdef int _slot
 for _slot in range(<int>kNumSlots):
     SLOT_NAMES[_slot] = kOperands[_slot].name
@@ -14,12 +14,13 @@ cdef object role_name(Role role):
 
 
 _EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1)
+KIND_NAMES = ("attention", "stats", "lengths")
 
 
 def _operands():
     """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
     one dict per operand with its name, its role in the forward and the backward (None, "input" or
-    "output"), whether the forward may leave it out, its kind ("attention" or "stats") and the
+    "output"), whether each op may leave it out, its kind ("attention", "stats" or "lengths") and the
     logical extents of its (b, h, s, d) axes. Intake, validation, the cache key and the graph
     builder all walk this table."""
     cdef int slot, n = kNumSlots
@@ -29,13 +30,26 @@ def _operands():
         info = &kOperands[slot]
         rows.append({"slot": slot, "name": info.name.decode(), "forward": role_name(info.forward),
                      "backward": role_name(info.backward), "forward_optional": info.forward_optional,
-                     "kind": "attention" if info.kind == OperandKind.attention else "stats",
+                     "backward_optional": info.backward_optional, "kind": KIND_NAMES[<int>info.kind],
                      "shape": tuple(_EXTENTS[info.shape[axis]] for axis in range(4))})
     return rows
 
 
-cdef int parse_options(object scale, object causal, object causal_alignment,
-                       SdpaOptions* options) except -1:
+cdef int64_t window_bound(object bound, const char* side) except -2:
+    if bound is None:
+        return -1  # SdpaOptions::kUnbounded
+    if isinstance(bound, bool) or not isinstance(bound, int):
+        raise TypeError(f"window {side.decode()} bound must be an int >= 0 or None, got {bound!r}")
+    if bound < 0:
+        raise ValueError(f"window {side.decode()} bound must be >= 0 (None: unbounded), got {bound}")
+    if bound >= 2**31:
+        raise ValueError(f"window {side.decode()} bound must be below 2**31 tokens (None: unbounded), got {bound}")
+    return bound
+
+
+cdef int parse_options(object scale, object causal, object causal_alignment, object window,
+                       object deterministic, SdpaOptions* options) except -1:
+    """The one parse of a call's options (every entry point goes through it)."""
     if scale is None:
         options.has_scale = False
     else:
@@ -50,18 +64,31 @@ cdef int parse_options(object scale, object causal, object causal_alignment,
         options.alignment = CausalAlignment.bottom_right
     else:
         raise ValueError(f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}")
+    if window is None:
+        options.window_left = options.window_right = -1
+    else:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise TypeError(f"window must be None or a pair (left, right) of token counts (each an int "
+                            f"or None), got {window!r}")
+        options.window_left = window_bound(window[0], b"left")
+        options.window_right = window_bound(window[1], b"right")
+    options.deterministic = bool(deterministic)
     return 0
 
 
 cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorView** views) noexcept:
-    """views[slot]: the call's TensorView of each operand, in the operand table's slot order."""
+    """views[slot]: the call's TensorView of each operand, in the operand table's slot order (NULL
+    where the op has no such operand)."""
     if backward:
         views[0], views[1], views[2] = &bwd.q, &bwd.k, &bwd.v
         views[3], views[4], views[5] = &bwd.out, &bwd.lse, &bwd.grad_out
         views[6], views[7], views[8] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
+        views[9], views[10] = &bwd.seqlens_q, &bwd.seqlens_kv
     else:
         views[0], views[1], views[2] = &fwd.q, &fwd.k, &fwd.v
         views[3], views[4] = &fwd.out, &fwd.lse
+        views[5] = views[6] = views[7] = views[8] = NULL
+        views[9], views[10] = &fwd.seqlens_q, &fwd.seqlens_kv
 
 
 cdef ensure_libraries():
@@ -88,19 +115,21 @@ cdef dict problem_dict(Problem p):
 cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream,
                 object workspace_allocator, Mode mode=RUN, int sm_version=0, int64_t cudnn_version=0,
                 int64_t repeats=1):
-    """One call: intake of every tensor (slot order), then validation / preparation / execution.
-    Consumed DLPack tensors are released on every path, exactly once."""
+    """One call: intake of every tensor (`tensors` in slot order, None where not given), then
+    validation / preparation / execution. Consumed DLPack tensors are released on every path,
+    exactly once."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
-    cdef TensorView* views[9]
-    cdef Owned owned[9]
+    cdef TensorView* views[11]
+    cdef Owned owned[11]
     cdef CallStream st
     cdef PreparedCall call
     cdef Problem problem
     cdef vector[int64_t] key
     cdef void* workspace = NULL
     cdef uintptr_t workspace_address
-    cdef int i, n = 9 if backward else 5, first_output = 6 if backward else 3
+    cdef int i, n = kNumSlots
+    cdef Role role
     slot_views(backward, &fwd, &bwd, views)
     for i in range(n):
         owned[i].versioned = NULL
@@ -109,11 +138,13 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
     parse_stream(stream, &st)
     try:
         for i in range(n):
-            if tensors[i] is not None:
-                intake(tensors[i], SLOT_NAMES[i], i >= first_output, &st, views[i], &owned[i])
+            if tensors[i] is not None and views[i] != NULL:
+                role = kOperands[i].backward if backward else kOperands[i].forward
+                intake(tensors[i], SLOT_NAMES[i], role == Role.output, &st, views[i], &owned[i])
         if mode == VALIDATE:
             with nogil:
                 problem = validate_backward(bwd) if backward else validate_forward(fwd)
+                validate_options(options, problem)
             return problem_dict(problem)
         if mode == KEY:
             with nogil:
@@ -139,8 +170,12 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
         release(owned, n)
 
 
+_FORWARD_ABSENT = (None, None, None, None)  # grad_out, grad_q, grad_k, grad_v
+
+
 def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
-                 causal_alignment="top_left", stream=None):
+                 causal_alignment="top_left", window=None, seqlens_q=None, seqlens_kv=None,
+                 stream=None):
     """Scaled-dot-product attention forward, written into ``out`` (and ``lse``) in place.
 
     ``out = softmax(scale * q @ k^T + mask) @ v`` for every batch and query head, computed by
@@ -159,6 +194,28 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
         causal: mask keys after the query position.
         causal_alignment: ``"top_left"``: query i sees keys j <= i. ``"bottom_right"``: query i sees
             keys j <= i + s_kv - s_q (the last query sees every key; for decoding with a KV cache).
+            With s_q > s_kv the first s_q - s_kv rows see no key: they get out = 0, lse = -inf
+            and zero gradients (FlashAttention's definition), computed without a copy.
+        window: ``(left, right)`` sliding window in tokens, either side None for unbounded
+            (FlashAttention's ``window_size``, with None for its -1): query i sees key j iff
+            ``i + off - left <= j <= i + off + right``, where ``off`` is 0 for ``"top_left"`` and
+            ``s_kv - s_q`` for ``"bottom_right"``. ``causal=True`` caps ``right`` at 0. Mistral's
+            4096-token window is ``window=(4095, 0)`` or ``causal=True, window=(4095, None)``::
+
+                top_left, causal, window=(2, None), s_q = s_kv = 5 (x: seen)
+                    x . . . .
+                    x x . . .
+                    x x x . .
+                    . x x x .
+                    . . x x x
+
+            Rows that see no key get out = 0, lse = -inf and zero gradients.
+        seqlens_q, seqlens_kv: optional int32 (batch,) device tensors, given together: the valid
+            length of each sequence in a padded batch. Keys j >= seqlens_kv[b] are never seen;
+            with ``"bottom_right"`` the diagonal is aligned per sequence (off = seqlens_kv[b] -
+            seqlens_q[b]). Read on the device only (no host synchronisation: CUDA graphs and
+            torch.compile see no data-dependent shapes). Rows of padding (i >= seqlens_q[b]) are
+            written as cuDNN leaves them: see the README's "Padding" section for the values.
         stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, q
             decides: the call runs on its producer's current stream where the DLPack C exchange
             API reports it (torch) and on CuPy's current stream for a CuPy array, else on the
@@ -180,12 +237,13 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
         stridedfa.sdpa_forward(q, k, v, out, causal=True)
     """
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, &options)
-    run(False, (q, k, v, out, lse), options, stream, None)
+    parse_options(scale, causal, causal_alignment, window, False, &options)
+    run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options, stream, None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
-                  causal=False, causal_alignment="top_left", stream=None):
+                  causal=False, causal_alignment="top_left", window=None, seqlens_q=None,
+                  seqlens_kv=None, deterministic=False, stream=None):
     """Gradients of :func:`sdpa_forward`, written into ``grad_q``, ``grad_k``, ``grad_v`` in place.
 
     Args:
@@ -196,60 +254,77 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
         grad_q, grad_k, grad_v: outputs shaped like q, k, v, with any valid strides (e.g. the
             three slices of one packed gradient buffer). With GQA, grad_k and grad_v receive the sum
             over the query heads sharing each kv head.
-        scale, causal, causal_alignment, stream: as in :func:`sdpa_forward`; use the forward's values.
+        scale, causal, causal_alignment, window, seqlens_q, seqlens_kv, stream: as in
+            :func:`sdpa_forward`; use the forward's values.
+        deterministic: pick cuDNN's deterministic backward algorithm: bitwise-identical gradients
+            from run to run (dK/dV are otherwise accumulated in an order that varies), at a cost in
+            speed measured in benchmarks/.
 
     The same rules as the forward apply; the gradients must not overlap each other or any input.
     """
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, &options)
-    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream, None)
+    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv), options,
+        stream, None)
 
 
-def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator):
+def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
+             window=None, seqlens_q=None, seqlens_kv=None):
     """sdpa_forward for framework adapters: ``workspace_allocator(nbytes, device) -> (pointer,
     owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, &options)
-    run(False, (q, k, v, out, lse), options, stream, workspace_allocator)
-
-
-def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
-              causal_alignment, stream, workspace_allocator):
-    """sdpa_backward for framework adapters (see _forward)."""
-    cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, &options)
-    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream,
+    parse_options(scale, causal, causal_alignment, window, False, &options)
+    run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options, stream,
         workspace_allocator)
 
 
-def _validate_forward(q, k, v, out, lse=None, stream=None):
+def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
+              causal_alignment, stream, workspace_allocator, window=None, seqlens_q=None,
+              seqlens_kv=None, deterministic=False):
+    """sdpa_backward for framework adapters (see _forward)."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv), options,
+        stream, workspace_allocator)
+
+
+def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None,
+                      scale=None, causal=False, causal_alignment="top_left", window=None):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
     the pointers are never dereferenced). Returns what validation established, or raises."""
     cdef SdpaOptions options
-    return run(False, (q, k, v, out, lse), options, stream, None, VALIDATE)
+    parse_options(scale, causal, causal_alignment, window, False, &options)
+    return run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options,
+               stream, None, VALIDATE)
 
 
-def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None):
+def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None, *,
+                       seqlens_q=None, seqlens_kv=None, scale=None, causal=False,
+                       causal_alignment="top_left", window=None, deterministic=False):
     """Intake and validation of a backward call, nothing else (see _validate_forward)."""
     cdef SdpaOptions options
-    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, stream, None,
-               VALIDATE)
+    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv),
+               options, stream, None, VALIDATE)
 
 
 def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False,
-                       causal_alignment="top_left", sm_version=90, cudnn_version=91900):
+                       causal_alignment="top_left", window=None, seqlens_q=None, seqlens_kv=None,
+                       sm_version=90, cudnn_version=91900):
     """The graph-cache key a forward call would use on a device with these facts (validates
-    first; needs no GPU). Calls with equal keys share one cuDNN graph."""
+    first; needs no GPU). Calls with equal keys share one cuDNN graph; () when cuDNN has nothing
+    to compute (every row masked)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, &options)
-    return run(False, (q, k, v, out, lse), options, None, None, KEY, sm_version, cudnn_version)
+    parse_options(scale, causal, causal_alignment, window, False, &options)
+    return run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options,
+               None, None, KEY, sm_version, cudnn_version)
 
 
 def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
-                        causal=False, causal_alignment="top_left", sm_version=90,
-                        cudnn_version=91900):
+                        causal=False, causal_alignment="top_left", window=None, seqlens_q=None,
+                        seqlens_kv=None, deterministic=False, sm_version=90, cudnn_version=91900):
     """The graph-cache key of a backward call (see _forward_graph_key)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, &options)
-    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v), options, None, None,
-               KEY, sm_version, cudnn_version)
+    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv),
+               options, None, None, KEY, sm_version, cudnn_version)

@@ -68,6 +68,9 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         double scale
         cbool causal
         CausalAlignment alignment
+        int64_t window_left
+        int64_t window_right
+        cbool deterministic
 
     cdef enum class Role(int32_t):
         absent
@@ -77,6 +80,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
     cdef enum class OperandKind(int32_t):
         attention
         stats
+        lengths
 
     cdef enum class Reach(int32_t):
         unlimited
@@ -84,19 +88,20 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         bytes_2_32
 
     cdef enum Slot:
-        kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kNumSlots
+        kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kNumSlots
 
     cdef struct OperandInfo:
         const char* name
         Role forward
         Role backward
         cbool forward_optional
+        cbool backward_optional
         OperandKind kind
         int32_t shape[4]
         const char* shape_meaning
         Reach backward_reach
 
-    const OperandInfo kOperands[9]
+    const OperandInfo kOperands[11]
 
     cdef cppclass Problem:
         int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
@@ -107,10 +112,10 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cdef cppclass ForwardArgs:
-        TensorView q, k, v, out, lse
+        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv
 
     cdef cppclass BackwardArgs:
-        TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v
+        TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv
 
     cdef cppclass PreparedCall:
         Problem problem

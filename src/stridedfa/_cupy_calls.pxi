@@ -81,16 +81,17 @@ cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, 
     return 0
 
 
-def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks):
+def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks,
+                  window=None, seqlens_q=None, seqlens_kv=None):
     """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[3]
+    cdef Owned owned[5]
     cdef CallStream st
     cdef PreparedCall call
     cdef int i
-    parse_options(scale, causal, causal_alignment, &options)
-    for i in range(3):
+    parse_options(scale, causal, causal_alignment, window, False, &options)
+    for i in range(5):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(stream, &st)
@@ -98,12 +99,13 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
         intake(q, b"q", False, &st, &fwd.q, &owned[0])
         intake(k, b"k", False, &st, &fwd.k, &owned[1])
         intake(v, b"v", False, &st, &fwd.v, &owned[2])
+        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
         out, lse = cupy_forward_outputs(q, hooks, allocation, with_lse, &fwd)
         call = prepared_forward(fwd, options)
         cupy_execute(call, st.handle, hooks, allocation)
         return out, lse
     finally:
-        release(owned, 3)
+        release(owned, 5)
 
 
 cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, BackwardArgs* bwd):
@@ -135,16 +137,16 @@ cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, Backwar
 
 
 def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
-                   hooks):
+                   hooks, window=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
     """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[6]
+    cdef Owned owned[8]
     cdef CallStream st
     cdef PreparedCall call
     cdef int i
-    parse_options(scale, causal, causal_alignment, &options)
-    for i in range(6):
+    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    for i in range(8):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     keep_alive = []
@@ -157,9 +159,10 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
         intake(lse, b"lse", False, &st, &bwd.lse, &owned[4])
         # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced.
         intake_readable(grad_out, hooks.contiguous, &st, &bwd.grad_out, &owned[5], keep_alive)
+        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[6])
         grads = cupy_gradients((q, k, v), hooks, allocation, &bwd)
         call = prepared_backward(bwd, options)
         cupy_execute(call, st.handle, hooks, allocation)
         return grads
     finally:
-        release(owned, 6)
+        release(owned, 8)

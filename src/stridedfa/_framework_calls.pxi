@@ -28,7 +28,8 @@ cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& 
     return call
 
 
-def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False):
+def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
+                   window=None, seqlens_q=None, seqlens_kv=None):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream.
 
@@ -41,7 +42,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     """
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[3]
+    cdef Owned owned[5]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* out_tensor = NULL
@@ -56,12 +57,12 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     cdef const int64_t* strides[2]
     cdef DLDataType dtypes[2]
     cdef int i
-    parse_options(scale, causal, causal_alignment, &options)
+    parse_options(scale, causal, causal_alignment, window, False, &options)
     cdef const DLPackExchangeAPI* api = exchange_api_of(type(q))
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
         raise TypeError(f"q ({type(q).__module__}.{type(q).__qualname__}) does not offer the DLPack C "
                         f"exchange API's allocator; pass preallocated outputs to sdpa_forward instead")
-    for i in range(3):
+    for i in range(5):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -69,6 +70,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
         intake(q, b"q", False, &st, &fwd.q, &owned[0])
         intake(k, b"k", False, &st, &fwd.k, &owned[1])
         intake(v, b"v", False, &st, &fwd.v, &owned[2])
+        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
         if fwd.q.ndim != 4 or fwd.v.ndim != 4:
             name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
             raise LayoutError(f"{name} must have 4 axes (batch, heads, seq, head_dim); it has {ndim}")
@@ -106,7 +108,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 3)
+        release(owned, 5)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -128,7 +130,7 @@ cdef int intake_readable(object obj, object make_readable, CallStream* st, Tenso
 
 
 def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
-                    bint together):
+                    bint together, window=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
     """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
     its current stream, each with its input's strides when the input is dense, else dense in the
     input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
@@ -138,7 +140,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     only when cuDNN cannot read it. Returns (grad_q, grad_k, grad_v) as the framework's tensors."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[6]
+    cdef Owned owned[8]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* grads[3]
@@ -151,9 +153,9 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef const int64_t* strides_of[3]
     cdef DLDataType dtypes[3]
     cdef int i
-    parse_options(scale, causal, causal_alignment, &options)
+    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
     cdef const DLPackExchangeAPI* api = allocating_api(q)
-    for i in range(6):
+    for i in range(8):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     for i in range(3):
@@ -170,6 +172,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
         intake(out, b"out", False, &st, &bwd.out, &owned[3])
         intake(lse, b"lse", False, &st, &bwd.lse, &owned[4])
         intake_readable(grad_out, make_readable, &st, &bwd.grad_out, &owned[5], keep_alive)
+        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[6])
         for i in range(3):
             if inputs[i].ndim != 4:
                 raise LayoutError(f"{SLOT_NAMES[i].decode()} must have 4 axes (batch, heads, seq, head_dim); "
@@ -197,7 +200,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
             grads[i] = NULL
         return tuple(result)
     finally:
-        release(owned, 6)
+        release(owned, 8)
         for i in range(3):
             if grads[i] != NULL:
                 grads[i].deleter(grads[i])

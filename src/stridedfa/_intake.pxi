@@ -224,3 +224,13 @@ def _can_read(x):
         return view.device_type == kDLCUDA and cudnn_can_read(view)
     finally:
         release(&owned, 1)
+
+
+cdef int intake_lengths(object seqlens_q, object seqlens_kv, CallStream* st, TensorView* q_view,
+                        TensorView* kv_view, Owned* owned) except -1:
+    """Reads the optional padding lengths (owned[0], owned[1]); the validator checks them."""
+    if seqlens_q is not None:
+        intake(seqlens_q, b"seqlens_q", False, st, q_view, &owned[0])
+    if seqlens_kv is not None:
+        intake(seqlens_kv, b"seqlens_kv", False, st, kv_view, &owned[1])
+    return 0

@@ -72,7 +72,7 @@ cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, in
 
 
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
-                  causal_alignment="top_left"):
+                  causal_alignment="top_left", window=None, deterministic=False):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
     may be None) in ``layout`` (0: bshd, 1: bhsd), and the options' rules. Needs no GPU. Returns
@@ -81,8 +81,8 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     cdef BackwardArgs bwd
     cdef Problem problem
     cdef SdpaOptions options
-    cdef TensorView* views[9]
-    parse_options(scale, causal, causal_alignment, &options)
+    cdef TensorView* views[11]
+    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views)
     with nogil:
@@ -92,17 +92,18 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
 
 
 def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, scale=None,
-                   causal=False, causal_alignment="top_left", sm_version=90, cudnn_version=91900):
+                   causal=False, causal_alignment="top_left", window=None, deterministic=False,
+                   sm_version=90, cudnn_version=91900):
     """The graph-cache key of the handler's call for these shapes on device 0 (see
     _forward_graph_key): equal keys mean JAX and other callers share one cuDNN graph."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef SdpaOptions options
     cdef vector[int64_t] key
-    cdef TensorView* views[9]
+    cdef TensorView* views[11]
     cdef int sm = sm_version
     cdef int64_t cudnn = cudnn_version
-    parse_options(scale, causal, causal_alignment, &options)
+    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views)
     with nogil:

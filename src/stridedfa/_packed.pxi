@@ -21,7 +21,7 @@ cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
 
 
 def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
-                          bint with_lse):
+                          bint with_lse, window=None, seqlens_q=None, seqlens_kv=None):
     """Forward of the packed entry point, outputs allocated by packed's framework (see
     _forward_alloc). `packed` holds q, k, v (or k, v with `q` given in the same layout) along
     `dim`; its other axes are in layout order, and `to_logical[i]` is the layout axis holding the
@@ -29,7 +29,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[2]
+    cdef Owned owned[4]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, v_layout, out_layout
@@ -39,16 +39,17 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     cdef int64_t out_shape[4]
     cdef int64_t out_strides[4]
     cdef int i
-    parse_options(scale, causal, causal_alignment, &options)
+    parse_options(scale, causal, causal_alignment, window, False, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(2):
+    for i in range(4):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
     try:
         intake(packed, b"packed", False, &st, &packed_view, &owned[0])
         check_packed(packed_view, dim, 3 if q is None else 2)
+        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[2])
         if q is None:
             q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
             fwd.k = select_packed(packed_view, dim, 1, perm, b"k")
@@ -83,7 +84,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 2)
+        release(owned, 4)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -91,14 +92,14 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
 
 
 def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
-                           causal_alignment):
+                           causal_alignment, window=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
     """Backward of the packed entry point: allocates one gradient buffer with packed's strides
     (dense in its axis order if packed is not dense) and, with a separate q, q's gradient (same
     rule); cuDNN writes dQ/dK/dV straight into their slices. `out` and `grad_out` are in layout
     axes. Returns (grad_packed, grad_q or None)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[5]
+    cdef Owned owned[7]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
@@ -107,16 +108,17 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     cdef int perm[4]
     cdef int64_t strides[8]
     cdef int i
-    parse_options(scale, causal, causal_alignment, &options)
+    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(5):
+    for i in range(7):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
     try:
         intake(packed, b"packed", False, &st, &packed_view, &owned[0])
         check_packed(packed_view, dim, 3 if q is None else 2)
+        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[5])
         intake(out, b"out", False, &st, &out_layout, &owned[1])
         intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[2])
         intake(lse, b"lse", False, &st, &bwd.lse, &owned[3])
@@ -158,7 +160,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             grad_q_tensor = NULL
         return grad_packed, grad_q
     finally:
-        release(owned, 5)
+        release(owned, 7)
         if grad_packed_tensor != NULL:
             grad_packed_tensor.deleter(grad_packed_tensor)
         if grad_q_tensor != NULL:

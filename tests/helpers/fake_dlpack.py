@@ -32,6 +32,7 @@ from ctypes import (
 CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
 DTYPES = {  # name -> (DLPack code, bits)
     "float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32), "float64": (2, 64), "int8": (0, 8),
+    "int32": (0, 32), "int64": (0, 64),
 }
 READ_ONLY = 1
 

@@ -8,36 +8,58 @@
 // Both are safe to call without the GIL and from several threads.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "stridedfa/sdpa_types.hpp"
 #include "stridedfa/tensor_view.hpp"
+#include "stridedfa/visibility.hpp"
 
 namespace stridedfa {
 
 class BuiltGraph;
 
+// The operands of a call in the operand table's slot order; null where the op has no such slot.
+using SlotViews = std::array<const TensorView*, kNumSlots>;
+
 struct ForwardArgs {
   TensorView q, k, v, out;
-  TensorView lse;  // optional (lse.present == false): no softmax statistics are written
+  TensorView lse;                    // optional (lse.present == false): no softmax statistics
+  TensorView seqlens_q, seqlens_kv;  // optional padding lengths
+  SlotViews slots() const {
+    return {&q, &k, &v, &out, &lse, nullptr, nullptr, nullptr, nullptr, &seqlens_q, &seqlens_kv};
+  }
 };
 
 struct BackwardArgs {
   TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v;
+  TensorView seqlens_q, seqlens_kv;  // optional padding lengths, as in the forward
+  SlotViews slots() const {
+    return {&q, &k, &v, &out, &lse, &grad_out, &grad_q, &grad_k, &grad_v, &seqlens_q, &seqlens_kv};
+  }
 };
 
 struct PreparedCall {
-  std::shared_ptr<const BuiltGraph> graph;  // null when nothing_to_do
+  std::shared_ptr<const BuiltGraph> graph;  // null when there is nothing for cuDNN to compute
   Problem problem;
   int64_t workspace_bytes = 0;
   int n_ptrs = 0;
   void* ptrs[kNumSlots] = {};  // device pointers in the graph's sorted-UID order
+  // Output regions no query or key of the mask takes part in (visibility.hpp), filled at launch.
+  int n_fills = 0;
+  Fill fills[kMaxFills];
+  // cuDNN < 9.26 reads the backward's statistics only packed: a row-restricted view of the
+  // caller's lse is copied into a packed staging buffer at launch (ptrs[staged_lse_ptr]).
+  int staged_lse_ptr = -1;
+  TensorView staged_lse_source;
 };
 
-// The softmax statistics may be given as (b, h, s) or (b, h, s, 1); the core always uses 4 axes.
+// The softmax statistics may be given as (b, h, s) or (b, h, s, 1), padding lengths as (b,) or
+// (b, 1, 1, 1); the core always uses 4 axes.
 TensorView stats_as_4d(const TensorView& lse);
+TensorView as_4d(const TensorView& t, OperandKind kind);
 
 // Whether an attention input (4 axes, float16/bfloat16) meets the stride and alignment rules cuDNN
 // reads by: what adapters ask before copying a gradient that autograd handed over (a broadcast
@@ -47,8 +69,7 @@ bool cudnn_can_read(const TensorView& t);
 // Validation alone (throws LayoutError / UnsupportedError). Needs no GPU and no cuDNN.
 Problem validate_forward(const ForwardArgs& args);
 Problem validate_backward(const BackwardArgs& args);
-// The options' rules, given what validation established: a finite scale, and bottom-right causal
-// alignment only with s_q <= s_kv (UnsupportedError).
+// The options' rules, given what validation established: a finite scale, window bounds >= 0.
 void validate_options(const SdpaOptions& options, const Problem& problem);
 
 // Validate, then look up or build the graph. Throws BackendError when cuDNN is not loaded.

@@ -18,18 +18,28 @@ struct SdpaOptions {
   double scale = 0.0;
   bool causal = false;
   CausalAlignment alignment = CausalAlignment::top_left;
+  // window=(left, right): query i sees key j iff i + off - left <= j <= i + off + right, with off
+  // the alignment's diagonal offset (0, or s_kv - s_q bottom-right). kUnbounded: no bound there.
+  int64_t window_left = kUnbounded, window_right = kUnbounded;
+  bool deterministic = false;  // backward: a bitwise-reproducible algorithm
+
+  static constexpr int64_t kUnbounded = -1;
+  // The right bound in effect: causal caps it at 0.
+  int64_t right_bound() const { return causal ? 0 : window_right; }
+  int64_t left_bound() const { return window_left; }
 };
 
 enum class GraphOp : int64_t { forward = 1, backward = 2 };
 
 // Operand slots, in the order of kOperands; the cuDNN tensor UID of a slot is slot + 1.
-enum Slot : int { kQ = 0, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kNumSlots };
+enum Slot : int { kQ = 0, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kNumSlots };
 
 enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 
 // attention: float16/bfloat16 shared by the call, 4 axes, head_dim contiguous, 16-byte rules.
 // stats: float32 softmax statistics (batch, heads, seq) or with a trailing axis of 1.
-enum class OperandKind : int32_t { attention = 0, stats = 1 };
+// lengths: int32 per-batch sequence lengths, (batch,) or (batch, 1, 1, 1), read on the device only.
+enum class OperandKind : int32_t { attention = 0, stats = 1, lengths = 2 };
 
 // The logical extents an operand's axes must have (kOne: extent 1).
 enum Extent : int32_t { kBatch = 0, kHeadsQ, kHeadsKV, kSeqQ, kSeqKV, kDimQK, kDimV, kOne };
@@ -40,9 +50,9 @@ enum class Reach : int32_t { unlimited = 0, elements_2_32 = 1, bytes_2_32 = 2 };
 // One row per operand: the validator, the cache key, the graph builder and the Cython boundary
 // all walk this table, so a new operand is one row plus the lines that put it into the graph.
 struct OperandInfo {
-  const char* name;        // the argument name of sdpa_forward / sdpa_backward and in errors
-  Role forward, backward;  // its role in each op
-  bool forward_optional;   // the forward may leave it out (statistics not wanted)
+  const char* name;                          // the argument name of sdpa_forward / sdpa_backward and in errors
+  Role forward, backward;                    // its role in each op
+  bool forward_optional, backward_optional;  // the op may leave it out
   OperandKind kind;
   Extent shape[4];            // its logical (b, h, s, d) extents
   const char* shape_meaning;  // how shape errors describe them
@@ -51,29 +61,36 @@ struct OperandInfo {
 
 // clang-format off: one row per line reads as a table
 inline constexpr OperandInfo kOperands[kNumSlots] = {
-    {"q", Role::input, Role::input, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimQK},
+    {"q", Role::input, Role::input, false, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimQK},
      "(batch, heads of q, seq of q, head_dim of q)", Reach::elements_2_32},
-    {"k", Role::input, Role::input, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimQK},
+    {"k", Role::input, Role::input, false, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimQK},
      "(batch, heads of k, seq of k, head_dim of q)", Reach::elements_2_32},
-    {"v", Role::input, Role::input, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimV},
+    {"v", Role::input, Role::input, false, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimV},
      "(batch, heads of k, seq of k, head_dim of v)", Reach::elements_2_32},
-    {"out", Role::output, Role::input, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimV},
+    {"out", Role::output, Role::input, false, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimV},
      "(batch, heads of q, seq of q, head_dim of v)", Reach::bytes_2_32},
-    {"lse", Role::output, Role::input, true, OperandKind::stats, {kBatch, kHeadsQ, kSeqQ, kOne},
+    {"lse", Role::output, Role::input, true, false, OperandKind::stats, {kBatch, kHeadsQ, kSeqQ, kOne},
      "(batch, heads of q, seq of q, 1)", Reach::unlimited},
-    {"grad_out", Role::absent, Role::input, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimV},
+    {"grad_out", Role::absent, Role::input, false, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimV},
      "out's shape (batch, heads of q, seq of q, head_dim of v)", Reach::bytes_2_32},
-    {"grad_q", Role::absent, Role::output, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimQK},
+    {"grad_q", Role::absent, Role::output, false, false, OperandKind::attention, {kBatch, kHeadsQ, kSeqQ, kDimQK},
      "q's shape", Reach::elements_2_32},
-    {"grad_k", Role::absent, Role::output, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimQK},
+    {"grad_k", Role::absent, Role::output, false, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimQK},
      "k's shape", Reach::elements_2_32},
-    {"grad_v", Role::absent, Role::output, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimV},
+    {"grad_v", Role::absent, Role::output, false, false, OperandKind::attention, {kBatch, kHeadsKV, kSeqKV, kDimV},
      "v's shape", Reach::elements_2_32},
+    {"seqlens_q", Role::input, Role::input, true, true, OperandKind::lengths, {kBatch, kOne, kOne, kOne},
+     "(batch,)", Reach::unlimited},
+    {"seqlens_kv", Role::input, Role::input, true, true, OperandKind::lengths, {kBatch, kOne, kOne, kOne},
+     "(batch,)", Reach::unlimited},
 };
 // clang-format on
 
 inline Role role_in(GraphOp op, int slot) {
   return op == GraphOp::forward ? kOperands[slot].forward : kOperands[slot].backward;
+}
+inline bool optional_in(GraphOp op, int slot) {
+  return op == GraphOp::forward ? kOperands[slot].forward_optional : kOperands[slot].backward_optional;
 }
 
 // What validation established about a call.

@@ -1,0 +1,169 @@
+#include "stridedfa/memops.hpp"
+
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "stridedfa/errors.hpp"
+
+namespace stridedfa {
+namespace {
+
+// The driver entry points, from the libcuda.so.1 the CUDA runtime itself runs on. The driver's
+// memsets take 16- and 32-bit patterns (-inf for the statistics); the runtime's only bytes.
+struct Driver {
+  decltype(&::cuMemsetD2D16Async) memset16 = nullptr;
+  decltype(&::cuMemsetD2D32Async) memset32 = nullptr;
+  decltype(&::cuMemcpy2DAsync_v2) memcpy2d = nullptr;
+};
+
+const Driver& driver() {
+  static Driver d;
+  static std::once_flag once;
+  static std::string failure;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      failure = std::string("cannot open the CUDA driver libcuda.so.1: ") + (dlerror() ? dlerror() : "");
+      return;
+    }
+    d.memset16 = reinterpret_cast<decltype(d.memset16)>(dlsym(lib, "cuMemsetD2D16Async"));
+    d.memset32 = reinterpret_cast<decltype(d.memset32)>(dlsym(lib, "cuMemsetD2D32Async"));
+    d.memcpy2d = reinterpret_cast<decltype(d.memcpy2d)>(dlsym(lib, "cuMemcpy2DAsync_v2"));
+    if (!d.memset16 || !d.memset32 || !d.memcpy2d) failure = "libcuda.so.1 lacks cuMemsetD2D*Async / cuMemcpy2DAsync";
+  });
+  if (!failure.empty()) throw BackendError(failure);
+  return d;
+}
+
+void check(CUresult status, const char* what) {
+  if (status != CUDA_SUCCESS)
+    throw BackendError(std::string(what) + " failed (CUDA driver error " + std::to_string(int(status)) + ")");
+}
+
+// A region as rows of `width` contiguous items, `height` rows `pitch` items apart, repeated at
+// the offsets of the remaining axes (`outer`, innermost last).
+struct Planes {
+  int64_t width = 1, height = 1, pitch = 1;
+  int n_outer = 0;
+  int64_t outer_dims[kMaxDims] = {}, outer_strides[kMaxDims] = {};
+};
+
+Planes planes_of(const TensorView& t) {
+  int axes[kMaxDims];
+  int n = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.dims[i] != 1) axes[n++] = i;
+  }
+  std::sort(axes, axes + n, [&](int a, int b) { return t.strides[a] < t.strides[b]; });
+  Planes p;
+  int next = 0;
+  if (n > 0 && t.strides[axes[0]] == 1) {  // merge the contiguous innermost axes into one row
+    p.width = t.dims[axes[0]];
+    next = 1;
+    while (next < n && t.strides[axes[next]] == p.width) p.width *= t.dims[axes[next++]];
+  }
+  if (next < n) {
+    p.height = t.dims[axes[next]];
+    p.pitch = t.strides[axes[next]];
+    ++next;
+  } else {
+    p.pitch = p.width;
+  }
+  for (int i = n - 1; i >= next; --i) {
+    p.outer_dims[p.n_outer] = t.dims[axes[i]];
+    p.outer_strides[p.n_outer++] = t.strides[axes[i]];
+  }
+  return p;
+}
+
+// Calls fn(element offset of the plane) for every plane.
+template <class Fn>
+void for_each_plane(const Planes& p, Fn&& fn) {
+  int64_t index[kMaxDims] = {};
+  while (true) {
+    int64_t offset = 0;
+    for (int i = 0; i < p.n_outer; ++i) offset += index[i] * p.outer_strides[i];
+    fn(offset);
+    int i = p.n_outer - 1;
+    for (; i >= 0; --i) {
+      if (++index[i] < p.outer_dims[i]) break;
+      index[i] = 0;
+    }
+    if (i < 0) return;
+  }
+}
+
+}  // namespace
+
+void fill_strided(const TensorView& region, uint32_t pattern, std::uintptr_t stream) {
+  if (region.numel() == 0) return;
+  const Driver& d = driver();
+  const int64_t item = region.itemsize();
+  if (item != 2 && item != 4) throw BackendError("fill_strided: items must be 2 or 4 bytes");
+  const Planes p = planes_of(region);
+  const auto s = reinterpret_cast<CUstream>(stream);
+  for_each_plane(p, [&](int64_t offset) {
+    const CUdeviceptr ptr = CUdeviceptr(region.data + std::uintptr_t(offset * item));
+    const size_t pitch = size_t(p.pitch * item), width = size_t(p.width), height = size_t(p.height);
+    if (item == 2) {
+      check(d.memset16(ptr, pitch, static_cast<unsigned short>(pattern), width, height, s), "cuMemsetD2D16Async");
+    } else {
+      check(d.memset32(ptr, pitch, pattern, width, height, s), "cuMemsetD2D32Async");
+    }
+  });
+}
+
+void copy_to_packed(const TensorView& src, void* dst, std::uintptr_t stream) {
+  if (src.numel() == 0) return;
+  const Driver& d = driver();
+  const int64_t item = src.itemsize();
+  // One element per row: each source element goes to its packed (row-major) position.
+  int64_t packed[kMaxDims];
+  int64_t step = 1;
+  for (int i = src.ndim - 1; i >= 0; --i) {
+    packed[i] = step;
+    step *= src.dims[i];
+  }
+  // Copy along the innermost logical axis with extent > 1 as a 2-D copy, loop over the others.
+  int inner = -1;
+  for (int i = src.ndim - 1; i >= 0 && inner < 0; --i) {
+    if (src.dims[i] != 1) inner = i;
+  }
+  int64_t index[kMaxDims] = {};
+  while (true) {
+    int64_t from = 0, to = 0;
+    for (int i = 0; i < src.ndim; ++i) {
+      if (i == inner) continue;
+      from += index[i] * src.strides[i];
+      to += index[i] * packed[i];
+    }
+    CUDA_MEMCPY2D copy = {};
+    copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    copy.srcDevice = CUdeviceptr(src.data + std::uintptr_t(from * item));
+    copy.srcPitch = size_t((inner < 0 ? 1 : src.strides[inner]) * item);
+    copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    copy.dstDevice = CUdeviceptr(reinterpret_cast<std::uintptr_t>(dst) + std::uintptr_t(to * item));
+    copy.dstPitch = size_t(item);
+    copy.WidthInBytes = size_t(item);
+    copy.Height = size_t(inner < 0 ? 1 : src.dims[inner]);
+    if (copy.srcPitch == size_t(item)) {  // contiguous source row: one flat copy
+      copy.WidthInBytes = size_t(item) * copy.Height;
+      copy.srcPitch = copy.dstPitch = copy.WidthInBytes;
+      copy.Height = 1;
+    }
+    check(d.memcpy2d(&copy, reinterpret_cast<CUstream>(stream)), "cuMemcpy2DAsync");
+    int i = src.ndim - 1;
+    for (; i >= 0; --i) {
+      if (i == inner) continue;
+      if (++index[i] < src.dims[i]) break;
+      index[i] = 0;
+    }
+    if (i < 0) return;
+  }
+}
+
+}  // namespace stridedfa

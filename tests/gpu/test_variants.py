@@ -1,0 +1,214 @@
+"""Attention variants through the generic entry points (sdpa_forward / sdpa_backward): windows,
+causal bottom-right with s_q > s_kv, padding lengths, deterministic backward.
+
+Each case draws fresh inputs, poisons every output with NaN, runs forward then backward, and
+compares with the NumPy reference (float64, stridedfa.reference) where a row sees keys; where it
+sees none (or is padding) the documented values must be there: out = 0, lse = -inf, zero
+gradients. Layouts: bhsd tensors, bshd views, and views of one packed (b, s, 3, h, d) buffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers.cuda import require_cuda
+
+torch = require_cuda()
+
+import stridedfa  # noqa: E402
+from stridedfa import reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TOL = {torch.float16: (5e-3, 1e-2), torch.bfloat16: (2.5e-2, 3e-2)}  # (out atol, grad rel)
+
+
+def _inputs(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen):
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+
+    if layout == "packed":  # views of one fused projection (b, s, 3, h, d)
+        assert s_q == s_kv and h_q == h_kv
+        qkv = randn(b, s_q, 3, h_q, d)
+        return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3))
+    if layout == "bshd":
+        return (randn(b, s_q, h_q, d).transpose(1, 2), randn(b, s_kv, h_kv, d).transpose(1, 2),
+                randn(b, s_kv, h_kv, d).transpose(1, 2))
+    return randn(b, h_q, s_q, d), randn(b, h_kv, s_kv, d), randn(b, h_kv, s_kv, d)
+
+
+def _poisoned(like):
+    return torch.full_like(like, float("nan"))
+
+
+def _np(t):
+    return t.detach().float().cpu().numpy().astype(np.float64)
+
+
+def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat16, layout="bhsd",
+             causal=False, alignment="top_left", window=None, seqlens=None, deterministic=False,
+             seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = _inputs(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen)
+    out = _poisoned(torch.empty(b, h_q, s_q, d, device="cuda", dtype=dtype))
+    lse = torch.full((b, h_q, s_q), float("nan"), device="cuda")
+    options = dict(causal=causal, causal_alignment=alignment, window=window)
+    lengths = {}
+    if seqlens is not None:
+        lengths = dict(seqlens_q=torch.tensor(seqlens[0], device="cuda", dtype=torch.int32),
+                       seqlens_kv=torch.tensor(seqlens[1], device="cuda", dtype=torch.int32))
+    stridedfa.sdpa_forward(q, k, v, out, lse=lse, **options, **lengths)
+    grad_out = torch.randn(out.shape, generator=gen, device="cuda").to(dtype)
+    dq, dk, dv = (_poisoned(torch.empty(t.shape, device="cuda", dtype=dtype)) for t in (q, k, v))
+    stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, dq, dk, dv, deterministic=deterministic,
+                            **options, **lengths)
+    torch.cuda.synchronize()
+
+    ref_lengths = {} if seqlens is None else dict(seqlens_q=np.array(seqlens[0]),
+                                                 seqlens_kv=np.array(seqlens[1]))
+    ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, **options,
+                                              **ref_lengths)
+    ref_dq, ref_dk, ref_dv = reference.sdpa_backward(_np(q), _np(k), _np(v), _np(grad_out),
+                                                     dtype=np.float64, **options, **ref_lengths)
+    seen = reference.visible_mask(s_q, s_kv, causal=causal, causal_alignment=alignment, window=window,
+                                  b=b, **ref_lengths)  # (b, 1, s_q, s_kv)
+    rows = torch.from_numpy(seen.any(axis=3)[..., 0].copy()).cuda()  # (b, s_q): row sees a key
+    out_atol, grad_rel = TOL[dtype]
+
+    got_out = out.float()
+    err = (got_out - torch.from_numpy(ref_out).cuda().float()).abs()
+    assert not torch.isnan(got_out).any(), f"out: {int(torch.isnan(got_out).sum())} elements NaN (unwritten?)"
+    assert err.max().item() <= out_atol + 1e-2 * np.abs(ref_out).max(), f"out: max err {err.max().item():.3e}"
+    empty = ~rows[:, None, :].expand(b, h_q, s_q)
+    if empty.any():
+        assert (got_out[empty] == 0).all(), "out: rows that see no key must be 0"
+        assert torch.isneginf(lse[empty]).all(), f"lse: rows that see no key must be -inf, got {lse[empty][:4]}"
+    full = ~empty
+    lse_err = (lse[full] - torch.from_numpy(ref_lse).cuda().float()[full]).abs()
+    assert lse_err.numel() == 0 or lse_err.max().item() <= 2e-3 * max(1.0, float(np.abs(ref_lse[np.isfinite(ref_lse)]).max())), \
+        f"lse: max err {lse_err.max().item():.3e}"
+    for name, got, want in (("grad_q", dq, ref_dq), ("grad_k", dk, ref_dk), ("grad_v", dv, ref_dv)):
+        g = got.float()
+        assert not torch.isnan(g).any(), f"{name}: {int(torch.isnan(g).sum())} elements NaN (unwritten?)"
+        w = torch.from_numpy(want).cuda().float()
+        scale = max(w.abs().max().item(), 1e-3)
+        assert (g - w).abs().max().item() <= grad_rel * scale, \
+            f"{name}: max err {(g - w).abs().max().item():.3e} vs scale {scale:.3e}"
+    if empty.any():
+        assert (dq.float()[empty] == 0).all(), "grad_q: rows that see no key must be 0"
+    return out, lse, dq, dk, dv
+
+
+WINDOWS = [
+    pytest.param(dict(window=(31, 0)), id="window31_0"),
+    pytest.param(dict(window=(16, 16)), id="window16_16"),
+    pytest.param(dict(window=(0, 0)), id="window0_0-diagonal_only"),
+    pytest.param(dict(window=(None, 8)), id="window_none_8"),
+    pytest.param(dict(causal=True, window=(63, None)), id="causal-window63"),
+    pytest.param(dict(causal=True, alignment="bottom_right", window=(40, None), s_q=96, s_kv=160),
+                 id="causal_br-window40-sq96_skv160"),
+    pytest.param(dict(window=(20, 5), alignment="bottom_right", s_q=64, s_kv=192), id="window_br-sq64_skv192"),
+    pytest.param(dict(window=(24, 0), layout="packed", dtype=torch.float16), id="window24_0-packed-fp16"),
+    pytest.param(dict(window=(10, 10), layout="bshd", h_q=8, h_kv=1), id="window10_10-bshd-mqa"),
+]
+
+
+@pytest.mark.parametrize("case", WINDOWS)
+def test_sliding_windows(case, seed):
+    run_case(seed=seed, **case)
+
+
+ROWS_WITHOUT_KEYS = [
+    pytest.param(dict(causal=True, alignment="bottom_right", s_q=256, s_kv=128), id="causal_br-sq256_skv128"),
+    pytest.param(dict(causal=True, alignment="bottom_right", s_q=200, s_kv=72, layout="bshd"),
+                 id="causal_br-sq200_skv72-bshd"),
+    pytest.param(dict(causal=True, alignment="bottom_right", s_q=130, s_kv=1, h_q=8, h_kv=2),
+                 id="causal_br-sq130_skv1-gqa"),
+    pytest.param(dict(window=(16, None), s_q=256, s_kv=64), id="window16-tl-sq256_skv64-trailing_rows_empty"),
+    pytest.param(dict(window=(None, 0), alignment="bottom_right", s_q=192, s_kv=64, dtype=torch.float16),
+                 id="right0-br-sq192_skv64-fp16"),
+]
+
+
+@pytest.mark.parametrize("case", ROWS_WITHOUT_KEYS)
+def test_rows_that_see_no_key_get_zeros_and_minus_inf(case, seed):
+    run_case(seed=seed, **case)
+
+
+TINY = [
+    pytest.param(dict(s_q=1, s_kv=1), id="sq1_skv1"),
+    pytest.param(dict(s_q=1, s_kv=1, causal=True), id="sq1_skv1-causal"),
+    pytest.param(dict(s_q=1, s_kv=37, causal=True, alignment="bottom_right"), id="sq1_skv37-causal_br"),
+    pytest.param(dict(s_q=3, s_kv=5), id="sq3_skv5"),
+    pytest.param(dict(s_q=2, s_kv=2, causal=True, b=1, h_q=1, h_kv=1), id="sq2_skv2-causal-b1h1"),
+]
+
+
+@pytest.mark.parametrize("case", TINY)
+def test_tiny_extents(case, seed):
+    run_case(seed=seed, **case)
+
+
+PADDING = [
+    pytest.param(dict(s_q=128, s_kv=128, seqlens=([128, 77], [128, 77])), id="self-77"),
+    pytest.param(dict(s_q=64, s_kv=192, seqlens=([64, 30], [192, 100])), id="cross-30_100"),
+    pytest.param(dict(s_q=128, s_kv=128, seqlens=([100, 50], [100, 50]), causal=True), id="causal-tl"),
+    pytest.param(dict(s_q=128, s_kv=128, seqlens=([20, 128], [120, 128]), causal=True,
+                      alignment="bottom_right"), id="causal-br-per_sequence"),
+    pytest.param(dict(s_q=128, s_kv=128, seqlens=([128, 90], [128, 90]), window=(15, 0)), id="window15"),
+    pytest.param(dict(s_q=128, s_kv=128, seqlens=([128, 70], [128, 70]), layout="packed"), id="packed"),
+    pytest.param(dict(s_q=96, s_kv=96, seqlens=([96, 33], [96, 33]), layout="bshd", h_q=8, h_kv=2,
+                      dtype=torch.float16), id="bshd-gqa-fp16"),
+]
+
+
+@pytest.mark.parametrize("case", PADDING)
+def test_padding_lengths(case, seed):
+    """Padding rows: out, lse and grad_q there, and dk/dv of padded keys, have the documented values
+    (checked against the reference, which defines them as 0 / -inf / 0)."""
+    run_case(seed=seed, **case)
+
+
+def test_padding_lengths_never_read_keys_past_the_length(seed):
+    """Poison the padded keys and values with NaN: nothing may change."""
+    kw = dict(s_q=128, s_kv=128, seqlens=([128, 60], [128, 60]))
+    base = run_case(seed=seed, **kw)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = _inputs(2, 4, 2, 128, 128, 64, torch.bfloat16, "bhsd", gen)
+    k[1, :, 60:] = float("nan")
+    v[1, :, 60:] = float("nan")
+    out = torch.empty(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16)
+    lengths = dict(seqlens_q=torch.tensor([128, 60], device="cuda", dtype=torch.int32),
+                   seqlens_kv=torch.tensor([128, 60], device="cuda", dtype=torch.int32))
+    stridedfa.sdpa_forward(q, k, v, out, **lengths)
+    assert torch.equal(out[:, :, :60], base[0][:, :, :60]), "padded keys changed the output"
+    assert torch.equal(out[0], base[0][0])
+
+
+def test_deterministic_backward_is_bitwise_reproducible(seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = _inputs(2, 8, 2, 512, 512, 128, torch.bfloat16, "bhsd", gen)
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 8, 512, device="cuda")
+    stridedfa.sdpa_forward(q, k, v, out, lse=lse, causal=True)
+    grad_out = torch.randn(out.shape, generator=gen, device="cuda").to(out.dtype)
+    first = None
+    for _ in range(100):
+        grads = tuple(torch.empty_like(t) for t in (q, k, v))
+        stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, *grads, causal=True, deterministic=True)
+        if first is None:
+            first = grads
+        else:
+            for a, b_, name in zip(first, grads, ("grad_q", "grad_k", "grad_v")):
+                assert torch.equal(a, b_), f"{name} differs between deterministic backward calls"
+    run_case(seed=seed, causal=True, deterministic=True, h_q=8, h_kv=2)  # and it is right
+
+
+def test_each_window_builds_its_own_graph(seed):
+    run_case(seed=seed, window=(8, 8))
+    before = stridedfa.cache_info()["builds"]
+    run_case(seed=seed, window=(8, 8))
+    assert stridedfa.cache_info()["builds"] == before, "an equal call rebuilt its graphs"
+    run_case(seed=seed, window=(9, 8))
+    assert stridedfa.cache_info()["builds"] == before + 2, "a new window must get new graphs (fwd, bwd)"
