@@ -332,17 +332,22 @@ def test_handlers_decode_every_operand_and_attribute(sj):
         q = jnp.ones((1, 16, 2, 64), jnp.bfloat16)
         kv = jnp.ones((1, 32, 1, 64), jnp.bfloat16)
         options = sj._Options("bshd", 0.5, True, "bottom_right")
-        def backward(q, k, v):  # the backward alone: its inputs are made up, not computed
+        lengths = (jnp.full((1,), 16, jnp.int32), jnp.full((1,), 32, jnp.int32))
+        padded = sj._Options("bshd", 0.5, True, "bottom_right", (7, None), True, True)
+        def backward(q, k, v, lengths=(), options=options):  # inputs made up, not computed
             out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)
-            return sj._attention_bwd(options, (q, k, v, out, lse), out)
+            return sj._attention_bwd(options, (q, k, v, lengths, out, lse), out)
         def wrong_attribute_type(q, k, v):
             attributes = dict(options.attributes(), scale=np.float32(0.5))
             return jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))(
                 q, k, v, **attributes)
         calls = {
-            "inference": lambda q, k, v: sj._forward_call(q, k, v, options, with_lse=False)[0],
-            "forward": lambda q, k, v: sj._forward_call(q, k, v, options, with_lse=True),
+            "inference": lambda q, k, v: sj._forward_call(q, k, v, (), options, with_lse=False)[0],
+            "forward": lambda q, k, v: sj._forward_call(q, k, v, (), options, with_lse=True),
             "backward": backward,
+            "inference_padded": lambda q, k, v: sj._forward_call(q, k, v, lengths, padded, with_lse=False)[0],
+            "forward_padded": lambda q, k, v: sj._forward_call(q, k, v, lengths, padded, with_lse=True),
+            "backward_padded": lambda q, k, v: backward(q, k, v, lengths, padded),
             "control": wrong_attribute_type,
         }
         for name, f in calls.items():
@@ -356,10 +361,11 @@ def test_handlers_decode_every_operand_and_attribute(sj):
     """)
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
-    assert set(lines) == {"inference", "forward", "backward", "control"}, result.stdout
-    for name in ("inference", "forward", "backward"):
+    assert set(lines) == {"inference", "forward", "backward", "inference_padded", "forward_padded",
+                          "backward_padded", "control"}, result.stdout
+    for name in ("inference", "forward", "backward", "inference_padded", "forward_padded", "backward_padded"):
         assert "bad operands at: 0)" in lines[name], (name, lines[name])
         assert "platform stream" in lines[name], (name, lines[name])
-    # The control passes scale as f32: decoding must report that attribute too (operand 7: after
-    # 3 contexts, 3 arguments and 1 result, scale is the first attribute).
-    assert "bad operands at: 0, 7)" in lines["control"], lines["control"]
+    # The control passes scale as f32: decoding must report that attribute too (operand 8: after
+    # 3 contexts, 3 arguments, the remaining arguments and 1 result, scale is the first attribute).
+    assert "bad operands at: 0, 8)" in lines["control"], lines["control"]

@@ -12,20 +12,24 @@ from stridedfa import _core, _layouts  # noqa: E402
 
 META = dict(device="meta", dtype=torch.bfloat16)
 
+# The options after causal_alignment, as the operators take them: no window (-1, -1), no padding
+# lengths, non-deterministic backward.
+DEFAULTS = (-1, -1, None, None, False)
+
+
 
 def test_operators_are_registered_with_their_schemas():
+    options = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
+               "Tensor? seqlens_q, Tensor? seqlens_kv, bool deterministic")
     expected = {
-        "attention_forward": "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, "
-                             "str causal_alignment, bool with_lse) -> (Tensor, Tensor)",
-        "attention_inference": "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, "
-                               "str causal_alignment) -> Tensor",
-        "attention_backward": "(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, "
-                              "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)",
-        "packed_attention_forward": "(Tensor packed, int dim, str layout, Tensor? q, float? scale, "
-                                    "bool causal, str causal_alignment, bool with_lse) -> (Tensor, Tensor)",
-        "packed_attention_backward": "(Tensor packed, int dim, str layout, Tensor? q, Tensor out, "
-                                     "Tensor lse, Tensor grad_out, float? scale, bool causal, "
-                                     "str causal_alignment) -> (Tensor, Tensor)",
+        "attention_forward": f"(Tensor q, Tensor k, Tensor v, {options}, bool with_lse) -> (Tensor, Tensor)",
+        "attention_inference": f"(Tensor q, Tensor k, Tensor v, {options}) -> Tensor",
+        "attention_backward": f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, "
+                              f"{options}) -> (Tensor, Tensor, Tensor)",
+        "packed_attention_forward": f"(Tensor packed, int dim, str layout, Tensor? q, {options}, "
+                                    f"bool with_lse) -> (Tensor, Tensor)",
+        "packed_attention_backward": f"(Tensor packed, int dim, str layout, Tensor? q, Tensor out, "
+                                     f"Tensor lse, Tensor grad_out, {options}) -> (Tensor, Tensor)",
     }
     for name, schema in expected.items():
         op = getattr(torch.ops.stridedfa, name).default
@@ -47,7 +51,7 @@ def test_fake_forward_strides_follow_the_layout_rule(kind):
         _, (q, k, v) = _packed_views()
     else:
         q = k = v = torch.empty(2, 64, 1, 32, **META).transpose(1, 2)
-    out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, False, "top_left", True)
+    out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, False, "top_left", *DEFAULTS, True)
     assert out.shape == (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     assert out.stride() == _layouts.output_strides(out.shape, q.stride())
     assert out.stride() == _core._output_strides(tuple(out.shape), q.stride())
@@ -57,17 +61,17 @@ def test_fake_forward_strides_follow_the_layout_rule(kind):
 
 def test_fake_backward_and_packed_strides():
     qkv, (q, k, v) = _packed_views()
-    out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", True)
+    out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *DEFAULTS, True)
     grads = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, torch.empty_like(out), None, True,
-                                                   "top_left")
+                                                   "top_left", *DEFAULTS)
     for grad, t in zip(grads, (q, k, v)):  # views of a packed buffer: compact, in their axis order
         assert grad.stride() == _layouts.gradient_strides(t.shape, t.stride())
         assert grad.is_contiguous() is False  # bshd order, not bhsd
     out_p, lse_p = torch.ops.stridedfa.packed_attention_forward(qkv, 2, "bshd", None, None, True,
-                                                                "top_left", True)
+                                                                "top_left", *DEFAULTS, True)
     assert out_p.shape == (2, 64, 4, 64) and out_p.is_contiguous()
     grad_packed, grad_q = torch.ops.stridedfa.packed_attention_backward(
-        qkv, 2, "bshd", None, out_p, lse_p, torch.empty_like(out_p), None, True, "top_left")
+        qkv, 2, "bshd", None, out_p, lse_p, torch.empty_like(out_p), None, True, "top_left", *DEFAULTS)
     assert grad_packed.shape == qkv.shape and grad_packed.stride() == qkv.stride()
     assert grad_q.numel() == 0
 
@@ -148,12 +152,12 @@ def test_fake_kernels_trace_with_symbolic_shapes():
 
     def step(qkv):
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-        out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", True)
-        grads = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, out, None, True, "top_left")
+        out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *DEFAULTS, True)
+        grads = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, out, None, True, "top_left", *DEFAULTS)
         out_p, lse_p = torch.ops.stridedfa.packed_attention_forward(qkv, 2, "bshd", None, None, True,
-                                                                    "top_left", True)
+                                                                    "top_left", *DEFAULTS, True)
         grad_p, _ = torch.ops.stridedfa.packed_attention_backward(qkv, 2, "bshd", None, out_p, lse_p,
-                                                                  out_p, None, True, "top_left")
+                                                                  out_p, None, True, "top_left", *DEFAULTS)
         return (out, *grads, out_p, grad_p)
 
     qkv = torch.empty(2, 64, 3, 4, 32, **META)

@@ -79,6 +79,23 @@ TensorView stats_view(const char* name, const int64_t* dims, int64_t rank, DLDat
   return t;
 }
 
+TensorView lengths_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                        std::uintptr_t data) {
+  if (rank < 1) throw LayoutError(std::string(name) + ": expected a (batch,) array of lengths, got a scalar");
+  TensorView t;
+  t.name = name;
+  t.present = true;
+  t.ndim = 1;
+  t.dims[0] = 1;
+  for (int64_t i = 0; i < rank; ++i) t.dims[0] *= dims[i];
+  t.strides[0] = 1;
+  t.dtype = dtype;
+  t.device_type = kDLCUDA;
+  t.device_id = device;
+  t.data = data;
+  return t;
+}
+
 namespace {
 
 using Stream = CUstream_st*;
@@ -93,6 +110,10 @@ DLDataType dl_dtype(const char* name, ffi::DataType type) {
       return {kDLFloat, 32, 1};
     case ffi::DataType::F64:
       return {kDLFloat, 64, 1};
+    case ffi::DataType::S32:
+      return {kDLInt, 32, 1};
+    case ffi::DataType::S64:
+      return {kDLInt, 64, 1};
     default:
       throw LayoutError(std::string(name) + ": XLA element type " + std::to_string(static_cast<int>(type)) +
                         " is not float16 or bfloat16");
@@ -117,6 +138,8 @@ struct Attrs {
   bool has_scale;
   bool causal;
   int64_t causal_alignment;
+  int64_t window_left, window_right;
+  bool deterministic;
   int64_t layout;
 };
 
@@ -130,7 +153,29 @@ SdpaOptions options_of(const Attrs& a) {
   o.scale = a.scale;
   o.causal = a.causal;
   o.alignment = static_cast<CausalAlignment>(a.causal_alignment);
+  o.window_left = a.window_left;
+  o.window_right = a.window_right;
+  o.deterministic = a.deterministic;
   return o;
+}
+
+// The optional trailing arguments: padding lengths, both or neither.
+void read_lengths(const ffi::RemainingArgs& rest, int32_t device, TensorView& seqlens_q, TensorView& seqlens_kv) {
+  if (rest.size() == 0) return;
+  if (rest.size() != 2) {
+    throw LayoutError("expected no trailing arguments or two (seqlens_q, seqlens_kv), got " +
+                      std::to_string(rest.size()));
+  }
+  TensorView* views[2] = {&seqlens_q, &seqlens_kv};
+  const char* names[2] = {"seqlens_q", "seqlens_kv"};
+  for (size_t i = 0; i < 2; ++i) {
+    const auto buffer = rest.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) throw LayoutError(std::string(names[i]) + ": not an array");
+    const auto dims = buffer->dimensions();
+    *views[i] = lengths_view(names[i], dims.begin(), static_cast<int64_t>(dims.size()),
+                             dl_dtype(names[i], buffer->element_type()), device,
+                             reinterpret_cast<std::uintptr_t>(buffer->untyped_data()));
+  }
 }
 
 // cuDNN's workspace comes from XLA's allocator; it is released when the handler returns, which is
@@ -167,8 +212,8 @@ ffi::Error current_error() noexcept {
 }
 
 ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch, const ffi::AnyBuffer& q,
-                   const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, ffi::AnyBuffer& out, const ffi::AnyBuffer* lse,
-                   const Attrs& attrs) noexcept {
+                   const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::RemainingArgs& rest,
+                   ffi::AnyBuffer& out, const ffi::AnyBuffer* lse, const Attrs& attrs) noexcept {
   try {
     const auto layout = static_cast<ArrayLayout>(attrs.layout);
     ForwardArgs args;
@@ -177,6 +222,7 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
     args.v = array_of("v", v, layout, device);
     args.out = array_of("out", out, layout, device);
     if (lse) args.lse = stats_of("lse", *lse, device);
+    read_lengths(rest, device, args.seqlens_q, args.seqlens_kv);
     launch(prepare_forward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -185,23 +231,29 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
 }
 
 ffi::Error forward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
-                        ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, double scale, bool has_scale, bool causal,
-                        int64_t causal_alignment, int64_t layout) {
-  return forward(stream, device, scratch, q, k, v, *out, &*lse, {scale, has_scale, causal, causal_alignment, layout});
+                        int64_t causal_alignment, int64_t window_left, int64_t window_right, bool deterministic,
+                        int64_t layout) {
+  return forward(stream, device, scratch, q, k, v, rest, *out, &*lse,
+                 {scale, has_scale, causal, causal_alignment, window_left, window_right, deterministic, layout});
 }
 
 ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
-                                  ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, double scale,
-                                  bool has_scale, bool causal, int64_t causal_alignment, int64_t layout) {
-  return forward(stream, device, scratch, q, k, v, *out, nullptr, {scale, has_scale, causal, causal_alignment, layout});
+                                  ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest,
+                                  ffi::Result<ffi::AnyBuffer> out, double scale, bool has_scale, bool causal,
+                                  int64_t causal_alignment, int64_t window_left, int64_t window_right,
+                                  bool deterministic, int64_t layout) {
+  return forward(stream, device, scratch, q, k, v, rest, *out, nullptr,
+                 {scale, has_scale, causal, causal_alignment, window_left, window_right, deterministic, layout});
 }
 
 ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                          ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                         ffi::AnyBuffer grad_out, ffi::Result<ffi::AnyBuffer> grad_q,
+                         ffi::AnyBuffer grad_out, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> grad_q,
                          ffi::Result<ffi::AnyBuffer> grad_k, ffi::Result<ffi::AnyBuffer> grad_v, double scale,
-                         bool has_scale, bool causal, int64_t causal_alignment, int64_t layout) {
+                         bool has_scale, bool causal, int64_t causal_alignment, int64_t window_left,
+                         int64_t window_right, bool deterministic, int64_t layout) {
   try {
     const auto array_layout = static_cast<ArrayLayout>(layout);
     BackwardArgs args;
@@ -214,7 +266,9 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     args.grad_q = array_of("grad_q", *grad_q, array_layout, device);
     args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
     args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
-    launch(prepare_backward(args, options_of({scale, has_scale, causal, causal_alignment, layout})), stream, scratch);
+    read_lengths(rest, device, args.seqlens_q, args.seqlens_kv);
+    const Attrs attrs{scale, has_scale, causal, causal_alignment, window_left, window_right, deterministic, layout};
+    launch(prepare_backward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
     return current_error();
@@ -229,6 +283,9 @@ auto with_attrs(Binding binding) {
       .template Attr<bool>("has_scale")
       .template Attr<bool>("causal")
       .template Attr<int64_t>("causal_alignment")
+      .template Attr<int64_t>("window_left")
+      .template Attr<int64_t>("window_right")
+      .template Attr<bool>("deterministic")
       .template Attr<int64_t>("layout");
 }
 
@@ -246,6 +303,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_forward, stridedfa::jax_ffi::fo
                                                                  .Arg<ffi::AnyBuffer>()     // q
                                                                  .Arg<ffi::AnyBuffer>()     // k
                                                                  .Arg<ffi::AnyBuffer>()     // v
+                                                                 .RemainingArgs()           // lengths
                                                                  .Ret<ffi::AnyBuffer>()     // out
                                                                  .Ret<ffi::AnyBuffer>()));  // lse
 
@@ -254,6 +312,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_forward_inference, stridedfa::j
                                                                  .Arg<ffi::AnyBuffer>()     // q
                                                                  .Arg<ffi::AnyBuffer>()     // k
                                                                  .Arg<ffi::AnyBuffer>()     // v
+                                                                 .RemainingArgs()           // lengths
                                                                  .Ret<ffi::AnyBuffer>()));  // out
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_backward, stridedfa::jax_ffi::backward_impl,
@@ -264,6 +323,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_backward, stridedfa::jax_ffi::b
                                                                  .Arg<ffi::AnyBuffer>()     // out
                                                                  .Arg<ffi::AnyBuffer>()     // lse
                                                                  .Arg<ffi::AnyBuffer>()     // grad_out
+                                                                 .RemainingArgs()           // lengths
                                                                  .Ret<ffi::AnyBuffer>()     // grad_q
                                                                  .Ret<ffi::AnyBuffer>()     // grad_k
                                                                  .Ret<ffi::AnyBuffer>()));  // grad_v

@@ -55,7 +55,7 @@ struct Planes {
 Planes planes_of(const TensorView& t) {
   int axes[kMaxDims];
   int n = 0;
-  for (int i = 0; i < t.ndim; ++i) {
+  for (int i = 0; i < t.ndim && i < kMaxDims; ++i) {
     if (t.dims[i] != 1) axes[n++] = i;
   }
   std::sort(axes, axes + n, [&](int a, int b) { return t.strides[a] < t.strides[b]; });
@@ -118,17 +118,22 @@ void fill_strided(const TensorView& region, uint32_t pattern, std::uintptr_t str
 }
 
 void copy_to_packed(const TensorView& src, void* dst, std::uintptr_t stream) {
+  TensorView packed = src;
+  int64_t step = 1;
+  for (int i = src.ndim - 1; i >= 0; --i) {
+    packed.strides[i] = step;
+    step *= src.dims[i];
+  }
+  packed.data = reinterpret_cast<std::uintptr_t>(dst);
+  copy_strided(src, packed, stream);
+}
+
+void copy_strided(const TensorView& src, const TensorView& dst, std::uintptr_t stream) {
   if (src.numel() == 0) return;
   const Driver& d = driver();
   const int64_t item = src.itemsize();
-  // One element per row: each source element goes to its packed (row-major) position.
-  int64_t packed[kMaxDims];
-  int64_t step = 1;
-  for (int i = src.ndim - 1; i >= 0; --i) {
-    packed[i] = step;
-    step *= src.dims[i];
-  }
-  // Copy along the innermost logical axis with extent > 1 as a 2-D copy, loop over the others.
+  // Rows along the innermost logical axis with extent > 1 (one 2-D copy each, with both pitches),
+  // looping over the other axes.
   int inner = -1;
   for (int i = src.ndim - 1; i >= 0 && inner < 0; --i) {
     if (src.dims[i] != 1) inner = i;
@@ -139,21 +144,24 @@ void copy_to_packed(const TensorView& src, void* dst, std::uintptr_t stream) {
     for (int i = 0; i < src.ndim; ++i) {
       if (i == inner) continue;
       from += index[i] * src.strides[i];
-      to += index[i] * packed[i];
+      to += index[i] * dst.strides[i];
     }
+    const int64_t rows = inner < 0 ? 1 : src.dims[inner];
     CUDA_MEMCPY2D copy = {};
     copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
     copy.srcDevice = CUdeviceptr(src.data + std::uintptr_t(from * item));
-    copy.srcPitch = size_t((inner < 0 ? 1 : src.strides[inner]) * item);
     copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-    copy.dstDevice = CUdeviceptr(reinterpret_cast<std::uintptr_t>(dst) + std::uintptr_t(to * item));
-    copy.dstPitch = size_t(item);
-    copy.WidthInBytes = size_t(item);
-    copy.Height = size_t(inner < 0 ? 1 : src.dims[inner]);
-    if (copy.srcPitch == size_t(item)) {  // contiguous source row: one flat copy
-      copy.WidthInBytes = size_t(item) * copy.Height;
-      copy.srcPitch = copy.dstPitch = copy.WidthInBytes;
+    copy.dstDevice = CUdeviceptr(dst.data + std::uintptr_t(to * item));
+    const int64_t src_step = inner < 0 ? 1 : src.strides[inner], dst_step = inner < 0 ? 1 : dst.strides[inner];
+    if (src_step == 1 && dst_step == 1) {  // contiguous in both: one flat row
+      copy.WidthInBytes = size_t(rows * item);
       copy.Height = 1;
+      copy.srcPitch = copy.dstPitch = copy.WidthInBytes;
+    } else {  // one element per row
+      copy.WidthInBytes = size_t(item);
+      copy.Height = size_t(rows);
+      copy.srcPitch = size_t(src_step * item);
+      copy.dstPitch = size_t(dst_step * item);
     }
     check(d.memcpy2d(&copy, reinterpret_cast<CUstream>(stream)), "cuMemcpy2DAsync");
     int i = src.ndim - 1;

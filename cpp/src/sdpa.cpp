@@ -83,14 +83,59 @@ struct Plan {
   const TensorView* slots[kNumSlots] = {};
   int n_fills = 0;
   Fill fills[kMaxFills];
+  int n_copies = 0;
+  Copy copies[kMaxCopies];
   bool stage_lse = false;
   TensorView lse_source;
   bool nothing_for_cudnn = false;
+  // Padding lengths the core makes itself (full extents, filled on the device at launch): the side
+  // a caller left out, or both where cuDNN runs a window with s_q > s_kv only in padding mode.
+  int64_t made_lengths[2] = {-1, -1};  // value for seqlens_q, seqlens_kv; -1: not made
 };
+
+// A (b, 1, 1, 1) int32 lengths operand whose memory the launch provides.
+TensorView made_lengths_view(const char* name, const Problem& p) {
+  TensorView t;
+  t.name = name;
+  t.present = true;
+  t.ndim = 4;
+  t.dims[0] = p.b;
+  for (int i = 1; i < 4; ++i) t.dims[i] = 1;
+  for (int i = 0; i < 4; ++i) t.strides[i] = 1;
+  t.dtype = {kDLInt, 32, 1};
+  t.device_type = kDLCUDA;
+  t.device_id = p.device;
+  return t;
+}
+
+void make_lengths(Plan& plan, int slot, int64_t value) {
+  plan.made_lengths[slot - kSeqLensQ] = value;
+  plan.views[slot] = made_lengths_view(kOperands[slot].name, plan.problem);
+  plan.slots[slot] = &plan.views[slot];
+}
 
 void add_fill(Plan& plan, const TensorView& region, int slot) {
   if (region.numel() == 0) return;
   plan.fills[plan.n_fills++] = {region, kOperands[slot].kind == OperandKind::stats ? kNegativeInfinityBits : 0u};
+}
+
+void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* operands, int64_t cudnn_version,
+                 Plan& plan);
+
+// cuDNN's backward refuses s_q = s_kv = 1, whose gradients are exact without it: one key gets all
+// the weight (P = 1 whatever the scores), so dQ = dK = 0 and dV = dO.
+void one_query_one_key_backward(Plan& plan) {
+  const Problem& p = plan.problem;
+  if (p.h_q != p.h_kv) {
+    throw UnsupportedError("the backward with s_q = s_kv = 1 and grouped heads (h_q = " + std::to_string(p.h_q) +
+                           ", h_kv = " + std::to_string(p.h_kv) + ") is not supported: cuDNN's backward refuses " +
+                           "s_q = s_kv = 1, and dV is then a sum over each group of dO that stridedfa has no kernel " +
+                           "for; repeat k and v to h_q heads for this call.");
+  }
+  plan.nothing_for_cudnn = true;
+  add_fill(plan, plan.views[kGradQ], kGradQ);
+  add_fill(plan, plan.views[kGradK], kGradK);
+  plan.copies[plan.n_copies++] = {plan.views[kGradO], plan.views[kGradV]};
 }
 
 void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
@@ -103,7 +148,29 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     plan.views[s] = *operands[s];
     plan.slots[s] = &plan.views[s];
   }
-  if (problem.nothing_to_do || !seen.restricts(problem)) return;
+  if (problem.nothing_to_do) return;
+  if (has_lengths) {
+    // Padded rows are not written by cuDNN's forward: their statistics get -inf first.
+    if (op == GraphOp::forward && operands[kLse]) add_fill(plan, *operands[kLse], kLse);
+    if (!operands[kSeqLensQ]) make_lengths(plan, kSeqLensQ, problem.s_q);
+    if (!operands[kSeqLensKV]) make_lengths(plan, kSeqLensKV, problem.s_kv);
+    return;
+  }
+  if (seen.restricts(problem)) restrict_to(op, seen, operands, cudnn_version, plan);
+  if (op == GraphOp::backward && !plan.nothing_for_cudnn && plan.problem.s_q == 1 && plan.problem.s_kv == 1) {
+    one_query_one_key_backward(plan);
+    return;
+  }
+  if (!plan.nothing_for_cudnn && options.left_bound() != SdpaOptions::kUnbounded &&
+      plan.problem.s_q > plan.problem.s_kv) {
+    make_lengths(plan, kSeqLensQ, plan.problem.s_q);
+    make_lengths(plan, kSeqLensKV, plan.problem.s_kv);
+  }
+}
+
+// Describes only the rows and keys in `seen` and fills the outputs' regions outside it.
+void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* operands, int64_t cudnn_version,
+                 Plan& plan) {
   plan.problem.s_q = std::max<int64_t>(seen.row_end - seen.row_begin, 0);
   plan.problem.s_kv = std::max<int64_t>(seen.key_end - seen.key_begin, 0);
   plan.nothing_for_cudnn = seen.empty();
@@ -167,6 +234,8 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   plan_call(op, problem, options, operands, cudnn_version, plan);
   call.n_fills = plan.n_fills;
   std::copy(plan.fills, plan.fills + plan.n_fills, call.fills);
+  call.n_copies = plan.n_copies;
+  std::copy(plan.copies, plan.copies + plan.n_copies, call.copies);
   if (plan.nothing_for_cudnn) return call;
   const GraphSpec spec = spec_for(op, plan, options, device_info(problem.device).sm_version, cudnn_version);
   // A training or decoding loop repeats its last configuration: each thread remembers its last
@@ -201,6 +270,10 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
     if (slot == kLse && plan.stage_lse) {
       call.staged_lse_ptr = i;
       call.staged_lse_source = plan.lse_source;
+    }
+    if ((slot == kSeqLensQ || slot == kSeqLensKV) && plan.made_lengths[slot - kSeqLensQ] >= 0) {
+      call.made_lengths_ptr[slot - kSeqLensQ] = i;
+      call.made_lengths_value[slot - kSeqLensQ] = plan.made_lengths[slot - kSeqLensQ];
     }
   }
   return call;
@@ -301,13 +374,31 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   if (call.problem.nothing_to_do) return;
   DeviceGuard guard(call.problem.device);
   for (int i = 0; i < call.n_fills; ++i) fill_strided(call.fills[i].region, call.fills[i].pattern, stream);
+  for (int i = 0; i < call.n_copies; ++i) copy_strided(call.copies[i].from, call.copies[i].to, stream);
   if (!call.graph) return;
   void* handle = cudnn_handle_for(call.problem.device, stream);
   void* pooled = nullptr;
   void* staged = nullptr;
+  void* lengths = nullptr;
   void* ptrs[kNumSlots];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
+    if (call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0) {
+      const int64_t b = call.problem.b;
+      lengths = pool_alloc(call.problem.device, 2 * b * int64_t(sizeof(int32_t)), stream);
+      for (int side = 0; side < 2; ++side) {
+        if (call.made_lengths_ptr[side] < 0) continue;
+        TensorView region;
+        region.present = true;
+        region.ndim = 1;
+        region.dims[0] = b;
+        region.strides[0] = 1;
+        region.dtype = {kDLInt, 32, 1};
+        region.data = reinterpret_cast<std::uintptr_t>(lengths) + std::uintptr_t(side * b * 4);
+        fill_strided(region, static_cast<uint32_t>(call.made_lengths_value[side]), stream);
+        ptrs[call.made_lengths_ptr[side]] = reinterpret_cast<void*>(region.data);
+      }
+    }
     if (call.workspace_bytes > 0 && workspace == nullptr) {
       workspace = pooled = pool_alloc(call.problem.device, call.workspace_bytes, stream);
       own_workspace_count.fetch_add(1, std::memory_order_relaxed);
@@ -322,10 +413,12 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   } catch (...) {
     if (pooled) pool_free(pooled, stream);
     if (staged) pool_free(staged, stream);
+    if (lengths) pool_free(lengths, stream);
     throw;
   }
   if (pooled) pool_free(pooled, stream);
   if (staged) pool_free(staged, stream);
+  if (lengths) pool_free(lengths, stream);
 }
 
 }  // namespace stridedfa

@@ -374,11 +374,6 @@ Problem validate(GraphOp op, const SlotViews& given) {
   for (int s = kQ + 1; s < kNumSlots; ++s) {
     if (t[s]) check.same_device_and_dtype(*t[kQ], *t[s], kOperands[s].kind == OperandKind::attention);
   }
-  if (!t[kSeqLensQ] != !t[kSeqLensKV]) {
-    throw LayoutError(std::string(t[kSeqLensQ] ? "seqlens_kv" : "seqlens_q") + " is missing: padding lengths " +
-                      "are given for queries and keys together (pass the full length, e.g. torch.full((b,), s), " +
-                      "for the side without padding).");
-  }
 
   Problem p = problem_from(*t[kQ], *t[kK], *t[kV]);  // q, k and v agree with each other
   bool every_output_empty = true;

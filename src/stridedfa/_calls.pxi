@@ -210,12 +210,12 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
                     . . x x x
 
             Rows that see no key get out = 0, lse = -inf and zero gradients.
-        seqlens_q, seqlens_kv: optional int32 (batch,) device tensors, given together: the valid
-            length of each sequence in a padded batch. Keys j >= seqlens_kv[b] are never seen;
-            with ``"bottom_right"`` the diagonal is aligned per sequence (off = seqlens_kv[b] -
-            seqlens_q[b]). Read on the device only (no host synchronisation: CUDA graphs and
-            torch.compile see no data-dependent shapes). Rows of padding (i >= seqlens_q[b]) are
-            written as cuDNN leaves them: see the README's "Padding" section for the values.
+        seqlens_q, seqlens_kv: optional int32 (batch,) device tensors: the valid length of each
+            sequence in a padded batch (one may be left out: full length on that side). Keys
+            j >= seqlens_kv[b] are never read; with ``"bottom_right"`` the diagonal is aligned per
+            sequence (off = seqlens_kv[b] - seqlens_q[b]). Padded query rows (i >= seqlens_q[b])
+            get out = 0 and lse = -inf, padded positions zero gradients. Read on the device only
+            (no host synchronisation: CUDA graphs and torch.compile see no data-dependent shapes).
         stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, q
             decides: the call runs on its producer's current stream where the DLPack C exchange
             API reports it (torch) and on CuPy's current stream for a CuPy array, else on the

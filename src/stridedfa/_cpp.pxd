@@ -199,6 +199,9 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
     TensorView jax_stats_view "stridedfa::jax_ffi::stats_view"(
         const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
         uintptr_t data) except +raise_core_error
+    TensorView jax_lengths_view "stridedfa::jax_ffi::lengths_view"(
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
+        uintptr_t data) except +raise_core_error
     void* jax_forward_handler "stridedfa::jax_ffi::forward_handler"()
     void* jax_forward_inference_handler "stridedfa::jax_ffi::forward_inference_handler"()
     void* jax_backward_handler "stridedfa::jax_ffi::backward_handler"()

@@ -35,7 +35,7 @@ cdef DLDataType jax_dtype(str name, const char* operand=b"the operand") except *
 
 
 cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, int device,
-                   TensorView** views) except -1:
+                   TensorView** views, object lengths=None) except -1:
     """Fills the call's views (slot order) as the handler would, at distinct, 256-byte aligned
     fake addresses: the validator never dereferences them. `dtype`: the attention operands' dtype
     name, or one name per slot (so the validator sees each operand's own dtype)."""
@@ -68,14 +68,42 @@ cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, in
             views[i][0] = jax_array_view(SLOT_NAMES[i], dims, rank, <ArrayLayout>layout, data_type,
                                          device, address)
         address += (nbytes + 511) // 256 * 256
+    if lengths is None:
+        return 0
+    if len(lengths) != 2:
+        raise ValueError("lengths: expected (seqlens_q, seqlens_kv) as (shape, dtype) pairs")
+    for i in range(2):
+        shape, name = lengths[i]
+        shape = tuple(shape)
+        rank = len(shape)
+        if rank > 8:
+            raise LayoutError(f"{SLOT_NAMES[9 + i].decode()}: {rank} axes; stridedfa reads at most 8")
+        nbytes = 4
+        for j in range(rank):
+            dims[j] = shape[j]
+            nbytes *= shape[j]
+        data_type = jax_lengths_dtype(name, SLOT_NAMES[9 + i])
+        views[9 + i][0] = jax_lengths_view(SLOT_NAMES[9 + i], dims, rank, data_type, device, address)
+        address += (nbytes + 511) // 256 * 256
     return 0
 
 
+cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
+    cdef DLDataType t
+    t.lanes = 1
+    if name in ("int32", "int64", "uint32", "int16"):
+        t.code, t.bits = (1 if name[0] == "u" else 0), int(name.lstrip("uint"))  # the core names the dtype
+        return t
+    raise LayoutError(f"{operand.decode()}: dtype {name} is not supported; sequence lengths are int32 "
+                      f"(e.g. x.astype(jnp.int32))")
+
+
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
-                  causal_alignment="top_left", window=None, deterministic=False):
+                  causal_alignment="top_left", window=None, deterministic=False, lengths=None):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
-    may be None) in ``layout`` (0: bshd, 1: bhsd), and the options' rules. Needs no GPU. Returns
+    may be None) in ``layout`` (0: bshd, 1: bhsd), padding ``lengths`` as ((shape, dtype) of
+    seqlens_q, of seqlens_kv) when given, and the options' rules. Needs no GPU. Returns
     what validation established, or raises LayoutError / UnsupportedError."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
@@ -84,7 +112,7 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     cdef TensorView* views[11]
     parse_options(scale, causal, causal_alignment, window, deterministic, &options)
     slot_views(backward, &fwd, &bwd, views)
-    jax_views(backward, layout, shapes, dtype, 0, views)
+    jax_views(backward, layout, shapes, dtype, 0, views, lengths)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
         validate_options(options, problem)

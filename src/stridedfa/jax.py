@@ -83,20 +83,33 @@ class _Options:
     scale: float | None
     causal: bool
     causal_alignment: str
+    window: tuple[int | None, int | None] | None = None
+    deterministic: bool = False
+    padded: bool = False  # seqlens_q / seqlens_kv follow q, k, v as operands
 
     def attributes(self) -> dict[str, Any]:
         # Typed numpy scalars fix the attribute types the handlers decode (f64, bool, i64).
+        left, right = (None, None) if self.window is None else self.window
         return {
             "scale": np.float64(0.0 if self.scale is None else self.scale),
             "has_scale": np.bool_(self.scale is not None),
             "causal": np.bool_(self.causal),
             "causal_alignment": np.int64(_ALIGNMENTS[self.causal_alignment]),
+            "window_left": np.int64(-1 if left is None else left),
+            "window_right": np.int64(-1 if right is None else right),
+            "deterministic": np.bool_(self.deterministic),
             "layout": np.int64(_LAYOUTS[self.layout]),
         }
 
+    def core_options(self) -> dict[str, Any]:
+        """The options as the core's validation takes them."""
+        return {"scale": self.scale, "causal": self.causal, "causal_alignment": self.causal_alignment,
+                "window": self.window, "deterministic": self.deterministic}
+
 
 def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, causal: bool = False,
-              is_causal: bool | None = None, causal_alignment: str = "top_left"):
+              is_causal: bool | None = None, causal_alignment: str = "top_left", window=None,
+              seqlens_q=None, seqlens_kv=None, deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, as a differentiable JAX function.
 
     ``softmax(scale * q @ k^T + mask) @ v`` per batch and query head. Works eagerly, under
@@ -117,17 +130,25 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
         causal: mask keys after the query position. ``is_causal`` is accepted as JAX's name for it.
         causal_alignment: ``"top_left"`` (query i sees keys j <= i) or ``"bottom_right"``
             (query i sees keys j <= i + s_kv - s_q: the last query sees every key, as when decoding
-            against a KV cache).
+            against a KV cache; with s_q > s_kv the first rows see no key and give 0).
+        window: ``(left, right)`` sliding window in tokens (Python ints or None for unbounded; see
+            :func:`stridedfa.sdpa_forward` for the exact rule and a picture).
+        seqlens_q, seqlens_kv: int32 (batch,) arrays of sequence lengths in a padded batch (traced
+            values are fine: they are read on the device; one may be left out). What
+            ``jax.nn.dot_product_attention`` calls ``query_seq_lengths`` / ``key_value_seq_lengths``.
+        deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-reproducible
+            gradients, slower).
+        return_lse: also return the float32 log-sum-exp of each row, (batch, h_q, s_q) in either
+            layout (-inf for rows that see no key); not differentiable.
 
     Returns:
         The attention output in ``layout``: (batch, s_q, h_q, d_v) for bshd, (batch, h_q, s_q, d_v)
-        for bhsd, in q's dtype.
+        for bhsd, in q's dtype; with ``return_lse``, ``(out, lse)``.
 
     Raises:
         stridedfa.LayoutError: a dtype, rank, shape or alignment the kernels cannot read (raised
             while tracing, before anything is compiled or launched).
-        stridedfa.UnsupportedError: a configuration stridedfa cannot run, e.g. bottom-right causal
-            masking with s_q > s_kv (raised while tracing).
+        stridedfa.UnsupportedError: a configuration stridedfa cannot run (raised while tracing).
             Configurations only cuDNN itself can refuse (e.g. a head dimension the GPU's kernels
             lack) fail when the computation runs, as a JAX runtime error whose message starts
             with ``stridedfa UnsupportedError:``.
@@ -144,18 +165,56 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
         if causal and not is_causal:
             raise ValueError("causal=True and is_causal=False disagree; pass one of them")
         causal = bool(is_causal)
-    options = _options(layout, scale, causal, causal_alignment)
+    padded = seqlens_q is not None or seqlens_kv is not None
+    options = _options(layout, scale, causal, causal_alignment, window, deterministic, padded)
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
     _check_devices(q, k, v)
+    lengths: tuple[Any, ...] = ()
+    if padded:
+        lengths = _lengths(q, k, seqlens_q, seqlens_kv, layout)
     _check_problem(tuple(q.shape), tuple(k.shape), tuple(v.shape),
-                   (str(q.dtype), str(k.dtype), str(v.dtype)), options)
+                   (str(q.dtype), str(k.dtype), str(v.dtype)), options,
+                   tuple((tuple(x.shape), str(x.dtype)) for x in lengths))
     _ensure_runtime()
-    return _attention(q, k, v, options)
+    if return_lse:
+        out, lse = _attention_with_lse(q, k, v, lengths, options)
+        return out, lse
+    return _attention(q, k, v, lengths, options)
 
 
 # --- Validation (at trace time: nothing is compiled or launched when it fails) -----------------
 
-def _options(layout, scale, causal, causal_alignment) -> _Options:
+def _lengths(q, k, seqlens_q, seqlens_kv, layout):
+    """Both padding lengths as arrays (the side left out: its full length; a constant XLA folds)."""
+    b = q.shape[0]
+    s_q, s_kv = (q.shape[1], k.shape[1]) if layout == "bshd" else (q.shape[2], k.shape[2])
+    if seqlens_q is None:
+        seqlens_q = jnp.full((b,), s_q, jnp.int32)
+    if seqlens_kv is None:
+        seqlens_kv = jnp.full((b,), s_kv, jnp.int32)
+    return jnp.asarray(seqlens_q), jnp.asarray(seqlens_kv)
+
+
+def _window(window):
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right) of token counts (each an int or None), "
+                        f"got {window!r}")
+    bounds = []
+    for side, bound in zip(("left", "right"), window):
+        if bound is not None:
+            if isinstance(bound, (bool, np.bool_)) or not isinstance(bound, (int, np.integer)):
+                raise TypeError(f"window {side} bound must be a Python int >= 0 or None (it is compiled into "
+                                f"the call), got {bound!r}")
+            if bound < 0:
+                raise ValueError(f"window {side} bound must be >= 0 (None: unbounded), got {bound}")
+            bound = int(bound)
+        bounds.append(bound)
+    return tuple(bounds)
+
+
+def _options(layout, scale, causal, causal_alignment, window=None, deterministic=False, padded=False) -> _Options:
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be 'bshd' or 'bhsd', got {layout!r}")
     if causal_alignment not in _ALIGNMENTS:
@@ -169,7 +228,8 @@ def _options(layout, scale, causal, causal_alignment) -> _Options:
         scale = float(scale)
         if not math.isfinite(scale):
             raise ValueError(f"scale must be a finite number, got {scale}")
-    return _Options(layout, scale, bool(causal), causal_alignment)
+    return _Options(layout, scale, bool(causal), causal_alignment, _window(window), bool(deterministic),
+                    bool(padded))
 
 
 def _axes(layout: str) -> str:
@@ -183,7 +243,7 @@ def _logical(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
 
 
 @functools.lru_cache(maxsize=512)
-def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options) -> None:
+def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths=()) -> None:
     """Everything about a call that can be known from shapes and dtypes, with messages in the
     caller's terms; then the core's own validation of the views the XLA handler will build.
     Cached: a successful check is a pure function of its arguments."""
@@ -201,8 +261,7 @@ def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options) -> None
     out_shape = _out_shape(q_shape, v_shape[3])
     _core._jax_validate(False, _LAYOUTS[options.layout],
                         (q_shape, k_shape, v_shape, out_shape, _lse_shape(q_shape, options.layout)),
-                        dtypes + (dtypes[0], "float32"), scale=options.scale, causal=options.causal,
-                        causal_alignment=options.causal_alignment)
+                        dtypes + (dtypes[0], "float32"), lengths=lengths or None, **options.core_options())
 
 
 def _check_devices(*arrays) -> None:
@@ -253,36 +312,58 @@ def _lse_shape(q_shape, layout):
     return (*q_shape[:-4], b, h, s)
 
 
-def _forward_call(q, k, v, options: _Options, with_lse: bool):
+def _forward_call(q, k, v, lengths, options: _Options, with_lse: bool):
     out = jax.ShapeDtypeStruct(_out_shape(q.shape, v.shape[-1]), q.dtype)
     if not with_lse:
         call = jax.ffi.ffi_call(_FORWARD_INFERENCE, out, vmap_method="broadcast_all")
-        return call(q, k, v, **options.attributes()), None
+        return call(q, k, v, *lengths, **options.attributes()), None
     lse = jax.ShapeDtypeStruct(_lse_shape(q.shape, options.layout), jnp.float32)
     call = jax.ffi.ffi_call(_FORWARD, (out, lse), vmap_method="broadcast_all")
-    out, lse = call(q, k, v, **options.attributes())
+    out, lse = call(q, k, v, *lengths, **options.attributes())
     return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attention(q, k, v, options: _Options):
-    return _forward_call(q, k, v, options, with_lse=False)[0]
+# The lengths are integer operands: no cotangent (None), and never differentiated.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, lengths, options: _Options):
+    return _forward_call(q, k, v, lengths, options, with_lse=False)[0]
 
 
-def _attention_fwd(q, k, v, options: _Options):
-    out, lse = _forward_call(q, k, v, options, with_lse=True)
-    return out, (q, k, v, out, lse)
+def _attention_fwd(q, k, v, lengths, options: _Options):
+    out, lse = _forward_call(q, k, v, lengths, options, with_lse=True)
+    return out, (q, k, v, lengths, out, lse)
 
 
 def _attention_bwd(options: _Options, residuals, grad_out):
-    q, k, v, out, lse = residuals
+    q, k, v, lengths, out, lse = residuals
     grad_out = grad_out.astype(out.dtype)
     shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, grad_out.shape, q.shape, k.shape, v.shape)
-    _core._jax_validate(True, _LAYOUTS[options.layout], tuple(map(tuple, shapes)), str(q.dtype))
+    _core._jax_validate(True, _LAYOUTS[options.layout], tuple(map(tuple, shapes)), str(q.dtype),
+                        lengths=tuple((tuple(x.shape), str(x.dtype)) for x in lengths) or None,
+                        **options.core_options())
     grads = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
     call = jax.ffi.ffi_call(_BACKWARD, grads, vmap_method="broadcast_all")
-    grad_q, grad_k, grad_v = call(q, k, v, out, lse, grad_out, **options.attributes())
-    return grad_q, grad_k, grad_v
+    grad_q, grad_k, grad_v = call(q, k, v, out, lse, grad_out, *lengths, **options.attributes())
+    return grad_q, grad_k, grad_v, tuple(None for _ in lengths)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+# With the statistics returned too: the same forward (with lse) and backward; lse carries no
+# gradient (a cotangent for it is ignored).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention_with_lse(q, k, v, lengths, options: _Options):
+    return _forward_call(q, k, v, lengths, options, with_lse=True)
+
+
+def _attention_with_lse_fwd(q, k, v, lengths, options: _Options):
+    out, lse = _forward_call(q, k, v, lengths, options, with_lse=True)
+    return (out, lse), (q, k, v, lengths, out, lse)
+
+
+def _attention_with_lse_bwd(options: _Options, residuals, cotangents):
+    return _attention_bwd(options, residuals, cotangents[0])
+
+
+_attention_with_lse.defvjp(_attention_with_lse_fwd, _attention_with_lse_bwd)

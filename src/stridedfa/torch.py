@@ -32,7 +32,9 @@ _LOGICAL = "bhsd"  # the core's axis names: batch, heads, sequence, head_dim
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
               causal: bool = False, is_causal: bool | None = None,
-              causal_alignment: str = "top_left") -> torch.Tensor:
+              causal_alignment: str = "top_left", window: tuple[int | None, int | None] | None = None,
+              seqlens_q: torch.Tensor | None = None, seqlens_kv: torch.Tensor | None = None,
+              deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, differentiable.
 
     ``softmax(scale * q @ k^T + mask) @ v`` with the axes of
@@ -46,13 +48,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         scale: defaults to ``1 / sqrt(d_qk)``.
         causal: mask future keys. ``is_causal`` is accepted as torch's name for it.
         causal_alignment: ``"top_left"`` (query i sees keys j <= i) or ``"bottom_right"``
-            (query i sees keys j <= i + s_kv - s_q).
+            (query i sees keys j <= i + s_kv - s_q; with s_q > s_kv the first rows see no key and
+            get out = 0, lse = -inf, zero gradients, as in FlashAttention).
+        window: ``(left, right)`` sliding window in tokens, None on a side for unbounded: query i
+            sees key j iff ``i + off - left <= j <= i + off + right`` (off = 0 top-left, s_kv - s_q
+            bottom-right); ``causal`` caps right at 0. FlashAttention's ``window_size=(w, 0)`` is
+            ``window=(w, 0)``; its -1 is None. See :func:`stridedfa.sdpa_forward` for the picture.
+        seqlens_q, seqlens_kv: int32 (batch,) CUDA tensors with each sequence's length in a padded
+            batch (one may be omitted: full length on that side). Keys past a length are never
+            read; read on the device only (CUDA graphs, torch.compile). Padded query rows: see the
+            README's "Padding" section.
+        deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-identical
+            gradients run to run, slower: see benchmarks/).
+        return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each row's scaled,
+            masked scores (natural log; -inf for rows that see no key), not differentiable.
 
     Returns:
-        (batch, h_q, s_q, d_v) tensor laid out in q's axis order (a bshd-ordered q gives a
-        bshd-ordered result). Gradients of q, k, v come back with the inputs' strides when those
-        are dense, and in the inputs' axis order otherwise (views of a packed buffer); to get them
-        in one packed buffer, use :func:`packed_attention`.
+        out, or (out, lse) with ``return_lse``: out is a (batch, h_q, s_q, d_v) tensor laid out in
+        q's axis order (a bshd-ordered q gives a bshd-ordered result). Gradients of q, k, v come
+        back with the inputs' strides when those are dense, and in the inputs' axis order
+        otherwise (views of a packed buffer); to get them in one packed buffer, use
+        :func:`packed_attention`.
 
     Raises:
         stridedfa.LayoutError, UnsupportedError, BackendError: see :func:`stridedfa.sdpa_forward`.
@@ -66,20 +82,29 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     """
     if is_causal is not None:
         causal = _causal(causal, is_causal)
+    left, right = (-1, -1) if window is None else _bounds(window)
+    opts = (scale, causal, causal_alignment, left, right, seqlens_q, seqlens_kv, deterministic)
     # Grad mode first: under no_grad (inference) the three attribute reads are skipped.
     needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if _plain_eager(q, k, v):
         if needs_grad:
-            return _eager_attention(q, k, v, scale, causal, causal_alignment)
-        return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
-    if needs_grad:
-        return _attention_forward(q, k, v, scale, causal, causal_alignment, True)[0]
-    return _attention_inference(q, k, v, scale, causal, causal_alignment)
+            result = _eager_attention(q, k, v, *opts, return_lse)
+            return result if return_lse else result[0]
+        out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, return_lse, False, window,
+                                  seqlens_q, seqlens_kv)
+        return (out, lse) if return_lse else out
+    if needs_grad or return_lse:
+        out, lse = _attention_forward(q, k, v, *opts, True)
+        return (out, lse) if return_lse else out
+    return _attention_inference(q, k, v, *opts)
 
 
 def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
                      q: torch.Tensor | None = None, scale: float | None = None, causal: bool = False,
-                     is_causal: bool | None = None, causal_alignment: str = "top_left") -> torch.Tensor:
+                     is_causal: bool | None = None, causal_alignment: str = "top_left",
+                     window: tuple[int | None, int | None] | None = None,
+                     seqlens_q: torch.Tensor | None = None, seqlens_kv: torch.Tensor | None = None,
+                     deterministic: bool = False, return_lse: bool = False):
     """Attention on a packed projection, read in place and differentiated into one packed gradient.
 
     ``packed`` holds q, k and v interleaved along axis ``dim`` (extent 3), or k and v (extent 2)
@@ -97,11 +122,13 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
         dim: the axis of ``packed`` along which q/k/v (or k/v) interleave.
         layout: the order of the remaining four axes, e.g. ``"bshd"`` or ``"bhsd"``.
         q: with an extent-2 ``packed`` (k/v only): the queries, 4-D in the same ``layout``.
-        scale, causal, is_causal, causal_alignment: as in :func:`attention`.
+        scale, causal, is_causal, causal_alignment, window, seqlens_q, seqlens_kv, deterministic,
+        return_lse: as in :func:`attention`.
 
     Returns:
-        The output with the axes of ``layout`` (e.g. (b, s, h, d_v) for ``"bshd"``), dense in the
-        memory order of q. Its gradient flows into ``packed`` (and ``q``).
+        out, or (out, lse) with ``return_lse``: the output with the axes of ``layout`` (e.g.
+        (b, s, h, d_v) for ``"bshd"``), dense in the memory order of q; lse is (b, h, s). Its
+        gradient flows into ``packed`` (and ``q``).
 
     Example::
 
@@ -111,14 +138,17 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     """
     causal = _causal(causal, is_causal)
     dim = _check_packed(packed, dim, layout, q)
+    left, right = (-1, -1) if window is None else _bounds(window)
+    opts = (scale, causal, causal_alignment, left, right, seqlens_q, seqlens_kv, deterministic)
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad))
     if _plain_eager(packed, packed, packed if q is None else q):
         if needs_grad:
-            return _eager_packed_attention(True, packed, dim, layout, q, scale, causal,
-                                           causal_alignment, True)[0]
-        return _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, False)[0]
-    return _packed_attention_forward(packed, dim, layout, q, scale, causal, causal_alignment,
-                                     needs_grad)[0]
+            out, lse = _eager_packed_attention(True, packed, dim, layout, q, *opts, True)
+        else:
+            out, lse = _packed_forward_impl(packed, dim, layout, q, *opts, return_lse)
+    else:
+        out, lse = _packed_attention_forward(packed, dim, layout, q, *opts, needs_grad or return_lse)
+    return (out, lse) if return_lse else out
 
 
 # --- Operators ------------------------------------------------------------------------------------
@@ -192,72 +222,80 @@ def _backward_kernel(op, impl, tensor_args):
     return kernel
 
 
-def _attention_forward_impl(q, k, v, scale, causal, causal_alignment, with_lse):
-    out, lse = _forward(q, k, v, scale, causal, causal_alignment, with_lse)
+# Every operator takes the options in one order (`opts` below: 8 values), spelled in its schema
+# as _OPTIONS; window bounds are -1 where unbounded (a schema int cannot be None).
+_OPTIONS = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
+            "Tensor? seqlens_q, Tensor? seqlens_kv, bool deterministic")
+_N_OPTIONS = 8
+_NO_GRADS = (None,) * (_N_OPTIONS + 1)
+
+
+def _attention_forward_impl(q, k, v, *args):  # args: the options, then with_lse
+    with_lse = args[_N_OPTIONS]
+    out, lse = _forward(q, k, v, args[:_N_OPTIONS], with_lse)
     return out, (lse if with_lse else _no_lse(q))
 
 
-def _attention_forward_fake(q, k, v, scale, causal, causal_alignment, with_lse):
+def _attention_forward_fake(q, k, v, *args):
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
-    return out, (_empty_lse(q) if with_lse else _no_lse(q))
+    return out, (_empty_lse(q) if args[_N_OPTIONS] else _no_lse(q))
 
 
 _attention_forward = _define(
-    "attention_forward",
-    "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment, bool with_lse) "
-    "-> (Tensor, Tensor)", _attention_forward_impl, _attention_forward_fake)
+    "attention_forward", f"(Tensor q, Tensor k, Tensor v, {_OPTIONS}, bool with_lse) -> (Tensor, Tensor)",
+    _attention_forward_impl, _attention_forward_fake)
 
 
-def _attention_inference_impl(q, k, v, scale, causal, causal_alignment):
-    return _forward(q, k, v, scale, causal, causal_alignment, False)[0]
+def _attention_inference_impl(q, k, v, *opts):
+    return _forward(q, k, v, opts, False)[0]
 
 
-def _attention_inference_fake(q, k, v, scale, causal, causal_alignment):
-    return _attention_forward_fake(q, k, v, scale, causal, causal_alignment, False)[0]
+def _attention_inference_fake(q, k, v, *opts):
+    return _attention_forward_fake(q, k, v, *opts, False)[0]
 
 
 # The forward without statistics: what a call that records no gradient runs (no placeholder lse
 # to allocate).
 _attention_inference = _define(
-    "attention_inference",
-    "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, str causal_alignment) -> Tensor",
+    "attention_inference", f"(Tensor q, Tensor k, Tensor v, {_OPTIONS}) -> Tensor",
     _attention_inference_impl, _attention_inference_fake)
 
 
-def _attention_inference_autograd(q, k, v, scale, causal, causal_alignment):
+def _attention_inference_autograd(q, k, v, *opts):
     # The path compiled graphs take: the check of _plain inlined, then the C call itself.
     if (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and q.is_cuda
             and _dispatch_stack_depth() == 0 and not _function_mode_enabled() and _HAS_EXCHANGE_API):
-        return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
+        return _forward(q, k, v, opts, False)[0]
     with _AutoDispatchBelowAutograd():
-        return _attention_inference(q, k, v, scale, causal, causal_alignment)
+        return _attention_inference(q, k, v, *opts)
 
 
 _lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
 
 
-def _attention_backward_impl(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
-                             together=False):
+def _attention_backward_impl(q, k, v, out, lse, grad_out, *opts, together=False):
     if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
-        return _core._backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
-                                     _contiguous, together)
+        scale, causal, alignment, left, right, seqlens_q, seqlens_kv, deterministic = opts
+        return _core._backward_alloc(q, k, v, out, lse, grad_out, scale, causal, alignment, _contiguous,
+                                     together, _window(left, right), seqlens_q, seqlens_kv, deterministic)
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
-    _core._backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse),
-                    grad_q, grad_k, grad_v, scale, causal, causal_alignment, _stream(q), _workspace)
+    _core_backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k,
+                   grad_v, opts, _stream(q))
     return grad_q, grad_k, grad_v
 
 
-def _attention_backward_fake(q, k, v, out, lse, grad_out, scale, causal, causal_alignment):
+def _attention_backward_fake(q, k, v, out, lse, grad_out, *opts):
     return _gradient_like(q), _gradient_like(k), _gradient_like(v)
 
 
 _attention_backward = _define(
     "attention_backward",
-    "(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, float? scale, "
-    "bool causal, str causal_alignment) -> (Tensor, Tensor, Tensor)",
-    _attention_backward_impl, _attention_backward_fake)
-_lib.impl("attention_backward", _backward_kernel(_attention_backward, _attention_backward_impl, range(6)),
+    f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
+    "-> (Tensor, Tensor, Tensor)", _attention_backward_impl, _attention_backward_fake)
+# Its tensors: q, k, v, out, lse, grad_out and the two lengths (options 5 and 6).
+_lib.impl("attention_backward",
+          _backward_kernel(_attention_backward, _attention_backward_impl, (0, 1, 2, 3, 4, 5, 11, 12)),
           "Autograd")
 
 
@@ -265,13 +303,13 @@ class _AttentionFunction(torch.autograd.Function):
     """attention_forward with a gradient to record, as the operator's Autograd kernel runs it."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, causal_alignment, with_lse):
-        args = (q, k, v, scale, causal, causal_alignment, with_lse)
-        out, lse = _below_autograd(_attention_forward, _attention_forward_impl, args, (q, k, v))
+    def forward(ctx, q, k, v, *args):  # args: the options, then with_lse
+        out, lse = _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
+                                   (q, k, v, args[5], args[6]))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (scale, causal, causal_alignment)
-        ctx.with_lse = with_lse
+        ctx.options = args[:_N_OPTIONS]
+        ctx.with_lse = args[_N_OPTIONS]
         return out, lse
 
     @staticmethod
@@ -282,121 +320,124 @@ class _AttentionFunction(torch.autograd.Function):
                                "with")
         q, k, v, out, lse = ctx.saved_tensors
         grads = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
-        return (*grads, None, None, None, None)
+        return (*grads, *_NO_GRADS)
 
 
 class _EagerAttention(torch.autograd.Function):
     """attention() on plain CUDA tensors with a gradient to record, eager (never inside a compiled
-    graph): the kernels called directly, out returned alone, out and lse in one allocation, and the
-    gradients in one when all three are wanted."""
+    graph): the kernels called directly, out and lse in one allocation, and the gradients in one
+    when all three are wanted. Returns (out, lse), lse not differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, causal_alignment):
-        out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, True, True)
+    def forward(ctx, q, k, v, *args):  # args: the options, then return_lse
+        out, lse = _forward(q, k, v, args[:_N_OPTIONS], True, True)
+        ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (scale, causal, causal_alignment)
-        return out
+        ctx.options = args[:_N_OPTIONS]
+        return out, lse
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         if _is_grad_enabled():  # create_graph=True: through the operator, which refuses a double backward
             grads = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
         else:
             needs = ctx.needs_input_grad
             grads = _attention_backward_impl(q, k, v, out, lse, grad_out, *ctx.options,
-                                             needs[0] and needs[1] and needs[2])
-        return (*grads, None, None, None)
+                                             together=needs[0] and needs[1] and needs[2])
+        return (*grads, *_NO_GRADS)
 
 
-def _attention_forward_autograd(q, k, v, scale, causal, causal_alignment, with_lse):
+def _attention_forward_autograd(q, k, v, *args):
     if _requires_grad(q, k, v):
-        return _AttentionFunction.apply(q, k, v, scale, causal, causal_alignment, with_lse)
-    return _below_autograd(_attention_forward, _attention_forward_impl,
-                           (q, k, v, scale, causal, causal_alignment, with_lse), (q, k, v))
+        return _AttentionFunction.apply(q, k, v, *args)
+    return _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
+                           (q, k, v, args[5], args[6]))
 
 
 _lib.impl("attention_forward", _attention_forward_autograd, "Autograd")
 
 
-def _packed_forward_impl(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
+def _packed_forward_impl(packed, dim, layout, q, *args):  # args: the options, then with_lse
+    scale, causal, alignment, left, right, seqlens_q, seqlens_kv, _ = args[:_N_OPTIONS]
+    with_lse = args[_N_OPTIONS]
     if _HAS_EXCHANGE_API:  # views, allocation and launch in one C call
-        out_l, lse = _core._packed_forward_alloc(packed, dim, _to_logical(layout), q, scale, causal,
-                                                 causal_alignment, with_lse)
+        out_l, lse = _core._packed_forward_alloc(packed, dim, _to_logical(layout), q, scale, causal, alignment,
+                                                 with_lse, _window(left, right), seqlens_q, seqlens_kv)
         return out_l, (lse if with_lse else _no_lse(packed))
     q_l, k_l, v_l = _unpack(packed, dim, q)
     out_l = _empty_packed_output(q_l, v_l)
     lse = _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed)
     to_logical = _to_logical(layout)
-    _core._forward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)),
-                   _raw(v_l.permute(to_logical)), out_l.permute(to_logical),
-                   lse if with_lse else None, scale, causal, causal_alignment, _stream(packed),
-                   _workspace)
+    _core_forward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)), _raw(v_l.permute(to_logical)),
+                  out_l.permute(to_logical), lse if with_lse else None, args[:_N_OPTIONS], _stream(packed))
     return out_l, lse
 
 
-def _packed_forward_fake(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
+def _packed_forward_fake(packed, dim, layout, q, *args):
     q_l, _, v_l = _unpack(packed, dim, q)
     return (_empty_packed_output(q_l, v_l),
-            _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed))
+            _empty_lse_for(q_l, layout) if args[_N_OPTIONS] else _no_lse(packed))
 
 
 _packed_attention_forward = _define(
     "packed_attention_forward",
-    "(Tensor packed, int dim, str layout, Tensor? q, float? scale, bool causal, "
-    "str causal_alignment, bool with_lse) -> (Tensor, Tensor)", _packed_forward_impl, _packed_forward_fake)
+    f"(Tensor packed, int dim, str layout, Tensor? q, {_OPTIONS}, bool with_lse) -> (Tensor, Tensor)",
+    _packed_forward_impl, _packed_forward_fake)
 
 
-def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, scale, causal,
-                          causal_alignment):
+def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *opts):
     if _HAS_EXCHANGE_API:
+        scale, causal, alignment, left, right, seqlens_q, seqlens_kv, deterministic = opts
         to_logical = _to_logical(layout)
         logical = grad_out.permute(to_logical)
         readable = _readable(logical)
         if readable is not logical:  # copied: hand the copy over in layout axes
             grad_out = readable.permute([to_logical.index(axis) for axis in range(4)])
-        grad_packed, grad_q = _core._packed_backward_alloc(packed, dim, to_logical, q, out, lse,
-                                                           grad_out, scale, causal, causal_alignment)
+        grad_packed, grad_q = _core._packed_backward_alloc(
+            packed, dim, to_logical, q, out, lse, grad_out, scale, causal, alignment, _window(left, right),
+            seqlens_q, seqlens_kv, deterministic)
         return grad_packed, (grad_q if grad_q is not None else _no_lse(packed))
     grad_packed = _gradient_like(packed)
     grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
     q_l, k_l, v_l = _unpack(packed, dim, q)
     dq_l, dk_l, dv_l = _unpack(grad_packed, dim, grad_q if q is not None else None)
     to_logical = _to_logical(layout)
-    _core._backward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)),
-                    _raw(v_l.permute(to_logical)), _raw(out.permute(to_logical)),
-                    _readable(grad_out.permute(to_logical)), _raw(lse), dq_l.permute(to_logical),
-                    dk_l.permute(to_logical), dv_l.permute(to_logical), scale, causal,
-                    causal_alignment, _stream(packed), _workspace)
+    _core_backward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)), _raw(v_l.permute(to_logical)),
+                   _raw(out.permute(to_logical)), _readable(grad_out.permute(to_logical)), _raw(lse),
+                   dq_l.permute(to_logical), dk_l.permute(to_logical), dv_l.permute(to_logical), opts,
+                   _stream(packed))
     return grad_packed, grad_q
 
 
-def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, scale, causal, causal_alignment):
+def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, *opts):
     return _gradient_like(packed), (_gradient_like(q) if q is not None else _no_lse(packed))
 
 
 _packed_attention_backward = _define(
     "packed_attention_backward",
-    "(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, "
-    "float? scale, bool causal, str causal_alignment) -> (Tensor, Tensor)",
-    _packed_backward_impl, _packed_backward_fake)
+    f"(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
+    "-> (Tensor, Tensor)", _packed_backward_impl, _packed_backward_fake)
+# Its tensors: packed, q, out, lse, grad_out and the two lengths (options 5 and 6).
 _lib.impl("packed_attention_backward",
-          _backward_kernel(_packed_attention_backward, _packed_backward_impl, (0, 3, 4, 5, 6)), "Autograd")
+          _backward_kernel(_packed_attention_backward, _packed_backward_impl, (0, 3, 4, 5, 6, 12, 13)),
+          "Autograd")
 
 
 class _PackedAttentionFunction(torch.autograd.Function):
     """packed_attention_forward with a gradient to record (see _AttentionFunction)."""
 
     @staticmethod
-    def forward(ctx, eager, packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
-        args = (packed, dim, layout, q, scale, causal, causal_alignment, with_lse)
-        out, lse = (_packed_forward_impl(*args) if eager else
-                    _below_autograd(_packed_attention_forward, _packed_forward_impl, args, (packed, q)))
+    def forward(ctx, eager, packed, dim, layout, q, *args):  # args: the options, then with_lse
+        op_args = (packed, dim, layout, q, *args)
+        out, lse = (_packed_forward_impl(*op_args) if eager else
+                    _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
+                                    (packed, q, args[5], args[6])))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(packed, q, out, lse)
-        ctx.options = (dim, layout, scale, causal, causal_alignment)
+        ctx.options = (dim, layout, args[:_N_OPTIONS])
         ctx.eager = eager
-        ctx.with_lse = with_lse
+        ctx.with_lse = args[_N_OPTIONS]
         return out, lse
 
     @staticmethod
@@ -406,21 +447,21 @@ class _PackedAttentionFunction(torch.autograd.Function):
                                "input required grad when it ran), so it kept no statistics to "
                                "differentiate with")
         packed, q, out, lse = ctx.saved_tensors
-        dim, layout, scale, causal, causal_alignment = ctx.options
-        args = (packed, dim, layout, q, out, lse, grad_out, scale, causal, causal_alignment)
+        dim, layout, opts = ctx.options
+        args = (packed, dim, layout, q, out, lse, grad_out, *opts)
         if ctx.eager and not _is_grad_enabled():
             grad_packed, grad_q = _packed_backward_impl(*args)
         else:
             grad_packed, grad_q = _packed_attention_backward(*args)
-        return (None, grad_packed, None, None, grad_q if q is not None else None, None, None, None,
-                None)
+        return (None, grad_packed, None, None, grad_q if q is not None else None, *_NO_GRADS)
 
 
-def _packed_forward_autograd(packed, dim, layout, q, scale, causal, causal_alignment, with_lse):
-    args = (packed, dim, layout, q, scale, causal, causal_alignment, with_lse)
+def _packed_forward_autograd(packed, dim, layout, q, *args):
+    op_args = (packed, dim, layout, q, *args)
     if _requires_grad(packed, q):
-        return _PackedAttentionFunction.apply(False, *args)
-    return _below_autograd(_packed_attention_forward, _packed_forward_impl, args, (packed, q))
+        return _PackedAttentionFunction.apply(False, *op_args)
+    return _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
+                           (packed, q, args[5], args[6]))
 
 
 _lib.impl("packed_attention_forward", _packed_forward_autograd, "Autograd")
@@ -460,15 +501,56 @@ def _plain_eager(q, k, v) -> bool:
             and _dispatch_stack_depth() == 0 and not _functorch_active())
 
 
-def _forward(q, k, v, scale, causal, causal_alignment, with_lse):
+def _forward(q, k, v, opts, with_lse, together=False):
+    scale, causal, alignment, left, right, seqlens_q, seqlens_kv, _ = opts
     if _HAS_EXCHANGE_API:
-        return _core._forward_alloc(q, k, v, scale, causal, causal_alignment, with_lse)
+        return _forward_alloc(q, k, v, scale, causal, alignment, with_lse, together, _window(left, right),
+                              seqlens_q, seqlens_kv)
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
     lse = _empty_lse(q) if with_lse else None
-    _core._forward(_raw(q), _raw(k), _raw(v), out, lse, scale, causal, causal_alignment,
-                   _stream(q), _workspace)
+    _core_forward(_raw(q), _raw(k), _raw(v), out, lse, opts, _stream(q))
     return out, lse
+
+
+def _core_forward(q, k, v, out, lse, opts, stream):
+    """The core's forward through __dlpack__ (torch < 2.10)."""
+    scale, causal, alignment, left, right, seqlens_q, seqlens_kv, _ = opts
+    _core._forward(q, k, v, out, lse, scale, causal, alignment, stream, _workspace, _window(left, right),
+                   seqlens_q, seqlens_kv)
+
+
+def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream):
+    """The core's backward through __dlpack__ (torch < 2.10)."""
+    scale, causal, alignment, left, right, seqlens_q, seqlens_kv, deterministic = opts
+    _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, alignment, stream,
+                    _workspace, _window(left, right), seqlens_q, seqlens_kv, deterministic)
+
+
+def _bounds(window) -> tuple[int, int]:
+    """window=(left, right) as the operators' two ints, -1 for an unbounded side."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right) of token counts (each an int or None), "
+                        f"got {window!r}")
+    bounds = []
+    for side, bound in zip(("left", "right"), window):
+        if bound is None:
+            bounds.append(-1)
+            continue
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise TypeError(f"window {side} bound must be an int >= 0 or None, got {bound!r}")
+        if bound < 0:
+            raise ValueError(f"window {side} bound must be >= 0 (None: unbounded; FlashAttention's -1 is None "
+                             f"here), got {bound}")
+        bounds.append(bound)
+    return bounds[0], bounds[1]
+
+
+def _window(left: int, right: int):
+    """The operators' two ints back as the core's window (None when unbounded on both sides)."""
+    if left < 0 and right < 0:
+        return None
+    return (None if left < 0 else left, None if right < 0 else right)
 
 
 def _empty_lse(q):

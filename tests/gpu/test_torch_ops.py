@@ -14,6 +14,10 @@ from stridedfa import _layouts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
+# The options after causal_alignment, as the operators take them: no window (-1, -1), no padding
+# lengths, non-deterministic backward.
+DEFAULTS = (-1, -1, None, None, False)
+
 B, H, S, D = 2, 4, 128, 64
 
 
@@ -58,15 +62,40 @@ def _poison_next_allocation(nbytes):
 def test_opcheck_forward_and_backward(kind, seed):
     q, k, v = _inputs(kind, seed, requires_grad=True)
     torch.library.opcheck(torch.ops.stridedfa.attention_forward.default,
-                          (q, k, v, None, True, "top_left", True))
+                          (q, k, v, None, True, "top_left", *DEFAULTS, True))
     # Without statistics (what an inference call asks for) there is no backward to check.
     torch.library.opcheck(torch.ops.stridedfa.attention_forward.default,
-                          (q.detach(), k.detach(), v.detach(), None, True, "top_left", False))
-    out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", True)
+                          (q.detach(), k.detach(), v.detach(), None, True, "top_left", *DEFAULTS, False))
+    out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *DEFAULTS, True)
     grad_out = torch.randn_like(out)
     torch.library.opcheck(torch.ops.stridedfa.attention_backward.default,
                           (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), grad_out,
-                           None, True, "top_left"))
+                           None, True, "top_left", *DEFAULTS))
+
+
+def _option_sets(b=B, s=S):
+    lengths = (torch.tensor([s, s // 2 + 3][:b], device=DEVICE, dtype=torch.int32),) * 2
+    return {"window": (16, 0, None, None, False), "window_both": (8, 24, None, None, False),
+            "padding": (-1, -1, *lengths, False), "deterministic": (-1, -1, None, None, True),
+            "all": (31, 0, *lengths, True)}
+
+
+@pytest.mark.parametrize("name", ["window", "window_both", "padding", "deterministic", "all"])
+def test_opcheck_every_option(name, seed):
+    """Each option through the operators: fake kernels, schema, autograd registration."""
+    q, k, v = _inputs("packed", seed, requires_grad=True)
+    extra = _option_sets()[name]
+    torch.library.opcheck(torch.ops.stridedfa.attention_forward.default, (q, k, v, None, True, "top_left", *extra,
+                                                                          True))
+    torch.library.opcheck(torch.ops.stridedfa.attention_inference.default,
+                          (q.detach(), k.detach(), v.detach(), None, False, "top_left", *extra))
+    out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *extra, True)
+    torch.library.opcheck(torch.ops.stridedfa.attention_backward.default,
+                          (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), torch.randn_like(out),
+                           None, True, "top_left", *extra))
+    packed = torch.randn(B, S, 3, H, D, device=DEVICE, dtype=torch.bfloat16).requires_grad_()
+    torch.library.opcheck(torch.ops.stridedfa.packed_attention_forward.default,
+                          (packed, 2, "bshd", None, None, True, "top_left", *extra, True))
 
 
 @pytest.mark.parametrize("layout,dim", [("bshd", 2), ("sbhd", 2), ("bshd", 3), ("bhsd", 1)])
@@ -76,12 +105,12 @@ def test_opcheck_packed(layout, dim, seed):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     packed = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16, generator=gen).requires_grad_()
     torch.library.opcheck(torch.ops.stridedfa.packed_attention_forward.default,
-                          (packed, dim, layout, None, None, True, "top_left", True))
+                          (packed, dim, layout, None, None, True, "top_left", *DEFAULTS, True))
     out, lse = torch.ops.stridedfa.packed_attention_forward(packed, dim, layout, None, None, True,
-                                                            "top_left", True)
+                                                            "top_left", *DEFAULTS, True)
     torch.library.opcheck(torch.ops.stridedfa.packed_attention_backward.default,
                           (packed.detach(), dim, layout, None, out.detach(), lse.detach(),
-                           torch.randn_like(out), None, True, "top_left"))
+                           torch.randn_like(out), None, True, "top_left", *DEFAULTS))
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "transposed", "packed"])
@@ -113,7 +142,7 @@ def test_autograd_path_strides_and_values(kind, seed):
 def test_fast_path_and_operator_give_identical_bits(seed):
     q, k, v = _inputs("packed", seed)
     fast = sfa_torch.attention(q, k, v, causal=True)
-    via_op = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", False)[0]
+    via_op = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *DEFAULTS, False)[0]
     assert torch.equal(fast, via_op)
 
 

@@ -33,11 +33,18 @@ TensorView array_view(const char* name, const int64_t* dims, int64_t rank, Array
 TensorView stats_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
                       std::uintptr_t data);
 
+// The (b,) view of dense int32 per-sequence lengths of any rank >= 1 (vmap's axes fold into b, in
+// the order the batch of array_view folds them).
+TensorView lengths_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                        std::uintptr_t data);
+
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
 // scale (f64), has_scale (bool: false means 1 / sqrt(d_qk)), causal (bool), causal_alignment
-// (i64: 0 top_left, 1 bottom_right), layout (i64: ArrayLayout).
-void* forward_handler();            // (q, k, v) -> (out, lse)
-void* forward_inference_handler();  // (q, k, v) -> (out): no statistics (cuDNN's inference graph)
-void* backward_handler();           // (q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)
+// (i64: 0 top_left, 1 bottom_right), window_left and window_right (i64, -1: unbounded),
+// deterministic (bool), layout (i64: ArrayLayout). Each takes optional trailing arguments
+// (seqlens_q, seqlens_kv): padding lengths, both or neither.
+void* forward_handler();            // (q, k, v[, seqlens_q, seqlens_kv]) -> (out, lse)
+void* forward_inference_handler();  // (q, k, v[, ...]) -> (out): no statistics (cuDNN's inference graph)
+void* backward_handler();           // (q, k, v, out, lse, grad_out[, ...]) -> (grad_q, grad_k, grad_v)
 
 }  // namespace stridedfa::jax_ffi

@@ -16,4 +16,7 @@ void fill_strided(const TensorView& region, uint32_t pattern, std::uintptr_t str
 // Copies `src` (4-byte items) into `dst` laid out packed in src's logical axis order, on `stream`.
 void copy_to_packed(const TensorView& src, void* dst, std::uintptr_t stream);
 
+// Copies `src` into `dst`: same dims and dtype, each with its own strides, on `stream`.
+void copy_strided(const TensorView& src, const TensorView& dst, std::uintptr_t stream);
+
 }  // namespace stridedfa

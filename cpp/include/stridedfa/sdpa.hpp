@@ -50,10 +50,15 @@ struct PreparedCall {
   // Output regions no query or key of the mask takes part in (visibility.hpp), filled at launch.
   int n_fills = 0;
   Fill fills[kMaxFills];
+  int n_copies = 0;
+  Copy copies[kMaxCopies];
   // cuDNN < 9.26 reads the backward's statistics only packed: a row-restricted view of the
   // caller's lse is copied into a packed staging buffer at launch (ptrs[staged_lse_ptr]).
   int staged_lse_ptr = -1;
   TensorView staged_lse_source;
+  // Padding lengths the core made (full extents): filled on the device at launch into ptrs[i].
+  int made_lengths_ptr[2] = {-1, -1};
+  int64_t made_lengths_value[2] = {0, 0};
 };
 
 // The softmax statistics may be given as (b, h, s) or (b, h, s, 1), padding lengths as (b,) or

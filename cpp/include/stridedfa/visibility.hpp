@@ -36,7 +36,13 @@ struct Fill {
   uint32_t pattern = 0;
 };
 
+// An output the graph does not write that equals an input (same dims and dtype).
+struct Copy {
+  TensorView from, to;
+};
+
 inline constexpr uint32_t kNegativeInfinityBits = 0xff800000u;
+inline constexpr int kMaxCopies = 1;
 inline constexpr int kMaxFills = 2 * kNumSlots;  // at most one region before, one after, per operand
 
 }  // namespace stridedfa
