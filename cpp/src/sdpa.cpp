@@ -91,6 +91,7 @@ struct Plan {
   // Padding lengths the core makes itself (full extents, filled on the device at launch): the side
   // a caller left out, or both where cuDNN runs a window with s_q > s_kv only in padding mode.
   int64_t made_lengths[2] = {-1, -1};  // value for seqlens_q, seqlens_kv; -1: not made
+  bool unmasked = false;               // the sub-problem needs no mask (every pair takes part)
 };
 
 // A (b, 1, 1, 1) int32 lengths operand whose memory the launch provides.
@@ -123,19 +124,30 @@ void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* op
                  Plan& plan);
 
 // cuDNN's backward refuses s_q = s_kv = 1, whose gradients are exact without it: one key gets all
-// the weight (P = 1 whatever the scores), so dQ = dK = 0 and dV = dO.
+// the weight (P = 1 whatever the scores), so dQ = dK = 0 and dV = dO. With grouped heads dV sums
+// dO over each group: the g query heads sharing a kv head are then described as g query rows of
+// one head (a view: their seq axis is the heads' stride), which cuDNN's backward runs.
 void one_query_one_key_backward(Plan& plan) {
-  const Problem& p = plan.problem;
-  if (p.h_q != p.h_kv) {
-    throw UnsupportedError("the backward with s_q = s_kv = 1 and grouped heads (h_q = " + std::to_string(p.h_q) +
-                           ", h_kv = " + std::to_string(p.h_kv) + ") is not supported: cuDNN's backward refuses " +
-                           "s_q = s_kv = 1, and dV is then a sum over each group of dO that stridedfa has no kernel " +
-                           "for; repeat k and v to h_q heads for this call.");
+  Problem& p = plan.problem;
+  if (p.h_q == p.h_kv) {
+    plan.nothing_for_cudnn = true;
+    add_fill(plan, plan.views[kGradQ], kGradQ);
+    add_fill(plan, plan.views[kGradK], kGradK);
+    plan.copies[plan.n_copies++] = {plan.views[kGradO], plan.views[kGradV]};
+    return;
   }
-  plan.nothing_for_cudnn = true;
-  add_fill(plan, plan.views[kGradQ], kGradQ);
-  add_fill(plan, plan.views[kGradK], kGradK);
-  plan.copies[plan.n_copies++] = {plan.views[kGradO], plan.views[kGradV]};
+  const int64_t group = p.h_q / p.h_kv;
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (!plan.slots[s] || kOperands[s].shape[1] != kHeadsQ) continue;
+    TensorView& t = plan.views[s];
+    t.strides[2] = t.strides[1];
+    t.strides[1] *= group;
+    t.dims[1] = p.h_kv;
+    t.dims[2] = group;
+  }
+  p.h_q = p.h_kv;
+  p.s_q = group;
+  plan.unmasked = true;  // every row of the fold sees the one key, whatever the mask said
 }
 
 void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
@@ -209,10 +221,10 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
     if (plan.slots[s]) spec.operands[s] = describe_operand(*plan.slots[s]);
   }
   spec.scale = static_cast<float>(o.has_scale ? o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_qk)));
-  spec.causal = o.causal;
+  spec.causal = o.causal && !plan.unmasked;
   spec.alignment = o.alignment;
-  spec.left_bound = o.left_bound();
-  spec.right_bound = o.right_bound();
+  spec.left_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.left_bound();
+  spec.right_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.right_bound();
   spec.deterministic = op == GraphOp::backward && o.deterministic;
   spec.device = p.device;
   spec.sm_version = sm_version;

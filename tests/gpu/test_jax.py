@@ -140,7 +140,7 @@ def test_eager_jit_and_grad_match_reference(case, dtype, request):
     _assert_close(_to_logical(jitted, layout), ref_out, out_atol, out_rtol, "jit out")
 
     # The statistics the backward reads: float32 (b, h_q, s_q) natural-log logsumexp.
-    _, lse = jax.jit(lambda q, k, v: sj._forward_call(q, k, v, sj._options(layout, None, case[9], case[10]),
+    _, lse = jax.jit(lambda q, k, v: sj._forward_call(q, k, v, (), sj._options(layout, None, case[9], case[10]),
                                                       with_lse=True))(q, k, v)
     _assert_close(np.asarray(lse), ref_lse, lse_atol, 0.0, "lse")
 
@@ -311,8 +311,8 @@ def test_bad_configurations_raise_typed_errors_before_launch(request):
         jax.jit(lambda q, k, v: sj.attention(q[0], k[0], v[0]))(q, k, v)
     with pytest.raises(ValueError, match="layout"):
         sj.attention(q, k, v, layout="sbhd")
-    with pytest.raises(stridedfa.UnsupportedError, match="bottom_right"):  # query rows without keys
-        sj.attention(q, k[:, :64], v[:, :64], causal=True, causal_alignment="bottom_right")
+    with pytest.raises(ValueError, match="window left bound must be >= 0"):
+        sj.attention(q, k, v, window=(-1, 0))
     with pytest.raises(stridedfa.LayoutError, match="lives on cpu"):
         cpu = jax.devices("cpu")[0]
         sj.attention(*(jax.device_put(x, cpu) for x in (q, k, v)))

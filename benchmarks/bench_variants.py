@@ -1,0 +1,234 @@
+"""Attention variants side by side: stridedfa against the strongest peer for the same masked work.
+
+For each anchor configuration (bf16, bshd memory order as models hold it) and variant:
+
+- ``padding``: per-sequence lengths (a padded batch; half the batch at full length, half at 40%).
+  stridedfa ``seqlens_q/kv`` vs torch SDPA with the equivalent boolean mask (b, 1, s, s) and
+  FlexAttention (compiled, a mask_mod reading the lengths tensor);
+- ``window``: causal with a sliding window of 1024 tokens (Mistral-style). stridedfa ``window``
+  vs torch SDPA with an explicit (s, s) boolean mask and FlexAttention with a block mask;
+- ``none``: no mask, stridedfa alone (the yardstick for the efficiency below).
+
+Times are CUDA-event medians of back-to-back calls (forward, and forward + backward of
+``out.backward(grad)``) after warm-up; every contender runs in the same process on the same inputs,
+and its output is compared with stridedfa's first (a mismatch is reported, not timed). Reported:
+milliseconds, ratios peer / stridedfa (> 1: stridedfa faster), and the efficiency of each variant,
+``t(none) * fraction / t(variant)`` where fraction is the share of the score matrix the mask keeps
+(1.0: the variant costs exactly its share of the unmasked time).
+
+    python benchmarks/bench_variants.py --out DIR [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+CONFIGS = [  # (b, h, s, d)
+    (2, 16, 4096, 128),
+    (8, 16, 1024, 64),
+]
+WINDOW = 1024
+VARIANTS = ("none", "padding", "window")
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def timed(torch, fn, reps):
+    """Median ms of `reps` back-to-back calls, each bracketed by CUDA events."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def lengths_for(torch, b, s):
+    return torch.tensor([s if i % 2 == 0 else int(s * 0.4) for i in range(b)], device="cuda", dtype=torch.int32)
+
+
+def kept_fraction(variant, b, s, lengths):
+    if variant == "none":
+        return 1.0
+    if variant == "padding":
+        return sum((n / s) ** 2 for n in lengths.tolist()) / b
+    window = min(WINDOW, s)  # causal with a window: each row keeps min(i + 1, window + 1) keys
+    kept = sum(min(i + 1, window + 1) for i in range(s))
+    return kept / (s * s)
+
+
+def dense_mask(torch, variant, b, s, lengths):
+    """The boolean mask torch SDPA takes (True: attend)."""
+    idx = torch.arange(s, device="cuda")
+    if variant == "padding":
+        valid = idx[None, :] < lengths[:, None].long()  # (b, s)
+        return (valid[:, None, :, None] & valid[:, None, None, :])
+    i, j = idx[:, None], idx[None, :]
+    return (j <= i) & (j >= i - WINDOW)
+
+
+def contenders(torch, sfa_torch, variant, q, k, v, lengths):
+    """{name: fn(q, k, v) -> out (b, h, s, d)} for the variant."""
+    import torch.nn.functional as F
+
+    b, h, s, d = q.shape
+    fns = {}
+    if variant == "none":
+        fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v)
+        return fns
+    if variant == "padding":
+        fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, seqlens_q=lengths, seqlens_kv=lengths)
+    else:
+        fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True, window=(WINDOW, 0))
+    mask = dense_mask(torch, variant, b, s, lengths)
+    fns["torch_sdpa_mask"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        if variant == "padding":
+            def mask_mod(b_, h_, i, j):
+                return (i < lengths[b_]) & (j < lengths[b_])
+            block = create_block_mask(mask_mod, b, None, s, s, device="cuda")
+        else:
+            def mask_mod(b_, h_, i, j):
+                return (j <= i) & (j >= i - WINDOW)
+            block = create_block_mask(mask_mod, None, None, s, s, device="cuda")
+        flex = torch.compile(flex_attention, dynamic=False)
+        fns["flex_attention"] = lambda q, k, v: flex(q, k, v, block_mask=block)
+    except Exception as error:  # noqa: BLE001 (reported, the run goes on)
+        log(f"  flex_attention unavailable: {type(error).__name__}: {error}")
+    return fns
+
+
+def output_of(torch, fn, base):
+    with torch.no_grad():
+        return fn(*(x.transpose(1, 2) for x in base))
+
+
+def time_contender(torch, fn, base, grad, reps):
+    """fwd and fwd+bwd ms of fn on bshd leaves passed as (b, h, s, d) views."""
+    leaves = [x.clone().requires_grad_() for x in base]
+    q, k, v = (x.transpose(1, 2) for x in leaves)
+
+    def train():
+        for x in leaves:
+            x.grad = None
+        fn(q, k, v).backward(grad)
+    return {"fwd": timed(torch, lambda: fn(q, k, v), reps), "fwd_bwd": timed(torch, train, reps)}
+
+
+def run_config(torch, sfa_torch, config, reps):
+    b, h, s, d = config
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    base = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3)]
+    grad = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    lengths = lengths_for(torch, b, s)
+    result = {"config": {"b": b, "h": h, "s": s, "d": d}, "variants": {}}
+    for variant in VARIANTS:
+        entry = {"fraction": kept_fraction(variant, b, s, lengths), "ms": {}, "errors": {}}
+        fns = contenders(torch, sfa_torch, variant, *[x.transpose(1, 2) for x in base], lengths)
+        reference = None
+        for name, fn in fns.items():
+            try:
+                out = output_of(torch, fn, base)
+                if variant == "padding":  # padded query rows are defined only by stridedfa (zeros)
+                    keep = (torch.arange(s, device="cuda")[None, :] < lengths[:, None])[:, None, :, None]
+                    out = out * keep
+                if reference is None:
+                    reference = out.float()
+                else:
+                    err = (out.float() - reference).abs().max().item()
+                    entry["errors"][name] = err
+                    if not err <= 5e-2:
+                        log(f"  {variant} {name}: max |diff| vs stridedfa {err:.3e}: not timed")
+                        continue
+                entry["ms"][name] = time_contender(torch, fn, base, grad, reps)
+                times = entry["ms"][name]
+                log(f"  {config} {variant:8s} {name:16s} fwd {times['fwd']:8.3f} ms  "
+                    f"fwd+bwd {times['fwd_bwd']:8.3f} ms")
+            except Exception as error:  # noqa: BLE001
+                entry["errors"][name] = f"{type(error).__name__}: {error}"[:400]
+                log(f"  {variant} {name}: {entry['errors'][name]}")
+                traceback.print_exc()
+        result["variants"][variant] = entry
+    none = result["variants"]["none"]["ms"].get("stridedfa")
+    for entry in result["variants"].values():
+        mine = entry["ms"].get("stridedfa")
+        if not mine:
+            continue
+        entry["ratios"] = {peer: {m: times[m] / mine[m] for m in ("fwd", "fwd_bwd")}
+                           for peer, times in entry["ms"].items() if peer != "stridedfa"}
+        if none:
+            entry["efficiency"] = {m: none[m] * entry["fraction"] / mine[m] for m in ("fwd", "fwd_bwd")}
+    return result
+
+
+def markdown(data):
+    lines = ["# Attention variants: stridedfa vs peers", "",
+             f"{data['device']}, torch {data['torch']}, cuDNN {data['cudnn']}, stridedfa {data['stridedfa_commit']}",
+             "", "ratio = peer time / stridedfa time (> 1: stridedfa faster); efficiency = t(none) * kept "
+             "fraction / t(variant)", "",
+             "| config | variant | kept | stridedfa fwd / fwd+bwd ms | torch SDPA + mask | FlexAttention | "
+             "efficiency fwd / fwd+bwd |", "|---|---|---|---|---|---|---|"]
+
+    def pair(r):
+        return f"{r['fwd']:.2f}x / {r['fwd_bwd']:.2f}x" if r else "-"
+    for result in data["results"]:
+        c = result["config"]
+        for variant, e in result["variants"].items():
+            mine = e["ms"].get("stridedfa")
+            if not mine:
+                continue
+            ratios = e.get("ratios", {})
+            eff = e.get("efficiency")
+            efficiency = f"{eff['fwd']:.2f} / {eff['fwd_bwd']:.2f}" if eff else "-"
+            lines.append(f"| b{c['b']} h{c['h']} s{c['s']} d{c['d']} | {variant} | {e['fraction']:.2f} | "
+                         f"{mine['fwd']:.3f} / {mine['fwd_bwd']:.3f} | {pair(ratios.get('torch_sdpa_mask'))} | "
+                         f"{pair(ratios.get('flex_attention'))} | {efficiency} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    import torch
+
+    import stridedfa
+    import stridedfa.torch as sfa_torch
+
+    os.makedirs(args.out, exist_ok=True)
+    reps = 10 if args.quick else 30
+    info = stridedfa.info()
+    build = info.get("build", {})
+    data = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cudnn": info.get("cudnn", {}).get("version"),
+            "stridedfa_commit": f"{build.get('commit', '?')[:12]}{' (dirty)' if build.get('dirty') == 'true' else ''}",
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "window": WINDOW, "results": []}
+    for config in CONFIGS:
+        log(f"config {config}")
+        data["results"].append(run_config(torch, sfa_torch, config, reps))
+    with open(os.path.join(args.out, "variants.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    with open(os.path.join(args.out, "variants.md"), "w") as f:
+        f.write(markdown(data))
+    log(markdown(data))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
