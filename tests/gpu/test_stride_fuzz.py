@@ -10,6 +10,9 @@ extent-1 axes with odd strides, outputs poisoned with NaN. Outcome: equal to the
 views touched -- or refused by cuDNN itself (UnsupportedError, counted with its reason) with the
 outputs untouched. A LayoutError on a valid layout is a failure.
 
+Variants ride on the valid cases (helpers.fuzz.variant_of): a sliding window, padding lengths (one
+side or both) and the deterministic backward, against the same reference.
+
 Invalid cases (STRIDEDFA_FUZZ_INVALID, default 150; CI: 2,000): a valid case with one defect --
 misaligned pointer or stride, strided head_dim, negative, zero or absurd strides, an output
 overlapping an input or another output, wrong dtype, device or shape, a read-only output. Outcome:
@@ -63,10 +66,10 @@ class Case:
         recipe = fuzz.RECIPES[recipe_index]
         self.dtype = recipe.dtype
         alignment = recipe.alignment
-        if recipe.causal and alignment == "bottom_right" and s_q > s_kv:
-            alignment = "top_left"  # rows with no visible key: the attention-variants issue's
         self.options = dict(causal=recipe.causal, causal_alignment=alignment)
         self.ref_options = dict(causal=recipe.causal, alignment=alignment)
+        self.lengths = {}
+        self._draw_variant(b, s_q, s_kv)
         shapes = {"q": (b, h_q, s_q, d_qk), "k": (b, h_kv, s_kv, d_qk), "v": (b, h_kv, s_kv, d_v),
                   "out": (b, h_q, s_q, d_v), "dout": (b, h_q, s_q, d_v)}
         shapes.update(dq=shapes["q"], dk=shapes["k"], dv=shapes["v"])
@@ -91,6 +94,18 @@ class Case:
             self.t[name], self.bases[(name,)] = p.view, [p.base]
         self.t["lse"], self.bases[("lse",)] = self._lse(b, h_q, s_q)
 
+    def _draw_variant(self, b, s_q, s_kv):
+        """A window, padding lengths and/or the deterministic backward on a share of the cases
+        (fuzz.variant_of draws them)."""
+        window, lengths, deterministic = fuzz.variant_of(self.rng, b, s_q, s_kv, self.options)
+        if window is not None:
+            self.options["window"] = self.ref_options["window"] = window
+        self.deterministic = deterministic
+        for name, values in lengths.items():
+            tensor = torch.tensor(values, device="cuda", dtype=torch.int32)
+            self.lengths[name] = self.ref_options[name] = tensor
+        self.label += f", variant {fuzz.variant_label(window, lengths, deterministic)}"
+
     def _lse(self, b, h, s):
         strides = [h * s, s, 1]
         for axis, extent in enumerate((b, h, s)):
@@ -102,12 +117,13 @@ class Case:
 
     def forward(self):
         t = self.t
-        stridedfa.sdpa_forward(t["q"], t["k"], t["v"], t["out"], lse=t["lse"], **self.options)
+        stridedfa.sdpa_forward(t["q"], t["k"], t["v"], t["out"], lse=t["lse"], **self.options, **self.lengths)
 
     def backward(self):
         t = self.t
         stridedfa.sdpa_backward(t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"],
-                                t["dk"], t["dv"], **self.options)
+                                t["dk"], t["dv"], **self.options, **self.lengths,
+                                deterministic=self.deterministic)
 
     def untouched(self, groups) -> bool:
         torch.cuda.synchronize()
@@ -210,7 +226,7 @@ def _fake_over(view, strides=None, **kwargs):
 MUTATIONS = ("misaligned_pointer", "misaligned_stride", "strided_head_dim", "negative_stride",
              "zero_stride", "absurd_stride", "output_overlaps_input", "outputs_overlap",
              "wrong_dtype", "mixed_dtypes", "cpu_operand", "wrong_shape", "read_only_output",
-             "wrong_lse")
+             "wrong_lse", "bad_lengths")
 
 
 def mutate(case: Case, kind: str, phase: str, rng: random.Random, keep: list) -> tuple[str, str]:
@@ -278,6 +294,19 @@ def mutate(case: Case, kind: str, phase: str, rng: random.Random, keep: list) ->
     elif kind == "read_only_output":
         name = rng.choice(outputs)
         t[name], base = _fake_over(t[name], read_only=True), None
+    elif kind == "bad_lengths":  # padding lengths of the wrong dtype, shape or device
+        name = rng.choice(("seqlens_q", "seqlens_kv"))
+        b = t["q"].shape[0]
+        defect = rng.choice(("int64", "shape", "cpu"))
+        lengths = torch.full((b,), 1, device="cuda", dtype=torch.int32)
+        if defect == "int64":
+            lengths = lengths.long()
+        elif defect == "shape":
+            lengths = torch.full((b + 1,), 1, device="cuda", dtype=torch.int32)
+        else:
+            lengths = lengths.cpu()
+        case.lengths = dict(case.lengths, **{name: lengths})
+        base = None
     else:  # "wrong_lse", and mutations the drawn tensor cannot take
         name, kind = "lse", "wrong_lse"
         lse = t["lse"]

@@ -168,9 +168,44 @@ def write_report(report: dict) -> None:
 
 
 def max_error(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """max |got - ref| as a 0-d float tensor (NaN when got holds a NaN)."""
-    diff = (got.float() - ref.float()).abs()
+    """max |got - ref| as a 0-d float tensor (NaN when got holds a NaN); equal infinities (the
+    -inf statistics of rows that see no key) count as no error."""
+    got, ref = got.float(), ref.float()
+    diff = torch.where(torch.isinf(ref) & (got == ref), torch.zeros_like(ref), (got - ref).abs())
     return diff.max() if diff.numel() else torch.zeros((), device=got.device)
+
+
+def variant_of(rng: random.Random, b: int, s_q: int, s_kv: int, options: dict):
+    """(window or None, {seqlens_q/seqlens_kv: lengths}, deterministic) for a case: a window on
+    ~30% of cases, padding lengths on ~25% (one side alone on some), the deterministic backward on
+    ~15%. With padding and bottom-right causal the per-sequence lengths keep s_q <= s_kv: rows
+    without keys inside a padded sequence are outside what stridedfa defines (test_variants.py)."""
+    window = None
+    if rng.random() < 0.3:
+        left = rng.choice((None, 0, 1, 7, 64, 300))
+        right = rng.choice((None, 0, 5, 100))
+        window = (left if left is not None or right is not None else 16, right)
+    lengths = {}
+    if rng.random() < 0.25:
+        lq = [rng.randint(1, s_q) for _ in range(b)]
+        lkv = [rng.randint(1, s_kv) for _ in range(b)]
+        may_empty = options["causal_alignment"] == "bottom_right" or window is not None
+        if may_empty:  # every valid row keeps a key: lq <= lkv
+            lkv = [max(c, min(a, s_kv)) for a, c in zip(lq, lkv)]
+            lq = [min(a, c) for a, c in zip(lq, lkv)]
+        side = rng.random()
+        if side < 0.7 or (may_empty and s_q > s_kv):
+            lengths = {"seqlens_q": lq, "seqlens_kv": lkv}
+        elif side < 0.85 and not may_empty:
+            lengths = {"seqlens_kv": lkv}
+        else:
+            lengths = {"seqlens_q": [min(a, s_kv) for a in lq] if may_empty else lq}
+    return window, lengths, rng.random() < 0.15
+
+
+def variant_label(window, lengths, deterministic) -> str:
+    parts = ([f"window={window}"] if window is not None else []) + [f"{n}={v}" for n, v in lengths.items()]
+    return ", ".join(parts + (["deterministic"] if deterministic else [])) or "none"
 
 
 def reason_of(error: BaseException) -> str:

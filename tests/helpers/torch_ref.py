@@ -5,8 +5,9 @@ with an explicit causal mask and explicit GQA head mapping: query head ``i`` rea
 key/value head ``i // (h_q // h_kv)`` (``repeat_interleave`` on the head axis), the
 mapping of torch's ``enable_gqa`` and of cuDNN. Results are returned as float32.
 
-Rows with no visible key (bottom-right causal with ``s_q > s_kv``) have no defined
-output; tests do not use such shapes.
+Masks: causal in either alignment, a window ``(left, right)`` and padding lengths, with the
+rule of ``stridedfa.reference.visible_mask``. Rows that see no key give out = 0, lse = -inf and
+zero gradients (stridedfa's documented values).
 """
 
 from __future__ import annotations
@@ -36,7 +37,27 @@ def causal_mask(s_q: int, s_kv: int, alignment: str, device) -> torch.Tensor:
     raise ValueError(f"unknown causal alignment {alignment!r}")
 
 
-def _attention(q, k, v, scale, causal, alignment):
+def visible(b, s_q, s_kv, causal, alignment, window=None, seqlens_q=None, seqlens_kv=None, device="cuda"):
+    """Boolean (b, 1, s_q, s_kv) mask, True where query i sees key j: i + off - left <= j <=
+    i + off + right (off = 0 top-left, s_kv - s_q bottom-right, per sequence with padding lengths),
+    causal capping right at 0, keys and rows past the lengths excluded."""
+    lq = torch.full((b,), s_q, device=device) if seqlens_q is None else seqlens_q.to(device).long()
+    lkv = torch.full((b,), s_kv, device=device) if seqlens_kv is None else seqlens_kv.to(device).long()
+    i = torch.arange(s_q, device=device)[None, :, None]
+    j = torch.arange(s_kv, device=device)[None, None, :]
+    off = (lkv - lq)[:, None, None] if alignment == "bottom_right" else torch.zeros((b, 1, 1), device=device)
+    left, right = (None, None) if window is None else window
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    mask = (j < lkv[:, None, None]) & (i < lq[:, None, None])
+    if right is not None:
+        mask &= j <= i + off + right
+    if left is not None:
+        mask &= j >= i + off - left
+    return mask[:, None]
+
+
+def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, seqlens_kv=None):
     h_q, h_kv = q.shape[1], k.shape[1]
     if h_q % h_kv:
         raise ValueError(f"h_q={h_q} is not a multiple of h_kv={h_kv}")
@@ -44,42 +65,49 @@ def _attention(q, k, v, scale, causal, alignment):
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
-        mask = causal_mask(q.shape[2], k.shape[2], alignment, q.device)
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.unsqueeze(-1))
+    if not (causal or window is not None or seqlens_q is not None or seqlens_kv is not None):
+        lse = torch.logsumexp(scores, dim=-1)
+        return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v), lse
+    mask = visible(q.shape[0], q.shape[2], k.shape[2], causal, alignment, window, seqlens_q, seqlens_kv,
+                   q.device)
+    # A row that sees no key: scores made finite (so no NaN reaches the gradients), then zeroed.
+    empty = ~mask.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~mask, float("-inf")).masked_fill(empty, 0.0)
+    probs = torch.softmax(scores, dim=-1) * (~empty)
+    lse = torch.logsumexp(scores, dim=-1).masked_fill(empty[..., 0], float("-inf"))
     return torch.matmul(probs, v), lse
 
 
-def torch_reference(q, k, v, scale=None, causal=False, alignment="top_left", *,
+def torch_reference(q, k, v, scale=None, causal=False, alignment="top_left", window=None,
+                    seqlens_q=None, seqlens_kv=None, *,
                     compute_dtype=torch.float64):
     """Attention forward: ``(out, lse)`` as float32, lse shaped (b, h_q, s_q), natural log."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     with torch.no_grad():
         out, lse = _attention(*(t.detach().to(compute_dtype) for t in (q, k, v)),
-                              scale, causal, alignment)
+                              scale, causal, alignment, window, seqlens_q, seqlens_kv)
     return out.float(), lse.float()
 
 
 def torch_reference_grads(q, k, v, grad_out, scale=None, causal=False, alignment="top_left",
-                          *, compute_dtype=torch.float64):
+                          window=None, seqlens_q=None, seqlens_kv=None, *, compute_dtype=torch.float64):
     """Attention backward through torch.autograd on high-precision copies:
     ``(grad_q, grad_k, grad_v)`` as float32 (GQA gradients summed over each group)."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
     with torch.enable_grad():
-        out, _ = _attention(*leaves, scale, causal, alignment)
+        out, _ = _attention(*leaves, scale, causal, alignment, window, seqlens_q, seqlens_kv)
         grads = torch.autograd.grad(out, leaves, grad_out.detach().to(compute_dtype))
     return tuple(g.float() for g in grads)
 
 
-def torch_reference_all(q, k, v, grad_out, scale=None, causal=False, alignment="top_left", *,
+def torch_reference_all(q, k, v, grad_out, scale=None, causal=False, alignment="top_left", window=None,
+                    seqlens_q=None, seqlens_kv=None, *,
                         compute_dtype=torch.float64):
     """Forward and backward in one pass: ``(out, lse, (grad_q, grad_k, grad_v))`` as float32."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
     with torch.enable_grad():
-        out, lse = _attention(*leaves, scale, causal, alignment)
+        out, lse = _attention(*leaves, scale, causal, alignment, window, seqlens_q, seqlens_kv)
         grads = torch.autograd.grad(out, leaves, grad_out.detach().to(compute_dtype))
     return out.detach().float(), lse.detach().float(), tuple(g.float() for g in grads)
