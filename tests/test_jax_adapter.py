@@ -333,7 +333,8 @@ def test_handlers_decode_every_operand_and_attribute(sj):
         kv = jnp.ones((1, 32, 1, 64), jnp.bfloat16)
         options = sj._Options("bshd", 0.5, True, "bottom_right")
         lengths = (jnp.full((1,), 16, jnp.int32), jnp.full((1,), 32, jnp.int32))
-        padded = sj._Options("bshd", 0.5, True, "bottom_right", (7, None), True, True)
+        padded = sj._Options("bshd", 0.5, True, "bottom_right", window=(7, None), softcap=30.0,
+                             deterministic=True, padded=True)
         def backward(q, k, v, lengths=(), options=options):  # inputs made up, not computed
             out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)
             return sj._attention_bwd(options, (q, k, v, lengths, out, lse), out)

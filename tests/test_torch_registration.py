@@ -12,15 +12,15 @@ from stridedfa import _core, _layouts  # noqa: E402
 
 META = dict(device="meta", dtype=torch.bfloat16)
 
-# The options after causal_alignment, as the operators take them: no window (-1, -1), no padding
-# lengths, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, False)
+# The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
+# no padding lengths, non-deterministic backward.
+DEFAULTS = (-1, -1, None, None, None, False)
 
 
 
 def test_operators_are_registered_with_their_schemas():
     options = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
-               "Tensor? seqlens_q, Tensor? seqlens_kv, bool deterministic")
+               "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, bool deterministic")
     expected = {
         "attention_forward": f"(Tensor q, Tensor k, Tensor v, {options}, bool with_lse) -> (Tensor, Tensor)",
         "attention_inference": f"(Tensor q, Tensor k, Tensor v, {options}) -> Tensor",

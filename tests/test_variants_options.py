@@ -113,3 +113,14 @@ def test_one_query_one_key_backward_with_grouped_heads_folds_the_group_into_rows
     k = backward_key(s_q=1, s_kv=1, h_q=8, h_kv=2, causal=True, causal_alignment="bottom_right")
     q_dims = k[3:7]
     assert tuple(q_dims) == (B, 2, 4, D)  # 4 query heads per kv head described as 4 query rows
+
+
+@pytest.mark.parametrize("softcap, error", [(0.0, ValueError), (-3.0, ValueError), (float("inf"), ValueError),
+                                            (float("nan"), ValueError), (True, TypeError)])
+def test_bad_softcaps_are_refused(softcap, error):
+    with pytest.raises(error, match="softcap"):
+        _core._validate_forward(**forward(), softcap=softcap)
+
+
+def test_softcap_separates_graph_keys():
+    assert len({key(), key(softcap=30.0), key(softcap=50.0), key(softcap=30.0, causal=True)}) == 4

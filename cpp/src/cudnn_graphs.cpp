@@ -5,6 +5,8 @@
 #include <cudnn_frontend.h>
 
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "stridedfa/cudnn_graphs.hpp"
@@ -117,6 +119,37 @@ void set_mask(fe::graph::Graph& graph, Attributes& attributes, const GraphSpec& 
   }
 }
 
+// Softcap (scores -> c tanh(scores / c)) is a score modifier, and cuDNN then applies none of its
+// built-in masks: the same band and padding masks are built into the modifier after the cap, from
+// cudnn-frontend's own mask subgraphs. The backward recomputes the scores through the same
+// modifier and takes the cap's derivative in its bprop (one Softcap object holds what both share).
+template <class Attributes>
+void set_softcap_and_mask(fe::graph::Graph& graph, Attributes& attributes, const GraphSpec& spec,
+                          std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap) {
+  namespace mods = fe::graph::attn::score_modifiers;
+  std::shared_ptr<Tensor_attributes> seq_q, seq_kv;
+  if (spec.operands[kSeqLensQ].present) {
+    seq_q = graph.tensor(describe(spec, kSeqLensQ));
+    seq_kv = graph.tensor(describe(spec, kSeqLensKV));
+    attributes.set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+  }
+  std::optional<int64_t> left, right;
+  if (spec.left_bound != SdpaOptions::kUnbounded) left = spec.left_bound + 1;
+  if (spec.right_bound != SdpaOptions::kUnbounded) right = spec.right_bound;
+  const auto alignment = diagonal(spec.alignment);
+  const float cap = spec.softcap;
+  const int64_t s_q = spec.operands[kQ].dims[2], s_kv = spec.operands[kK].dims[2];
+  attributes.set_score_mod([=](std::shared_ptr<fe::graph::Graph> sub, std::shared_ptr<Tensor_attributes> score) {
+    auto capped = softcap->forward(sub, score, std::make_shared<Tensor_attributes>(cap));
+    if (seq_q) capped = mods::padding_mask(sub, capped, seq_kv, seq_q);
+    if (left || right) {
+      capped =
+          mods::sliding_window_mask(sub, capped, alignment, left, right, s_q, s_kv, seq_q, seq_kv, nullptr, nullptr);
+    }
+    return capped;
+  });
+}
+
 void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   auto q = graph.tensor(describe(spec, kQ));
   auto k = graph.tensor(describe(spec, kK));
@@ -124,7 +157,11 @@ void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   const bool stats = spec.operands[kLse].present;
   auto attributes =
       fe::graph::SDPA_attributes().set_name("sdpa_forward").set_generate_stats(stats).set_attn_scale(spec.scale);
-  set_mask(graph, attributes, spec);
+  if (spec.softcap > 0) {
+    set_softcap_and_mask(graph, attributes, spec, std::make_shared<fe::graph::attn::score_modifiers::Softcap>());
+  } else {
+    set_mask(graph, attributes, spec);
+  }
   auto [o, lse] = graph.sdpa(q, k, v, attributes);
   mark_output(o, spec, kO);
   if (stats) mark_output(lse, spec, kLse);
@@ -138,7 +175,16 @@ void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
   auto d_o = graph.tensor(describe(spec, kGradO));
   auto lse = graph.tensor(describe(spec, kLse));
   auto attributes = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(spec.scale);
-  set_mask(graph, attributes, spec);
+  if (spec.softcap > 0) {
+    auto softcap = std::make_shared<fe::graph::attn::score_modifiers::Softcap>();
+    set_softcap_and_mask(graph, attributes, spec, softcap);
+    const float cap = spec.softcap;
+    attributes.set_score_mod_bprop([=](std::shared_ptr<fe::graph::Graph> sub, std::shared_ptr<Tensor_attributes> grad) {
+      return softcap->backward(sub, grad, std::make_shared<Tensor_attributes>(cap));
+    });
+  } else {
+    set_mask(graph, attributes, spec);
+  }
   if (spec.deterministic) attributes.set_deterministic_algorithm(true);
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, lse, attributes);
   mark_output(dq, spec, kGradQ);

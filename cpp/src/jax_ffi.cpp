@@ -139,6 +139,7 @@ struct Attrs {
   bool causal;
   int64_t causal_alignment;
   int64_t window_left, window_right;
+  double softcap;
   bool deterministic;
   int64_t layout;
 };
@@ -155,6 +156,7 @@ SdpaOptions options_of(const Attrs& a) {
   o.alignment = static_cast<CausalAlignment>(a.causal_alignment);
   o.window_left = a.window_left;
   o.window_right = a.window_right;
+  o.softcap = a.softcap;
   o.deterministic = a.deterministic;
   return o;
 }
@@ -233,19 +235,21 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
 ffi::Error forward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                         ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, double scale, bool has_scale, bool causal,
-                        int64_t causal_alignment, int64_t window_left, int64_t window_right, bool deterministic,
-                        int64_t layout) {
-  return forward(stream, device, scratch, q, k, v, rest, *out, &*lse,
-                 {scale, has_scale, causal, causal_alignment, window_left, window_right, deterministic, layout});
+                        int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
+                        bool deterministic, int64_t layout) {
+  return forward(
+      stream, device, scratch, q, k, v, rest, *out, &*lse,
+      {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout});
 }
 
 ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                                   ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest,
                                   ffi::Result<ffi::AnyBuffer> out, double scale, bool has_scale, bool causal,
-                                  int64_t causal_alignment, int64_t window_left, int64_t window_right,
+                                  int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
                                   bool deterministic, int64_t layout) {
-  return forward(stream, device, scratch, q, k, v, rest, *out, nullptr,
-                 {scale, has_scale, causal, causal_alignment, window_left, window_right, deterministic, layout});
+  return forward(
+      stream, device, scratch, q, k, v, rest, *out, nullptr,
+      {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout});
 }
 
 ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
@@ -253,7 +257,7 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
                          ffi::AnyBuffer grad_out, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> grad_q,
                          ffi::Result<ffi::AnyBuffer> grad_k, ffi::Result<ffi::AnyBuffer> grad_v, double scale,
                          bool has_scale, bool causal, int64_t causal_alignment, int64_t window_left,
-                         int64_t window_right, bool deterministic, int64_t layout) {
+                         int64_t window_right, double softcap, bool deterministic, int64_t layout) {
   try {
     const auto array_layout = static_cast<ArrayLayout>(layout);
     BackwardArgs args;
@@ -267,7 +271,8 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
     args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
     read_lengths(rest, device, args.seqlens_q, args.seqlens_kv);
-    const Attrs attrs{scale, has_scale, causal, causal_alignment, window_left, window_right, deterministic, layout};
+    const Attrs attrs{scale,   has_scale,     causal, causal_alignment, window_left, window_right,
+                      softcap, deterministic, layout};
     launch(prepare_backward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -285,6 +290,7 @@ auto with_attrs(Binding binding) {
       .template Attr<int64_t>("causal_alignment")
       .template Attr<int64_t>("window_left")
       .template Attr<int64_t>("window_right")
+      .template Attr<double>("softcap")
       .template Attr<bool>("deterministic")
       .template Attr<int64_t>("layout");
 }

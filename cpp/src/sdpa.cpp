@@ -226,6 +226,7 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   spec.left_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.left_bound();
   spec.right_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.right_bound();
   spec.deterministic = op == GraphOp::backward && o.deterministic;
+  spec.softcap = static_cast<float>(o.softcap);
   spec.device = p.device;
   spec.sm_version = sm_version;
   spec.cudnn_version = cudnn_version;
@@ -311,6 +312,9 @@ int GraphSpec::write_key(int64_t* out) const {
   out[n++] = left_bound;
   out[n++] = right_bound;
   out[n++] = deterministic;
+  int32_t softcap_bits;
+  std::memcpy(&softcap_bits, &softcap, sizeof softcap_bits);
+  out[n++] = softcap_bits;
   out[n++] = device;
   out[n++] = sm_version;
   out[n++] = cudnn_version;

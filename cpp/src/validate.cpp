@@ -426,6 +426,10 @@ void validate_options(const SdpaOptions& options, const Problem& p) {
     throw LayoutError("window bounds must be non-negative token counts (or None for unbounded), got (" +
                       std::to_string(options.window_left) + ", " + std::to_string(options.window_right) + ")");
   }
+  if (!(options.softcap >= 0) || !std::isfinite(options.softcap)) {
+    throw LayoutError("softcap must be a positive finite number (or None for no cap), got " +
+                      std::to_string(options.softcap));
+  }
   if (options.window_left > INT32_MAX || options.window_right > INT32_MAX) {
     throw LayoutError("window bounds must be below 2^31 tokens (use None for unbounded)");
   }

@@ -48,7 +48,7 @@ cdef int64_t window_bound(object bound, const char* side) except -2:
 
 
 cdef int parse_options(object scale, object causal, object causal_alignment, object window,
-                       object deterministic, SdpaOptions* options) except -1:
+                       object softcap, object deterministic, SdpaOptions* options) except -1:
     """The one parse of a call's options (every entry point goes through it)."""
     if scale is None:
         options.has_scale = False
@@ -73,6 +73,14 @@ cdef int parse_options(object scale, object causal, object causal_alignment, obj
         options.window_left = window_bound(window[0], b"left")
         options.window_right = window_bound(window[1], b"right")
     options.deterministic = bool(deterministic)
+    if softcap is None:
+        options.softcap = 0.0
+    else:
+        if isinstance(softcap, bool):
+            raise TypeError("softcap must be a number or None, got bool")
+        options.softcap = float(softcap)
+        if not options.softcap > 0 or options.softcap == float("inf"):
+            raise ValueError(f"softcap must be a positive finite number (None: no cap), got {softcap!r}")
     return 0
 
 
@@ -174,7 +182,7 @@ _FORWARD_ABSENT = (None, None, None, None)  # grad_out, grad_q, grad_k, grad_v
 
 
 def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
-                 causal_alignment="top_left", window=None, seqlens_q=None, seqlens_kv=None,
+                 causal_alignment="top_left", window=None, softcap=None, seqlens_q=None, seqlens_kv=None,
                  stream=None):
     """Scaled-dot-product attention forward, written into ``out`` (and ``lse``) in place.
 
@@ -210,6 +218,8 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
                     . . x x x
 
             Rows that see no key get out = 0, lse = -inf and zero gradients.
+        softcap: cap the scores smoothly before the mask: ``softcap * tanh(scale * q @ k^T /
+            softcap)`` (Gemma 2's logit soft-capping, FlashAttention's ``softcap``); None: no cap.
         seqlens_q, seqlens_kv: optional int32 (batch,) device tensors: the valid length of each
             sequence in a padded batch (one may be left out: full length on that side). Keys
             j >= seqlens_kv[b] are never read; with ``"bottom_right"`` the diagonal is aligned per
@@ -237,12 +247,12 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
         stridedfa.sdpa_forward(q, k, v, out, causal=True)
     """
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options, stream, None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
-                  causal=False, causal_alignment="top_left", window=None, seqlens_q=None,
+                  causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
                   seqlens_kv=None, deterministic=False, stream=None):
     """Gradients of :func:`sdpa_forward`, written into ``grad_q``, ``grad_k``, ``grad_v`` in place.
 
@@ -254,7 +264,7 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
         grad_q, grad_k, grad_v: outputs shaped like q, k, v, with any valid strides (e.g. the
             three slices of one packed gradient buffer). With GQA, grad_k and grad_v receive the sum
             over the query heads sharing each kv head.
-        scale, causal, causal_alignment, window, seqlens_q, seqlens_kv, stream: as in
+        scale, causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, stream: as in
             :func:`sdpa_forward`; use the forward's values.
         deterministic: pick cuDNN's deterministic backward algorithm: bitwise-identical gradients
             from run to run (dK/dV are otherwise accumulated in an order that varies), at a cost in
@@ -263,68 +273,68 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
     The same rules as the forward apply; the gradients must not overlap each other or any input.
     """
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv), options,
         stream, None)
 
 
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
-             window=None, seqlens_q=None, seqlens_kv=None):
+             window=None, softcap=None, seqlens_q=None, seqlens_kv=None):
     """sdpa_forward for framework adapters: ``workspace_allocator(nbytes, device) -> (pointer,
     owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options, stream,
         workspace_allocator)
 
 
 def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
-              causal_alignment, stream, workspace_allocator, window=None, seqlens_q=None,
+              causal_alignment, stream, workspace_allocator, window=None, softcap=None, seqlens_q=None,
               seqlens_kv=None, deterministic=False):
     """sdpa_backward for framework adapters (see _forward)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv), options,
         stream, workspace_allocator)
 
 
 def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None,
-                      scale=None, causal=False, causal_alignment="top_left", window=None):
+                      scale=None, causal=False, causal_alignment="top_left", window=None, softcap=None):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
     the pointers are never dereferenced). Returns what validation established, or raises."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     return run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options,
                stream, None, VALIDATE)
 
 
 def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None, *,
                        seqlens_q=None, seqlens_kv=None, scale=None, causal=False,
-                       causal_alignment="top_left", window=None, deterministic=False):
+                       causal_alignment="top_left", window=None, softcap=None, deterministic=False):
     """Intake and validation of a backward call, nothing else (see _validate_forward)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv),
                options, stream, None, VALIDATE)
 
 
 def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False,
-                       causal_alignment="top_left", window=None, seqlens_q=None, seqlens_kv=None,
+                       causal_alignment="top_left", window=None, softcap=None, seqlens_q=None, seqlens_kv=None,
                        sm_version=90, cudnn_version=91900):
     """The graph-cache key a forward call would use on a device with these facts (validates
     first; needs no GPU). Calls with equal keys share one cuDNN graph; () when cuDNN has nothing
     to compute (every row masked)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     return run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options,
                None, None, KEY, sm_version, cudnn_version)
 
 
 def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
-                        causal=False, causal_alignment="top_left", window=None, seqlens_q=None,
+                        causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
                         seqlens_kv=None, deterministic=False, sm_version=90, cudnn_version=91900):
     """The graph-cache key of a backward call (see _forward_graph_key)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv),
                options, None, None, KEY, sm_version, cudnn_version)

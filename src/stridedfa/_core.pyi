@@ -39,10 +39,12 @@ class DeviceBuffer:
 
 def sdpa_forward(q: Any, k: Any, v: Any, out: Any, *, lse: Any = None, scale: float | None = None,
                  causal: bool = False, causal_alignment: str = "top_left", window: Window = None,
+                 softcap: float | None = None,
                  seqlens_q: Any = None, seqlens_kv: Any = None, stream: Stream = None) -> None: ...
 def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                   grad_v: Any, *, scale: float | None = None, causal: bool = False,
-                  causal_alignment: str = "top_left", window: Window = None, seqlens_q: Any = None,
+                  causal_alignment: str = "top_left", window: Window = None, softcap: float | None = None,
+                  seqlens_q: Any = None,
                   seqlens_kv: Any = None, deterministic: bool = False, stream: Stream = None) -> None: ...
 def cache_info() -> dict[str, int | float]: ...
 def cache_clear() -> None: ...
@@ -54,10 +56,12 @@ WorkspaceAllocator = Callable[[int, int], tuple[int, object]]
 def _operands() -> list[dict[str, Any]]: ...
 def _forward(q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, causal: bool,
              causal_alignment: str, stream: Stream, workspace_allocator: WorkspaceAllocator | None,
-             window: Window = None, seqlens_q: Any = None, seqlens_kv: Any = None) -> None: ...
+             window: Window = None, softcap: float | None = None, seqlens_q: Any = None,
+             seqlens_kv: Any = None) -> None: ...
 def _backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any, grad_v: Any,
               scale: float | None, causal: bool, causal_alignment: str, stream: Stream,
-              workspace_allocator: WorkspaceAllocator | None, window: Window = None, seqlens_q: Any = None,
+              workspace_allocator: WorkspaceAllocator | None, window: Window = None, softcap: float | None = None,
+              seqlens_q: Any = None,
               seqlens_kv: Any = None, deterministic: bool = False) -> None: ...
 def _validate_forward(q: Any, k: Any, v: Any, out: Any, lse: Any = None, stream: Stream = None, *,
                       seqlens_q: Any = None, seqlens_kv: Any = None, scale: float | None = None,
@@ -66,49 +70,59 @@ def _validate_forward(q: Any, k: Any, v: Any, out: Any, lse: Any = None, stream:
 def _validate_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                        grad_v: Any, stream: Stream = None, *, seqlens_q: Any = None, seqlens_kv: Any = None,
                        scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
-                       window: Window = None, deterministic: bool = False) -> dict[str, Any]: ...
+                       window: Window = None, softcap: float | None = None, deterministic: bool = False) -> dict[str,
+                       Any]: ...
 def _forward_graph_key(q: Any, k: Any, v: Any, out: Any, lse: Any = None, *, scale: float | None = None,
                        causal: bool = False, causal_alignment: str = "top_left", window: Window = None,
+                       softcap: float | None = None,
                        seqlens_q: Any = None, seqlens_kv: Any = None, sm_version: int = 90,
                        cudnn_version: int = 91900) -> tuple[int, ...]: ...
 def _backward_graph_key(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                         grad_v: Any, *, scale: float | None = None, causal: bool = False,
-                        causal_alignment: str = "top_left", window: Window = None, seqlens_q: Any = None,
+                        causal_alignment: str = "top_left", window: Window = None, softcap: float | None = None,
+                        seqlens_q: Any = None,
                         seqlens_kv: Any = None, deterministic: bool = False, sm_version: int = 90,
                         cudnn_version: int = 91900) -> tuple[int, ...]: ...
 def _forward_alloc(q: Any, k: Any, v: Any, scale: float | None, causal: bool, causal_alignment: str,
-                   with_lse: bool, together: bool = False, window: Window = None, seqlens_q: Any = None,
+                   with_lse: bool, together: bool = False, window: Window = None, softcap: float | None = None,
+                   seqlens_q: Any = None,
                    seqlens_kv: Any = None) -> tuple[Any, Any]: ...
 def _backward_alloc(q: Any, k: Any, v: Any, out: Any, lse: Any, grad_out: Any, scale: float | None, causal: bool,
                     causal_alignment: str, make_readable: Callable[[Any], Any], together: bool,
-                    window: Window = None, seqlens_q: Any = None, seqlens_kv: Any = None,
+                    window: Window = None, softcap: float | None = None, seqlens_q: Any = None, seqlens_kv: Any = None,
                     deterministic: bool = False) -> tuple[Any, Any, Any]: ...
 def _packed_forward_alloc(packed: Any, dim: int, to_logical: Sequence[int], q: Any, scale: float | None,
                           causal: bool, causal_alignment: str, with_lse: bool, window: Window = None,
+                          softcap: float | None = None,
                           seqlens_q: Any = None, seqlens_kv: Any = None) -> tuple[Any, Any]: ...
 def _packed_backward_alloc(packed: Any, dim: int, to_logical: Sequence[int], q: Any, out: Any, lse: Any,
                            grad_out: Any, scale: float | None, causal: bool, causal_alignment: str,
-                           window: Window = None, seqlens_q: Any = None, seqlens_kv: Any = None,
+                           window: Window = None, softcap: float | None = None, seqlens_q: Any = None,
+                           seqlens_kv: Any = None,
                            deterministic: bool = False) -> tuple[Any, Any]: ...
 def _attention_generic(q: Any, k: Any, v: Any, scale: float | None, causal: bool, causal_alignment: str,
-                       return_lse: bool, stream: Stream, window: Window = None, seqlens_q: Any = None,
+                       return_lse: bool, stream: Stream, window: Window = None, softcap: float | None = None,
+                       seqlens_q: Any = None,
                        seqlens_kv: Any = None) -> Any: ...
 def _cupy_forward(q: Any, k: Any, v: Any, scale: float | None, causal: bool, causal_alignment: str,
                   with_lse: bool, stream: int, allocation: Any, hooks: Any, window: Window = None,
+                  softcap: float | None = None,
                   seqlens_q: Any = None, seqlens_kv: Any = None) -> tuple[Any, Any]: ...
 def _cupy_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, grad_out: Any, scale: float | None, causal: bool,
                    causal_alignment: str, stream: int, allocation: Any, hooks: Any, window: Window = None,
+                   softcap: float | None = None,
                    seqlens_q: Any = None, seqlens_kv: Any = None,
                    deterministic: bool = False) -> tuple[Any, Any, Any]: ...
 def _can_read(x: Any) -> bool: ...
 def _jax_ffi_targets() -> dict[str, object]: ...
 def _jax_validate(backward: bool, layout: int, shapes: tuple[Shape | None, ...], dtype: str | tuple[str, ...], *,
                   scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
-                  window: Window = None, deterministic: bool = False,
+                  window: Window = None, softcap: float | None = None, deterministic: bool = False,
                   lengths: tuple[tuple[Shape, str], ...] | None = None) -> dict[str, Any]: ...
 def _jax_graph_key(backward: bool, layout: int, shapes: tuple[Shape | None, ...], dtype: str, *,
                    scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
-                   window: Window = None, deterministic: bool = False, sm_version: int = 90,
+                   window: Window = None, softcap: float | None = None, deterministic: bool = False,
+                   sm_version: int = 90,
                    cudnn_version: int = 91900) -> tuple[int, ...]: ...
 def _own_workspace_allocations() -> int: ...
 def _set_cache_capacity(capacity: int) -> None: ...

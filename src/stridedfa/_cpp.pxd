@@ -71,6 +71,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         int64_t window_left
         int64_t window_right
         cbool deterministic
+        double softcap
 
     cdef enum class Role(int32_t):
         absent

@@ -82,7 +82,7 @@ cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, 
 
 
 def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks,
-                  window=None, seqlens_q=None, seqlens_kv=None):
+                  window=None, softcap=None, seqlens_q=None, seqlens_kv=None):
     """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
@@ -90,7 +90,7 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
     cdef CallStream st
     cdef PreparedCall call
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     for i in range(5):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
@@ -137,7 +137,7 @@ cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, Backwar
 
 
 def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
-                   hooks, window=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
+                   hooks, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
     """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
@@ -145,7 +145,7 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
     cdef CallStream st
     cdef PreparedCall call
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     for i in range(8):
         owned[i].versioned = NULL
         owned[i].legacy = NULL

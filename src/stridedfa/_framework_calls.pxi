@@ -29,7 +29,7 @@ cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& 
 
 
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
-                   window=None, seqlens_q=None, seqlens_kv=None):
+                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream.
 
@@ -57,7 +57,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     cdef const int64_t* strides[2]
     cdef DLDataType dtypes[2]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     cdef const DLPackExchangeAPI* api = exchange_api_of(type(q))
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
         raise TypeError(f"q ({type(q).__module__}.{type(q).__qualname__}) does not offer the DLPack C "
@@ -130,7 +130,7 @@ cdef int intake_readable(object obj, object make_readable, CallStream* st, Tenso
 
 
 def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
-                    bint together, window=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
+                    bint together, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
     """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
     its current stream, each with its input's strides when the input is dense, else dense in the
     input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
@@ -153,7 +153,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef const int64_t* strides_of[3]
     cdef DLDataType dtypes[3]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     cdef const DLPackExchangeAPI* api = allocating_api(q)
     for i in range(8):
         owned[i].versioned = NULL

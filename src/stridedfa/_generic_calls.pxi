@@ -2,7 +2,7 @@
 # without an adapter): any DLPack inputs, outputs as stridedfa-owned DeviceBuffers (_buffer.pxi).
 
 
-def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, stream, window=None,
+def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, stream, window=None, softcap=None,
                        seqlens_q=None, seqlens_kv=None):
     """stridedfa.attention for producers without an adapter: outputs are DeviceBuffers allocated on
     the call's stream (the explicit one, else the one intake settles on: the producer's current work
@@ -16,7 +16,7 @@ def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, str
     cdef int64_t shape[4]
     cdef int64_t strides[4]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     for i in range(5):
         owned[i].versioned = NULL
         owned[i].legacy = NULL

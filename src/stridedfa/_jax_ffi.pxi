@@ -99,7 +99,7 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
 
 
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
-                  causal_alignment="top_left", window=None, deterministic=False, lengths=None):
+                  causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
     may be None) in ``layout`` (0: bshd, 1: bhsd), padding ``lengths`` as ((shape, dtype) of
@@ -110,7 +110,7 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     cdef Problem problem
     cdef SdpaOptions options
     cdef TensorView* views[11]
-    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views, lengths)
     with nogil:
@@ -120,7 +120,7 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
 
 
 def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, scale=None,
-                   causal=False, causal_alignment="top_left", window=None, deterministic=False,
+                   causal=False, causal_alignment="top_left", window=None, softcap=None, deterministic=False,
                    sm_version=90, cudnn_version=91900):
     """The graph-cache key of the handler's call for these shapes on device 0 (see
     _forward_graph_key): equal keys mean JAX and other callers share one cuDNN graph."""
@@ -131,7 +131,7 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     cdef TensorView* views[11]
     cdef int sm = sm_version
     cdef int64_t cudnn = cudnn_version
-    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views)
     with nogil:

@@ -21,7 +21,7 @@ cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
 
 
 def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
-                          bint with_lse, window=None, seqlens_q=None, seqlens_kv=None):
+                          bint with_lse, window=None, softcap=None, seqlens_q=None, seqlens_kv=None):
     """Forward of the packed entry point, outputs allocated by packed's framework (see
     _forward_alloc). `packed` holds q, k, v (or k, v with `q` given in the same layout) along
     `dim`; its other axes are in layout order, and `to_logical[i]` is the layout axis holding the
@@ -39,7 +39,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     cdef int64_t out_shape[4]
     cdef int64_t out_strides[4]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
     for i in range(4):
@@ -92,7 +92,8 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
 
 
 def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
-                           causal_alignment, window=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
+                           causal_alignment, window=None, softcap=None, seqlens_q=None, seqlens_kv=None,
+                           deterministic=False):
     """Backward of the packed entry point: allocates one gradient buffer with packed's strides
     (dense in its axis order if packed is not dense) and, with a separate q, q's gradient (same
     rule); cuDNN writes dQ/dK/dV straight into their slices. `out` and `grad_out` are in layout
@@ -108,7 +109,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     cdef int perm[4]
     cdef int64_t strides[8]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
     for i in range(7):

@@ -69,7 +69,7 @@ def _execute_repeatedly(q, k, v, out, lse=None, *, int64_t repeats, scale=None, 
     """sdpa_forward whose prepared call is executed `repeats` times back to back in C++, for the
     host-overhead benchmark's floor: per-call cost of the core's execute alone."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, None, False, &options)
+    parse_options(scale, causal, causal_alignment, None, None, False, &options)
     run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (None, None), options, stream, None, RUN, 0, 0,
         repeats)
 

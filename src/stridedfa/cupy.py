@@ -43,8 +43,8 @@ _HOOKS = types.SimpleNamespace(alloc=cupy.cuda.alloc, new_array=cupy.ndarray,
 
 
 def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
-              causal_alignment: str = "top_left", window=None, seqlens_q=None, seqlens_kv=None,
-              return_lse: bool = False, stream=None):
+              causal_alignment: str = "top_left", window=None, softcap: float | None = None,
+              seqlens_q=None, seqlens_kv=None, return_lse: bool = False, stream=None):
     """Scaled-dot-product attention forward with cuDNN's fused kernels, on CuPy arrays.
 
     ``softmax(scale * q @ k^T + mask) @ v`` per batch and query head.
@@ -61,6 +61,7 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
             (query i sees keys j <= i + s_kv - s_q; rows that see no key get out = 0).
         window: ``(left, right)`` sliding window in tokens, None on a side for unbounded (see
             :func:`stridedfa.sdpa_forward` for the exact rule and a picture).
+        softcap: ``softcap * tanh(scores / softcap)`` before the mask (None: no cap).
         seqlens_q, seqlens_kv: int32 (batch,) arrays of sequence lengths in a padded batch (one may
             be omitted: full length on that side); read on the device only.
         return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each score row,
@@ -87,20 +88,21 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
         raise TypeError(_not_cupy("attention", q))
     handle, allocation = _call(stream, q.data.device_id)
     out, lse = _core._cupy_forward(q, k, v, scale, causal, causal_alignment, return_lse, handle,
-                                   allocation, _HOOKS, window, seqlens_q, seqlens_kv)
+                                   allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv)
     return (out, lse) if return_lse else out
 
 
 def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = None,
                        causal: bool = False, causal_alignment: str = "top_left", window=None,
-                       seqlens_q=None, seqlens_kv=None, deterministic: bool = False, stream=None):
+                       softcap: float | None = None, seqlens_q=None, seqlens_kv=None,
+                       deterministic: bool = False, stream=None):
     """Gradients of :func:`attention`: returns ``(grad_q, grad_k, grad_v)``.
 
     Args:
         q, k, v: the forward's inputs; out, lse: what ``attention(..., return_lse=True)`` returned.
         grad_out: (batch, h_q, s_q, d_v) gradient of the loss with respect to ``out``. A layout
             cuDNN cannot read (e.g. a broadcast array with stride 0) is copied first.
-        scale, causal, causal_alignment, window, seqlens_q, seqlens_kv: the forward's values.
+        scale, causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv: the forward's values.
         deterministic: cuDNN's deterministic backward (bitwise-identical gradients run to run).
         stream: as in :func:`attention`.
 
@@ -117,7 +119,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
                             f"got {type(x).__module__}.{type(x).__qualname__}")
     handle, allocation = _call(stream, q.data.device_id)
     return _core._cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle,
-                                allocation, _HOOKS, window, seqlens_q, seqlens_kv, deterministic)
+                                allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv, deterministic)
 
 
 # --- Helpers ------------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ class _Options:
     causal: bool
     causal_alignment: str
     window: tuple[int | None, int | None] | None = None
+    softcap: float | None = None
     deterministic: bool = False
     padded: bool = False  # seqlens_q / seqlens_kv follow q, k, v as operands
 
@@ -97,6 +98,7 @@ class _Options:
             "causal_alignment": np.int64(_ALIGNMENTS[self.causal_alignment]),
             "window_left": np.int64(-1 if left is None else left),
             "window_right": np.int64(-1 if right is None else right),
+            "softcap": np.float64(0.0 if self.softcap is None else self.softcap),
             "deterministic": np.bool_(self.deterministic),
             "layout": np.int64(_LAYOUTS[self.layout]),
         }
@@ -104,12 +106,13 @@ class _Options:
     def core_options(self) -> dict[str, Any]:
         """The options as the core's validation takes them."""
         return {"scale": self.scale, "causal": self.causal, "causal_alignment": self.causal_alignment,
-                "window": self.window, "deterministic": self.deterministic}
+                "window": self.window, "softcap": self.softcap, "deterministic": self.deterministic}
 
 
 def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, causal: bool = False,
               is_causal: bool | None = None, causal_alignment: str = "top_left", window=None,
-              seqlens_q=None, seqlens_kv=None, deterministic: bool = False, return_lse: bool = False):
+              softcap: float | None = None, seqlens_q=None, seqlens_kv=None, deterministic: bool = False,
+              return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, as a differentiable JAX function.
 
     ``softmax(scale * q @ k^T + mask) @ v`` per batch and query head. Works eagerly, under
@@ -133,6 +136,7 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             against a KV cache; with s_q > s_kv the first rows see no key and give 0).
         window: ``(left, right)`` sliding window in tokens (Python ints or None for unbounded; see
             :func:`stridedfa.sdpa_forward` for the exact rule and a picture).
+        softcap: ``softcap * tanh(scores / softcap)`` before the mask, a Python number (None: no cap).
         seqlens_q, seqlens_kv: int32 (batch,) arrays of sequence lengths in a padded batch (traced
             values are fine: they are read on the device; one may be left out). What
             ``jax.nn.dot_product_attention`` calls ``query_seq_lengths`` / ``key_value_seq_lengths``.
@@ -166,7 +170,7 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             raise ValueError("causal=True and is_causal=False disagree; pass one of them")
         causal = bool(is_causal)
     padded = seqlens_q is not None or seqlens_kv is not None
-    options = _options(layout, scale, causal, causal_alignment, window, deterministic, padded)
+    options = _options(layout, scale, causal, causal_alignment, window, deterministic, padded, softcap)
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
     _check_devices(q, k, v)
     lengths: tuple[Any, ...] = ()
@@ -214,7 +218,8 @@ def _window(window):
     return tuple(bounds)
 
 
-def _options(layout, scale, causal, causal_alignment, window=None, deterministic=False, padded=False) -> _Options:
+def _options(layout, scale, causal, causal_alignment, window=None, deterministic=False, padded=False,
+             softcap=None) -> _Options:
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be 'bshd' or 'bhsd', got {layout!r}")
     if causal_alignment not in _ALIGNMENTS:
@@ -228,7 +233,15 @@ def _options(layout, scale, causal, causal_alignment, window=None, deterministic
         scale = float(scale)
         if not math.isfinite(scale):
             raise ValueError(f"scale must be a finite number, got {scale}")
-    return _Options(layout, scale, bool(causal), causal_alignment, _window(window), bool(deterministic),
+    if softcap is not None:
+        if isinstance(softcap, jax.core.Tracer):
+            raise TypeError("softcap must be a Python number: it is compiled into the call")
+        if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
+            raise TypeError(f"softcap must be a number or None, got {type(softcap).__name__}")
+        softcap = float(softcap)
+        if not (softcap > 0 and math.isfinite(softcap)):
+            raise ValueError(f"softcap must be a positive finite number (None: no cap), got {softcap}")
+    return _Options(layout, scale, bool(causal), causal_alignment, _window(window), softcap, bool(deterministic),
                     bool(padded))
 
 

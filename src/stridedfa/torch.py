@@ -33,8 +33,8 @@ _LOGICAL = "bhsd"  # the core's axis names: batch, heads, sequence, head_dim
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
               causal: bool = False, is_causal: bool | None = None,
               causal_alignment: str = "top_left", window: tuple[int | None, int | None] | None = None,
-              seqlens_q: torch.Tensor | None = None, seqlens_kv: torch.Tensor | None = None,
-              deterministic: bool = False, return_lse: bool = False):
+              softcap: float | None = None, seqlens_q: torch.Tensor | None = None,
+              seqlens_kv: torch.Tensor | None = None, deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, differentiable.
 
     ``softmax(scale * q @ k^T + mask) @ v`` with the axes of
@@ -54,6 +54,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
             sees key j iff ``i + off - left <= j <= i + off + right`` (off = 0 top-left, s_kv - s_q
             bottom-right); ``causal`` caps right at 0. FlashAttention's ``window_size=(w, 0)`` is
             ``window=(w, 0)``; its -1 is None. See :func:`stridedfa.sdpa_forward` for the picture.
+        softcap: cap the scores smoothly, ``softcap * tanh(scores / softcap)`` before the mask
+            (Gemma 2's ``attn_logit_softcapping``; FlashAttention's ``softcap``). None: no cap.
         seqlens_q, seqlens_kv: int32 (batch,) CUDA tensors with each sequence's length in a padded
             batch (one may be omitted: full length on that side). Keys past a length are never
             read; read on the device only (CUDA graphs, torch.compile). Padded query rows: see the
@@ -83,14 +85,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     if is_causal is not None:
         causal = _causal(causal, is_causal)
     left, right = (-1, -1) if window is None else _bounds(window)
-    opts = (scale, causal, causal_alignment, left, right, seqlens_q, seqlens_kv, deterministic)
+    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic)
     # Grad mode first: under no_grad (inference) the three attribute reads are skipped.
     needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if _plain_eager(q, k, v):
         if needs_grad:
             result = _eager_attention(q, k, v, *opts, return_lse)
             return result if return_lse else result[0]
-        out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, return_lse, False, window,
+        out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, return_lse, False, window, softcap,
                                   seqlens_q, seqlens_kv)
         return (out, lse) if return_lse else out
     if needs_grad or return_lse:
@@ -102,7 +104,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
 def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
                      q: torch.Tensor | None = None, scale: float | None = None, causal: bool = False,
                      is_causal: bool | None = None, causal_alignment: str = "top_left",
-                     window: tuple[int | None, int | None] | None = None,
+                     window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
                      seqlens_q: torch.Tensor | None = None, seqlens_kv: torch.Tensor | None = None,
                      deterministic: bool = False, return_lse: bool = False):
     """Attention on a packed projection, read in place and differentiated into one packed gradient.
@@ -122,8 +124,8 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
         dim: the axis of ``packed`` along which q/k/v (or k/v) interleave.
         layout: the order of the remaining four axes, e.g. ``"bshd"`` or ``"bhsd"``.
         q: with an extent-2 ``packed`` (k/v only): the queries, 4-D in the same ``layout``.
-        scale, causal, is_causal, causal_alignment, window, seqlens_q, seqlens_kv, deterministic,
-        return_lse: as in :func:`attention`.
+        scale, causal, is_causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv,
+        deterministic, return_lse: as in :func:`attention`.
 
     Returns:
         out, or (out, lse) with ``return_lse``: the output with the axes of ``layout`` (e.g.
@@ -139,7 +141,7 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     causal = _causal(causal, is_causal)
     dim = _check_packed(packed, dim, layout, q)
     left, right = (-1, -1) if window is None else _bounds(window)
-    opts = (scale, causal, causal_alignment, left, right, seqlens_q, seqlens_kv, deterministic)
+    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic)
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad))
     if _plain_eager(packed, packed, packed if q is None else q):
         if needs_grad:
@@ -222,11 +224,13 @@ def _backward_kernel(op, impl, tensor_args):
     return kernel
 
 
-# Every operator takes the options in one order (`opts` below: 8 values), spelled in its schema
-# as _OPTIONS; window bounds are -1 where unbounded (a schema int cannot be None).
+# Every operator takes the options in one order (`opts` below: 9 values), spelled in its schema
+# as _OPTIONS; window bounds are -1 where unbounded (a schema int cannot be None). The lengths are
+# options 6 and 7 (_LENGTHS).
 _OPTIONS = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
-            "Tensor? seqlens_q, Tensor? seqlens_kv, bool deterministic")
-_N_OPTIONS = 8
+            "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, bool deterministic")
+_N_OPTIONS = 9
+_LENGTHS = (6, 7)
 _NO_GRADS = (None,) * (_N_OPTIONS + 1)
 
 
@@ -276,9 +280,10 @@ _lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
 
 def _attention_backward_impl(q, k, v, out, lse, grad_out, *opts, together=False):
     if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
-        scale, causal, alignment, left, right, seqlens_q, seqlens_kv, deterministic = opts
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic = opts
         return _core._backward_alloc(q, k, v, out, lse, grad_out, scale, causal, alignment, _contiguous,
-                                     together, _window(left, right), seqlens_q, seqlens_kv, deterministic)
+                                     together, _window(left, right), softcap, seqlens_q, seqlens_kv,
+                                     deterministic)
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
     _core_backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k,
                    grad_v, opts, _stream(q))
@@ -293,10 +298,9 @@ _attention_backward = _define(
     "attention_backward",
     f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
     "-> (Tensor, Tensor, Tensor)", _attention_backward_impl, _attention_backward_fake)
-# Its tensors: q, k, v, out, lse, grad_out and the two lengths (options 5 and 6).
-_lib.impl("attention_backward",
-          _backward_kernel(_attention_backward, _attention_backward_impl, (0, 1, 2, 3, 4, 5, 11, 12)),
-          "Autograd")
+# Its tensors: q, k, v, out, lse, grad_out and the two lengths.
+_lib.impl("attention_backward", _backward_kernel(_attention_backward, _attention_backward_impl,
+                                                 (0, 1, 2, 3, 4, 5, *(6 + i for i in _LENGTHS))), "Autograd")
 
 
 class _AttentionFunction(torch.autograd.Function):
@@ -305,7 +309,7 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, *args):  # args: the options, then with_lse
         out, lse = _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
-                                   (q, k, v, args[5], args[6]))
+                                   (q, k, v, args[6], args[7]))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = args[:_N_OPTIONS]
@@ -352,18 +356,18 @@ def _attention_forward_autograd(q, k, v, *args):
     if _requires_grad(q, k, v):
         return _AttentionFunction.apply(q, k, v, *args)
     return _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
-                           (q, k, v, args[5], args[6]))
+                           (q, k, v, args[6], args[7]))
 
 
 _lib.impl("attention_forward", _attention_forward_autograd, "Autograd")
 
 
 def _packed_forward_impl(packed, dim, layout, q, *args):  # args: the options, then with_lse
-    scale, causal, alignment, left, right, seqlens_q, seqlens_kv, _ = args[:_N_OPTIONS]
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _ = args[:_N_OPTIONS]
     with_lse = args[_N_OPTIONS]
     if _HAS_EXCHANGE_API:  # views, allocation and launch in one C call
         out_l, lse = _core._packed_forward_alloc(packed, dim, _to_logical(layout), q, scale, causal, alignment,
-                                                 with_lse, _window(left, right), seqlens_q, seqlens_kv)
+                                                 with_lse, _window(left, right), softcap, seqlens_q, seqlens_kv)
         return out_l, (lse if with_lse else _no_lse(packed))
     q_l, k_l, v_l = _unpack(packed, dim, q)
     out_l = _empty_packed_output(q_l, v_l)
@@ -388,7 +392,7 @@ _packed_attention_forward = _define(
 
 def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *opts):
     if _HAS_EXCHANGE_API:
-        scale, causal, alignment, left, right, seqlens_q, seqlens_kv, deterministic = opts
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic = opts
         to_logical = _to_logical(layout)
         logical = grad_out.permute(to_logical)
         readable = _readable(logical)
@@ -396,7 +400,7 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *opts):
             grad_out = readable.permute([to_logical.index(axis) for axis in range(4)])
         grad_packed, grad_q = _core._packed_backward_alloc(
             packed, dim, to_logical, q, out, lse, grad_out, scale, causal, alignment, _window(left, right),
-            seqlens_q, seqlens_kv, deterministic)
+            softcap, seqlens_q, seqlens_kv, deterministic)
         return grad_packed, (grad_q if grad_q is not None else _no_lse(packed))
     grad_packed = _gradient_like(packed)
     grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
@@ -418,10 +422,9 @@ _packed_attention_backward = _define(
     "packed_attention_backward",
     f"(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
     "-> (Tensor, Tensor)", _packed_backward_impl, _packed_backward_fake)
-# Its tensors: packed, q, out, lse, grad_out and the two lengths (options 5 and 6).
-_lib.impl("packed_attention_backward",
-          _backward_kernel(_packed_attention_backward, _packed_backward_impl, (0, 3, 4, 5, 6, 12, 13)),
-          "Autograd")
+# Its tensors: packed, q, out, lse, grad_out and the two lengths.
+_lib.impl("packed_attention_backward", _backward_kernel(_packed_attention_backward, _packed_backward_impl,
+                                                        (0, 3, 4, 5, 6, *(7 + i for i in _LENGTHS))), "Autograd")
 
 
 class _PackedAttentionFunction(torch.autograd.Function):
@@ -432,7 +435,7 @@ class _PackedAttentionFunction(torch.autograd.Function):
         op_args = (packed, dim, layout, q, *args)
         out, lse = (_packed_forward_impl(*op_args) if eager else
                     _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
-                                    (packed, q, args[5], args[6])))
+                                    (packed, q, args[6], args[7])))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(packed, q, out, lse)
         ctx.options = (dim, layout, args[:_N_OPTIONS])
@@ -461,7 +464,7 @@ def _packed_forward_autograd(packed, dim, layout, q, *args):
     if _requires_grad(packed, q):
         return _PackedAttentionFunction.apply(False, *op_args)
     return _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
-                           (packed, q, args[5], args[6]))
+                           (packed, q, args[6], args[7]))
 
 
 _lib.impl("packed_attention_forward", _packed_forward_autograd, "Autograd")
@@ -502,10 +505,10 @@ def _plain_eager(q, k, v) -> bool:
 
 
 def _forward(q, k, v, opts, with_lse, together=False):
-    scale, causal, alignment, left, right, seqlens_q, seqlens_kv, _ = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _ = opts
     if _HAS_EXCHANGE_API:
         return _forward_alloc(q, k, v, scale, causal, alignment, with_lse, together, _window(left, right),
-                              seqlens_q, seqlens_kv)
+                              softcap, seqlens_q, seqlens_kv)
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
     lse = _empty_lse(q) if with_lse else None
@@ -515,16 +518,16 @@ def _forward(q, k, v, opts, with_lse, together=False):
 
 def _core_forward(q, k, v, out, lse, opts, stream):
     """The core's forward through __dlpack__ (torch < 2.10)."""
-    scale, causal, alignment, left, right, seqlens_q, seqlens_kv, _ = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _ = opts
     _core._forward(q, k, v, out, lse, scale, causal, alignment, stream, _workspace, _window(left, right),
-                   seqlens_q, seqlens_kv)
+                   softcap, seqlens_q, seqlens_kv)
 
 
 def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream):
     """The core's backward through __dlpack__ (torch < 2.10)."""
-    scale, causal, alignment, left, right, seqlens_q, seqlens_kv, deterministic = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic = opts
     _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, alignment, stream,
-                    _workspace, _window(left, right), seqlens_q, seqlens_kv, deterministic)
+                    _workspace, _window(left, right), softcap, seqlens_q, seqlens_kv, deterministic)
 
 
 def _bounds(window) -> tuple[int, int]:

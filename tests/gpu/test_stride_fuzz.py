@@ -11,7 +11,7 @@ views touched -- or refused by cuDNN itself (UnsupportedError, counted with its 
 outputs untouched. A LayoutError on a valid layout is a failure.
 
 Variants ride on the valid cases (helpers.fuzz.variant_of): a sliding window, padding lengths (one
-side or both) and the deterministic backward, against the same reference.
+side or both), a softcap and the deterministic backward, against the same reference.
 
 Invalid cases (STRIDEDFA_FUZZ_INVALID, default 150; CI: 2,000): a valid case with one defect --
 misaligned pointer or stride, strided head_dim, negative, zero or absurd strides, an output
@@ -97,14 +97,16 @@ class Case:
     def _draw_variant(self, b, s_q, s_kv):
         """A window, padding lengths and/or the deterministic backward on a share of the cases
         (fuzz.variant_of draws them)."""
-        window, lengths, deterministic = fuzz.variant_of(self.rng, b, s_q, s_kv, self.options)
+        window, lengths, deterministic, softcap = fuzz.variant_of(self.rng, b, s_q, s_kv, self.options)
         if window is not None:
             self.options["window"] = self.ref_options["window"] = window
+        if softcap is not None:
+            self.options["softcap"] = self.ref_options["softcap"] = softcap
         self.deterministic = deterministic
         for name, values in lengths.items():
             tensor = torch.tensor(values, device="cuda", dtype=torch.int32)
             self.lengths[name] = self.ref_options[name] = tensor
-        self.label += f", variant {fuzz.variant_label(window, lengths, deterministic)}"
+        self.label += f", variant {fuzz.variant_label(window, lengths, deterministic, softcap)}"
 
     def _lse(self, b, h, s):
         strides = [h * s, s, 1]

@@ -14,9 +14,9 @@ from stridedfa import _layouts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-# The options after causal_alignment, as the operators take them: no window (-1, -1), no padding
-# lengths, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, False)
+# The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
+# no padding lengths, non-deterministic backward.
+DEFAULTS = (-1, -1, None, None, None, False)
 
 B, H, S, D = 2, 4, 128, 64
 
@@ -75,12 +75,12 @@ def test_opcheck_forward_and_backward(kind, seed):
 
 def _option_sets(b=B, s=S):
     lengths = (torch.tensor([s, s // 2 + 3][:b], device=DEVICE, dtype=torch.int32),) * 2
-    return {"window": (16, 0, None, None, False), "window_both": (8, 24, None, None, False),
-            "padding": (-1, -1, *lengths, False), "deterministic": (-1, -1, None, None, True),
-            "all": (31, 0, *lengths, True)}
+    return {"window": (16, 0, None, None, None, False), "window_both": (8, 24, None, None, None, False),
+            "softcap": (-1, -1, 30.0, None, None, False), "padding": (-1, -1, None, *lengths, False),
+            "deterministic": (-1, -1, None, None, None, True), "all": (31, 0, 50.0, *lengths, True)}
 
 
-@pytest.mark.parametrize("name", ["window", "window_both", "padding", "deterministic", "all"])
+@pytest.mark.parametrize("name", ["window", "window_both", "softcap", "padding", "deterministic", "all"])
 def test_opcheck_every_option(name, seed):
     """Each option through the operators: fake kernels, schema, autograd registration."""
     q, k, v = _inputs("packed", seed, requires_grad=True)

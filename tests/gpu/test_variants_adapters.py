@@ -29,6 +29,7 @@ CASES = {
     "padding": dict(lengths=True),
     "padding_causal": dict(lengths=True, causal=True),
     "deterministic": dict(causal=True, deterministic=True),
+    "softcap_gemma2": dict(softcap=2.0, causal=True, window=(47, None)),
 }
 
 
@@ -101,7 +102,7 @@ def test_torch_packed_attention_equals_generic(case, seed):
         assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic"])
+@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2"])
 def test_torch_compile_fullgraph_and_cuda_graphs(case, seed):
     options = _options(case)
 
@@ -162,7 +163,7 @@ def test_dispatcher_with_torch_and_generic_producers(case, seed):
     assert torch.equal(via_dispatch, sfa_torch.attention(q, k, v, **options))
 
 
-@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic"])
+@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2"])
 def test_cupy_attention_equals_generic(case, seed):
     cp = pytest.importorskip("cupy")
     options = _options(case)
@@ -181,7 +182,7 @@ def test_cupy_attention_equals_generic(case, seed):
         assert torch.equal(torch.from_dlpack(got), expected)
 
 
-@pytest.mark.parametrize("case", ["window", "padding", "padding_causal", "deterministic"])
+@pytest.mark.parametrize("case", ["window", "padding", "padding_causal", "deterministic", "softcap_gemma2"])
 def test_jax_jit_and_grad_equal_generic(case, seed):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp

@@ -176,10 +176,10 @@ def max_error(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 def variant_of(rng: random.Random, b: int, s_q: int, s_kv: int, options: dict):
-    """(window or None, {seqlens_q/seqlens_kv: lengths}, deterministic) for a case: a window on
-    ~30% of cases, padding lengths on ~25% (one side alone on some), the deterministic backward on
-    ~15%. With padding and bottom-right causal the per-sequence lengths keep s_q <= s_kv: rows
-    without keys inside a padded sequence are outside what stridedfa defines (test_variants.py)."""
+    """(window or None, {seqlens_q/seqlens_kv: lengths}, deterministic, softcap or None) for a case:
+    a window on ~30% of cases, padding lengths on ~25% (one side alone on some), the deterministic
+    backward and a softcap on ~15% each. With padding and a mask that can leave rows empty, the
+    per-sequence lengths keep s_q <= s_kv (such rows are tested on their own in test_variants.py)."""
     window = None
     if rng.random() < 0.3:
         left = rng.choice((None, 0, 1, 7, 64, 300))
@@ -200,11 +200,13 @@ def variant_of(rng: random.Random, b: int, s_q: int, s_kv: int, options: dict):
             lengths = {"seqlens_kv": lkv}
         else:
             lengths = {"seqlens_q": [min(a, s_kv) for a in lq] if may_empty else lq}
-    return window, lengths, rng.random() < 0.15
+    softcap = rng.choice((2.0, 5.0, 30.0)) if rng.random() < 0.15 else None
+    return window, lengths, rng.random() < 0.15, softcap
 
 
-def variant_label(window, lengths, deterministic) -> str:
+def variant_label(window, lengths, deterministic, softcap=None) -> str:
     parts = ([f"window={window}"] if window is not None else []) + [f"{n}={v}" for n, v in lengths.items()]
+    parts += [f"softcap={softcap}"] if softcap is not None else []
     return ", ".join(parts + (["deterministic"] if deterministic else [])) or "none"
 
 

@@ -57,7 +57,7 @@ def visible(b, s_q, s_kv, causal, alignment, window=None, seqlens_q=None, seqlen
     return mask[:, None]
 
 
-def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, seqlens_kv=None):
+def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, seqlens_kv=None, softcap=None):
     h_q, h_kv = q.shape[1], k.shape[1]
     if h_q % h_kv:
         raise ValueError(f"h_q={h_q} is not a multiple of h_kv={h_kv}")
@@ -65,6 +65,8 @@ def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, s
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if not (causal or window is not None or seqlens_q is not None or seqlens_kv is not None):
         lse = torch.logsumexp(scores, dim=-1)
         return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v), lse
@@ -79,35 +81,35 @@ def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, s
 
 
 def torch_reference(q, k, v, scale=None, causal=False, alignment="top_left", window=None,
-                    seqlens_q=None, seqlens_kv=None, *,
+                    seqlens_q=None, seqlens_kv=None, softcap=None, *,
                     compute_dtype=torch.float64):
     """Attention forward: ``(out, lse)`` as float32, lse shaped (b, h_q, s_q), natural log."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     with torch.no_grad():
         out, lse = _attention(*(t.detach().to(compute_dtype) for t in (q, k, v)),
-                              scale, causal, alignment, window, seqlens_q, seqlens_kv)
+                              scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap)
     return out.float(), lse.float()
 
 
 def torch_reference_grads(q, k, v, grad_out, scale=None, causal=False, alignment="top_left",
-                          window=None, seqlens_q=None, seqlens_kv=None, *, compute_dtype=torch.float64):
+                          window=None, seqlens_q=None, seqlens_kv=None, softcap=None, *, compute_dtype=torch.float64):
     """Attention backward through torch.autograd on high-precision copies:
     ``(grad_q, grad_k, grad_v)`` as float32 (GQA gradients summed over each group)."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
     with torch.enable_grad():
-        out, _ = _attention(*leaves, scale, causal, alignment, window, seqlens_q, seqlens_kv)
+        out, _ = _attention(*leaves, scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap)
         grads = torch.autograd.grad(out, leaves, grad_out.detach().to(compute_dtype))
     return tuple(g.float() for g in grads)
 
 
 def torch_reference_all(q, k, v, grad_out, scale=None, causal=False, alignment="top_left", window=None,
-                    seqlens_q=None, seqlens_kv=None, *,
+                    seqlens_q=None, seqlens_kv=None, softcap=None, *,
                         compute_dtype=torch.float64):
     """Forward and backward in one pass: ``(out, lse, (grad_q, grad_k, grad_v))`` as float32."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
     with torch.enable_grad():
-        out, lse = _attention(*leaves, scale, causal, alignment, window, seqlens_q, seqlens_kv)
+        out, lse = _attention(*leaves, scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap)
         grads = torch.autograd.grad(out, leaves, grad_out.detach().to(compute_dtype))
     return out.detach().float(), lse.detach().float(), tuple(g.float() for g in grads)

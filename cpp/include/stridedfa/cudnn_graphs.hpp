@@ -29,13 +29,14 @@ struct GraphSpec {
   int64_t left_bound = SdpaOptions::kUnbounded;   // window left, in tokens (FlashAttention's)
   int64_t right_bound = SdpaOptions::kUnbounded;  // 0 for causal
   bool deterministic = false;                     // backward only
+  float softcap = 0.0f;                           // > 0: scores -> softcap * tanh(scores / softcap)
   int32_t device = 0;
   int32_t sm_version = 0;
   int64_t cudnn_version = 0;
 
   // Every field as integers: equal keys, equal graphs. write_key fills `out` (kMaxKeyLength
   // entries) without allocating and returns the length.
-  static constexpr int kMaxKeyLength = 11 + kNumSlots * 9;
+  static constexpr int kMaxKeyLength = 12 + kNumSlots * 9;
   int write_key(int64_t* out) const;
   std::vector<int64_t> key() const;
 };

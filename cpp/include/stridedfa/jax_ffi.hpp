@@ -40,8 +40,8 @@ TensorView lengths_view(const char* name, const int64_t* dims, int64_t rank, DLD
 
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
 // scale (f64), has_scale (bool: false means 1 / sqrt(d_qk)), causal (bool), causal_alignment
-// (i64: 0 top_left, 1 bottom_right), window_left and window_right (i64, -1: unbounded),
-// deterministic (bool), layout (i64: ArrayLayout). Each takes optional trailing arguments
+// (i64: 0 top_left, 1 bottom_right), window_left and window_right (i64, -1: unbounded), softcap
+// (f64, 0: none), deterministic (bool), layout (i64: ArrayLayout). Each takes optional trailing arguments
 // (seqlens_q, seqlens_kv): padding lengths, both or neither.
 void* forward_handler();            // (q, k, v[, seqlens_q, seqlens_kv]) -> (out, lse)
 void* forward_inference_handler();  // (q, k, v[, ...]) -> (out): no statistics (cuDNN's inference graph)

@@ -22,6 +22,7 @@ struct SdpaOptions {
   // the alignment's diagonal offset (0, or s_kv - s_q bottom-right). kUnbounded: no bound there.
   int64_t window_left = kUnbounded, window_right = kUnbounded;
   bool deterministic = false;  // backward: a bitwise-reproducible algorithm
+  double softcap = 0.0;        // > 0: scores -> softcap * tanh(scores / softcap) before the mask
 
   static constexpr int64_t kUnbounded = -1;
   // The right bound in effect: causal caps it at 0.
