@@ -7,7 +7,13 @@ For each anchor configuration (bf16, bshd memory order as models hold it) and va
   FlexAttention (compiled, a mask_mod reading the lengths tensor);
 - ``window``: causal with a sliding window of 1024 tokens (Mistral-style). stridedfa ``window``
   vs torch SDPA with an explicit (s, s) boolean mask and FlexAttention with a block mask;
-- ``none``: no mask, stridedfa alone (the yardstick for the efficiency below).
+- ``softcap``: Gemma 2's causal attention with logits capped at 50 and a 1024-token window.
+  stridedfa ``softcap`` + ``window`` vs FlexAttention (score_mod tanh cap, block mask); torch SDPA
+  has no softcap;
+- ``deterministic``: causal, stridedfa's deterministic backward (the ratio is its cost against
+  stridedfa's default causal backward, ``causal`` below);
+- ``causal``: plain causal, stridedfa vs torch SDPA (cuDNN backend, is_causal=True);
+- ``none``: no mask, stridedfa vs torch SDPA (cuDNN backend): the yardstick for the efficiency.
 
 Times are CUDA-event medians of back-to-back calls (forward, and forward + backward of
 ``out.backward(grad)``) after warm-up; every contender runs in the same process on the same inputs,
@@ -34,7 +40,8 @@ CONFIGS = [  # (b, h, s, d)
     (8, 16, 1024, 64),
 ]
 WINDOW = 1024
-VARIANTS = ("none", "padding", "window")
+VARIANTS = ("none", "causal", "padding", "window", "softcap", "deterministic")
+SOFTCAP = 50.0
 
 
 def log(*args):
@@ -64,6 +71,8 @@ def lengths_for(torch, b, s):
 def kept_fraction(variant, b, s, lengths):
     if variant == "none":
         return 1.0
+    if variant in ("causal", "deterministic"):
+        return (s + 1) / (2 * s)
     if variant == "padding":
         return sum((n / s) ** 2 for n in lengths.tolist()) / b
     window = min(WINDOW, s)  # causal with a window: each row keeps min(i + 1, window + 1) keys
@@ -87,8 +96,36 @@ def contenders(torch, sfa_torch, variant, q, k, v, lengths):
 
     b, h, s, d = q.shape
     fns = {}
-    if variant == "none":
-        fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v)
+    cudnn = torch.nn.attention.SDPBackend.CUDNN_ATTENTION
+    if variant in ("none", "causal"):
+        causal = variant == "causal"
+        fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=causal)
+
+        def sdpa(q, k, v):
+            with torch.nn.attention.sdpa_kernel(cudnn):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        fns["torch_sdpa_cudnn"] = sdpa
+        return fns
+    if variant == "deterministic":
+        fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True, deterministic=True)
+        fns["stridedfa_default"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True)
+        return fns
+    if variant == "softcap":
+        fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True, window=(WINDOW, 0),
+                                                               softcap=SOFTCAP)
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            def mask_mod(b_, h_, i, j):
+                return (j <= i) & (j >= i - WINDOW)
+
+            def score_mod(score, b_, h_, i, j):
+                return SOFTCAP * torch.tanh(score / SOFTCAP)
+            block = create_block_mask(mask_mod, None, None, s, s, device="cuda")
+            flex = torch.compile(flex_attention, dynamic=False)
+            fns["flex_attention"] = lambda q, k, v: flex(q, k, v, block_mask=block, score_mod=score_mod)
+        except Exception as error:  # noqa: BLE001 (reported, the run goes on)
+            log(f"  flex_attention unavailable: {type(error).__name__}: {error}")
         return fns
     if variant == "padding":
         fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, seqlens_q=lengths, seqlens_kv=lengths)
@@ -182,8 +219,8 @@ def markdown(data):
              f"{data['device']}, torch {data['torch']}, cuDNN {data['cudnn']}, stridedfa {data['stridedfa_commit']}",
              "", "ratio = peer time / stridedfa time (> 1: stridedfa faster); efficiency = t(none) * kept "
              "fraction / t(variant)", "",
-             "| config | variant | kept | stridedfa fwd / fwd+bwd ms | torch SDPA + mask | FlexAttention | "
-             "efficiency fwd / fwd+bwd |", "|---|---|---|---|---|---|---|"]
+             "| config | variant | kept | stridedfa fwd / fwd+bwd ms | torch SDPA (+ mask) | FlexAttention | "
+             "stridedfa default | efficiency fwd / fwd+bwd |", "|---|---|---|---|---|---|---|---|"]
 
     def pair(r):
         return f"{r['fwd']:.2f}x / {r['fwd_bwd']:.2f}x" if r else "-"
@@ -196,9 +233,11 @@ def markdown(data):
             ratios = e.get("ratios", {})
             eff = e.get("efficiency")
             efficiency = f"{eff['fwd']:.2f} / {eff['fwd_bwd']:.2f}" if eff else "-"
+            sdpa = ratios.get("torch_sdpa_mask") or ratios.get("torch_sdpa_cudnn")
             lines.append(f"| b{c['b']} h{c['h']} s{c['s']} d{c['d']} | {variant} | {e['fraction']:.2f} | "
-                         f"{mine['fwd']:.3f} / {mine['fwd_bwd']:.3f} | {pair(ratios.get('torch_sdpa_mask'))} | "
-                         f"{pair(ratios.get('flex_attention'))} | {efficiency} |")
+                         f"{mine['fwd']:.3f} / {mine['fwd_bwd']:.3f} | {pair(sdpa)} | "
+                         f"{pair(ratios.get('flex_attention'))} | {pair(ratios.get('stridedfa_default'))} | "
+                         f"{efficiency} |")
     return "\n".join(lines) + "\n"
 
 

@@ -203,7 +203,15 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
         causal_alignment: ``"top_left"``: query i sees keys j <= i. ``"bottom_right"``: query i sees
             keys j <= i + s_kv - s_q (the last query sees every key; for decoding with a KV cache).
             With s_q > s_kv the first s_q - s_kv rows see no key: they get out = 0, lse = -inf
-            and zero gradients (FlashAttention's definition), computed without a copy.
+            and zero gradients (FlashAttention's definition), computed without a copy::
+
+                causal, s_q = 5, s_kv = 3 (x: seen)
+                top_left     bottom_right
+                  x . .        . . .   <- no key: out 0, lse -inf
+                  x x .        . . .
+                  x x x        x . .
+                  x x x        x x .
+                  x x x        x x x
         window: ``(left, right)`` sliding window in tokens, either side None for unbounded
             (FlashAttention's ``window_size``, with None for its -1): query i sees key j iff
             ``i + off - left <= j <= i + off + right``, where ``off`` is 0 for ``"top_left"`` and
