@@ -335,20 +335,23 @@ def test_handlers_decode_every_operand_and_attribute(sj):
         lengths = (jnp.full((1,), 16, jnp.int32), jnp.full((1,), 32, jnp.int32))
         padded = sj._Options("bshd", 0.5, True, "bottom_right", window=(7, None), softcap=30.0,
                              deterministic=True, padded=True)
-        def backward(q, k, v, lengths=(), options=options):  # inputs made up, not computed
+        sinks = (jnp.zeros((2,), jnp.float32),)
+        def backward(q, k, v, lengths=(), options=options, sinks=()):  # inputs made up, not computed
             out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)
-            return sj._attention_bwd(options, (q, k, v, lengths, out, lse), out)
+            return sj._attention_bwd(options, (q, k, v, lengths, sinks, out, lse), out)
         def wrong_attribute_type(q, k, v):
             attributes = dict(options.attributes(), scale=np.float32(0.5))
             return jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))(
                 q, k, v, **attributes)
         calls = {
-            "inference": lambda q, k, v: sj._forward_call(q, k, v, (), options, with_lse=False)[0],
-            "forward": lambda q, k, v: sj._forward_call(q, k, v, (), options, with_lse=True),
+            "inference": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, with_lse=False)[0],
+            "forward": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, with_lse=True),
             "backward": backward,
-            "inference_padded": lambda q, k, v: sj._forward_call(q, k, v, lengths, padded, with_lse=False)[0],
-            "forward_padded": lambda q, k, v: sj._forward_call(q, k, v, lengths, padded, with_lse=True),
+            "inference_padded": lambda q, k, v: sj._forward_call(q, k, v, lengths, (), padded, with_lse=False)[0],
+            "forward_padded": lambda q, k, v: sj._forward_call(q, k, v, lengths, (), padded, with_lse=True),
             "backward_padded": lambda q, k, v: backward(q, k, v, lengths, padded),
+            "forward_sinks": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, with_lse=True),
+            "backward_sinks": lambda q, k, v: backward(q, k, v, lengths, padded, sinks),
             "control": wrong_attribute_type,
         }
         for name, f in calls.items():
@@ -362,9 +365,10 @@ def test_handlers_decode_every_operand_and_attribute(sj):
     """)
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
-    assert set(lines) == {"inference", "forward", "backward", "inference_padded", "forward_padded",
-                          "backward_padded", "control"}, result.stdout
-    for name in ("inference", "forward", "backward", "inference_padded", "forward_padded", "backward_padded"):
+    decoded = ("inference", "forward", "backward", "inference_padded", "forward_padded", "backward_padded",
+               "forward_sinks", "backward_sinks")
+    assert set(lines) == {*decoded, "control"}, result.stdout
+    for name in decoded:
         assert "bad operands at: 0)" in lines[name], (name, lines[name])
         assert "platform stream" in lines[name], (name, lines[name])
     # The control passes scale as f32: decoding must report that attribute too (operand 8: after

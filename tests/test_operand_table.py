@@ -32,12 +32,12 @@ def operands(op):
 def shape_of(row, **change):
     extents = dict(PROBLEM, **change)
     shape = tuple(extents[e] for e in row["shape"])
-    # statistics as (b, h, s), lengths as (b,)
-    return {"stats": shape[:3], "lengths": shape[:1]}.get(row["kind"], shape)
+    # statistics as (b, h, s), lengths as (b,), per-head values as (h,)
+    return {"stats": shape[:3], "lengths": shape[:1], "per_head": shape[1:2]}.get(row["kind"], shape)
 
 
-DTYPES = {"stats": "float32", "lengths": "int32", "attention": "bfloat16"}
-WRONG_DTYPES = {"stats": "float16", "lengths": "int64", "attention": "float32"}
+DTYPES = {"stats": "float32", "lengths": "int32", "per_head": "float32", "attention": "bfloat16"}
+WRONG_DTYPES = {"stats": "float16", "lengths": "int64", "per_head": "float16", "attention": "float32"}
 
 
 def make(row, shape=None, dtype=None, strides=None):
@@ -102,7 +102,7 @@ def test_every_operand_has_its_shape_checked_and_named(op, row):
     axis = max(i for i, e in enumerate(row["shape"]) if e != 1)
     extent = row["shape"][axis]
     shape = list(shape_of(row))
-    shape[axis] += 8
+    shape[axis - (1 if row["kind"] == "per_head" else 0)] += 8  # per-head values are given as (h,)
     args = call_args(op, **{row["name"]: make(row, shape=tuple(shape))})
     with pytest.raises(stridedfa.LayoutError) as error:
         validate(op, args)
@@ -135,8 +135,8 @@ def test_the_cache_key_holds_every_operands_strides(op, row):
     if row["kind"] == "stats":
         b, h, s = shape
         strides = (h * s + 4, s, 1)  # padded between batches
-    elif row["kind"] == "lengths":
-        strides = (2,)  # every other int32 of a buffer
+    elif row["kind"] in ("lengths", "per_head"):
+        strides = (2,)  # every other element of a buffer
     else:
         b, h, s, d = shape
         strides = (s * h * d, d, h * d, 1)  # bshd memory order

@@ -13,23 +13,23 @@ from stridedfa import _core, _layouts  # noqa: E402
 META = dict(device="meta", dtype=torch.bfloat16)
 
 # The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
-# no padding lengths, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, None, False)
+# no padding lengths, no sinks, non-deterministic backward.
+DEFAULTS = (-1, -1, None, None, None, None, False)
 
 
 
 def test_operators_are_registered_with_their_schemas():
     options = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
-               "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, bool deterministic")
+               "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic")
     expected = {
         "attention_forward": f"(Tensor q, Tensor k, Tensor v, {options}, bool with_lse) -> (Tensor, Tensor)",
         "attention_inference": f"(Tensor q, Tensor k, Tensor v, {options}) -> Tensor",
         "attention_backward": f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, "
-                              f"{options}) -> (Tensor, Tensor, Tensor)",
+                              f"{options}) -> (Tensor, Tensor, Tensor, Tensor)",
         "packed_attention_forward": f"(Tensor packed, int dim, str layout, Tensor? q, {options}, "
                                     f"bool with_lse) -> (Tensor, Tensor)",
         "packed_attention_backward": f"(Tensor packed, int dim, str layout, Tensor? q, Tensor out, "
-                                     f"Tensor lse, Tensor grad_out, {options}) -> (Tensor, Tensor)",
+                                     f"Tensor lse, Tensor grad_out, {options}) -> (Tensor, Tensor, Tensor)",
     }
     for name, schema in expected.items():
         op = getattr(torch.ops.stridedfa, name).default
@@ -70,7 +70,7 @@ def test_fake_backward_and_packed_strides():
     out_p, lse_p = torch.ops.stridedfa.packed_attention_forward(qkv, 2, "bshd", None, None, True,
                                                                 "top_left", *DEFAULTS, True)
     assert out_p.shape == (2, 64, 4, 64) and out_p.is_contiguous()
-    grad_packed, grad_q = torch.ops.stridedfa.packed_attention_backward(
+    grad_packed, grad_q, _ = torch.ops.stridedfa.packed_attention_backward(
         qkv, 2, "bshd", None, out_p, lse_p, torch.empty_like(out_p), None, True, "top_left", *DEFAULTS)
     assert grad_packed.shape == qkv.shape and grad_packed.stride() == qkv.stride()
     assert grad_q.numel() == 0
@@ -156,7 +156,7 @@ def test_fake_kernels_trace_with_symbolic_shapes():
         grads = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, out, None, True, "top_left", *DEFAULTS)
         out_p, lse_p = torch.ops.stridedfa.packed_attention_forward(qkv, 2, "bshd", None, None, True,
                                                                     "top_left", *DEFAULTS, True)
-        grad_p, _ = torch.ops.stridedfa.packed_attention_backward(qkv, 2, "bshd", None, out_p, lse_p,
+        grad_p, _, _ = torch.ops.stridedfa.packed_attention_backward(qkv, 2, "bshd", None, out_p, lse_p,
                                                                   out_p, None, True, "top_left", *DEFAULTS)
         return (out, *grads, out_p, grad_p)
 

@@ -124,3 +124,13 @@ def test_bad_softcaps_are_refused(softcap, error):
 
 def test_softcap_separates_graph_keys():
     assert len({key(), key(softcap=30.0), key(softcap=50.0), key(softcap=30.0, causal=True)}) == 4
+
+
+def test_sinks_are_in_the_key_and_their_gradient_needs_them():
+    sinks = t((H,), "float32")
+    assert _core._forward_graph_key(**forward(), sinks=sinks, cudnn_version=92600) != key()
+    q, k, v, out, grad_out = (t((B, H, 32, D)) for _ in range(5))
+    lse = t((B, H, 32), "float32")
+    with pytest.raises(stridedfa.LayoutError, match="grad_sinks is given without sinks"):
+        _core._validate_backward(q, k, v, out, grad_out, lse, t(q.shape), t(k.shape), t(v.shape),
+                                 grad_sinks=t((H,), "float32"))

@@ -39,7 +39,9 @@ Tensor_attributes describe(const GraphSpec& spec, Slot slot) {
                .set_uid(uid_of(slot))
                .set_dim({d.dims[0], d.dims[1], d.dims[2], d.dims[3]})
                .set_stride({d.strides[0], d.strides[1], d.strides[2], d.strides[3]});
-  if (kOperands[slot].kind == OperandKind::stats) t.set_data_type(fe::DataType_t::FLOAT);
+  if (kOperands[slot].kind == OperandKind::stats || kOperands[slot].kind == OperandKind::per_head) {
+    t.set_data_type(fe::DataType_t::FLOAT);
+  }
   if (kOperands[slot].kind == OperandKind::lengths) t.set_data_type(fe::DataType_t::INT32);
   return t;
 }
@@ -162,6 +164,7 @@ void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   } else {
     set_mask(graph, attributes, spec);
   }
+  if (spec.operands[kSinks].present) attributes.set_sink_token(graph.tensor(describe(spec, kSinks)));
   auto [o, lse] = graph.sdpa(q, k, v, attributes);
   mark_output(o, spec, kO);
   if (stats) mark_output(lse, spec, kLse);
@@ -186,6 +189,12 @@ void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
     set_mask(graph, attributes, spec);
   }
   if (spec.deterministic) attributes.set_deterministic_algorithm(true);
+  if (spec.operands[kSinks].present) attributes.set_sink_token(graph.tensor(describe(spec, kSinks)));
+  if (spec.operands[kGradSinks].present) {  // an output the frontend writes by a reduction
+    auto grad_sinks = std::make_shared<Tensor_attributes>(describe(spec, kGradSinks));
+    grad_sinks->set_output(true);
+    attributes.set_dsink_token(grad_sinks);
+  }
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, lse, attributes);
   mark_output(dq, spec, kGradQ);
   mark_output(dk, spec, kGradK);

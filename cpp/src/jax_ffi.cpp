@@ -79,6 +79,23 @@ TensorView stats_view(const char* name, const int64_t* dims, int64_t rank, DLDat
   return t;
 }
 
+TensorView per_head_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                         std::uintptr_t data) {
+  if (rank != 1)
+    throw LayoutError(std::string(name) + ": expected a (heads of q,) array, got " + std::to_string(rank) + " axes");
+  TensorView t;
+  t.name = name;
+  t.present = true;
+  t.ndim = 1;
+  t.dims[0] = dims[0];
+  t.strides[0] = 1;
+  t.dtype = dtype;
+  t.device_type = kDLCUDA;
+  t.device_id = device;
+  t.data = data;
+  return t;
+}
+
 TensorView lengths_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
                         std::uintptr_t data) {
   if (rank < 1) throw LayoutError(std::string(name) + ": expected a (batch,) array of lengths, got a scalar");
@@ -161,23 +178,28 @@ SdpaOptions options_of(const Attrs& a) {
   return o;
 }
 
-// The optional trailing arguments: padding lengths, both or neither.
-void read_lengths(const ffi::RemainingArgs& rest, int32_t device, TensorView& seqlens_q, TensorView& seqlens_kv) {
-  if (rest.size() == 0) return;
-  if (rest.size() != 2) {
-    throw LayoutError("expected no trailing arguments or two (seqlens_q, seqlens_kv), got " +
+// The optional trailing arguments, told apart by their count: none, (sinks), (seqlens_q,
+// seqlens_kv) or (seqlens_q, seqlens_kv, sinks).
+void read_rest(const ffi::RemainingArgs& rest, int32_t device, TensorView& seqlens_q, TensorView& seqlens_kv,
+               TensorView& sinks) {
+  if (rest.size() > 3) {
+    throw LayoutError("expected at most three trailing arguments (seqlens_q, seqlens_kv, sinks), got " +
                       std::to_string(rest.size()));
   }
-  TensorView* views[2] = {&seqlens_q, &seqlens_kv};
-  const char* names[2] = {"seqlens_q", "seqlens_kv"};
-  for (size_t i = 0; i < 2; ++i) {
+  auto read = [&](size_t i, const char* name, TensorView& view, bool per_head) {
     const auto buffer = rest.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) throw LayoutError(std::string(names[i]) + ": not an array");
+    if (buffer.has_error()) throw LayoutError(std::string(name) + ": not an array");
     const auto dims = buffer->dimensions();
-    *views[i] = lengths_view(names[i], dims.begin(), static_cast<int64_t>(dims.size()),
-                             dl_dtype(names[i], buffer->element_type()), device,
-                             reinterpret_cast<std::uintptr_t>(buffer->untyped_data()));
+    const auto dtype = dl_dtype(name, buffer->element_type());
+    const auto data = reinterpret_cast<std::uintptr_t>(buffer->untyped_data());
+    view = per_head ? per_head_view(name, dims.begin(), static_cast<int64_t>(dims.size()), dtype, device, data)
+                    : lengths_view(name, dims.begin(), static_cast<int64_t>(dims.size()), dtype, device, data);
+  };
+  if (rest.size() >= 2) {
+    read(0, "seqlens_q", seqlens_q, false);
+    read(1, "seqlens_kv", seqlens_kv, false);
   }
+  if (rest.size() % 2 == 1) read(rest.size() - 1, "sinks", sinks, true);
 }
 
 // cuDNN's workspace comes from XLA's allocator; it is released when the handler returns, which is
@@ -224,7 +246,7 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
     args.v = array_of("v", v, layout, device);
     args.out = array_of("out", out, layout, device);
     if (lse) args.lse = stats_of("lse", *lse, device);
-    read_lengths(rest, device, args.seqlens_q, args.seqlens_kv);
+    read_rest(rest, device, args.seqlens_q, args.seqlens_kv, args.sinks);
     launch(prepare_forward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -255,9 +277,10 @@ ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAll
 ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                          ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                          ffi::AnyBuffer grad_out, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> grad_q,
-                         ffi::Result<ffi::AnyBuffer> grad_k, ffi::Result<ffi::AnyBuffer> grad_v, double scale,
-                         bool has_scale, bool causal, int64_t causal_alignment, int64_t window_left,
-                         int64_t window_right, double softcap, bool deterministic, int64_t layout) {
+                         ffi::Result<ffi::AnyBuffer> grad_k, ffi::Result<ffi::AnyBuffer> grad_v,
+                         ffi::RemainingRets more, double scale, bool has_scale, bool causal, int64_t causal_alignment,
+                         int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+                         int64_t layout) {
   try {
     const auto array_layout = static_cast<ArrayLayout>(layout);
     BackwardArgs args;
@@ -270,7 +293,15 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     args.grad_q = array_of("grad_q", *grad_q, array_layout, device);
     args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
     args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
-    read_lengths(rest, device, args.seqlens_q, args.seqlens_kv);
+    read_rest(rest, device, args.seqlens_q, args.seqlens_kv, args.sinks);
+    if (args.sinks.present && more.size() == 1) {  // the sinks' gradient
+      auto grad_sinks = more.get<ffi::AnyBuffer>(0);
+      if (grad_sinks.has_error()) throw LayoutError("grad_sinks: not an array");
+      const auto dims = (*grad_sinks)->dimensions();
+      args.grad_sinks = per_head_view("grad_sinks", dims.begin(), static_cast<int64_t>(dims.size()),
+                                      dl_dtype("grad_sinks", (*grad_sinks)->element_type()), device,
+                                      reinterpret_cast<std::uintptr_t>((*grad_sinks)->untyped_data()));
+    }
     const Attrs attrs{scale,   has_scale,     causal, causal_alignment, window_left, window_right,
                       softcap, deterministic, layout};
     launch(prepare_backward(args, options_of(attrs)), stream, scratch);
@@ -323,16 +354,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_forward_inference, stridedfa::j
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_backward, stridedfa::jax_ffi::backward_impl,
                               stridedfa::jax_ffi::with_attrs(stridedfa::jax_ffi::bind_context()
-                                                                 .Arg<ffi::AnyBuffer>()     // q
-                                                                 .Arg<ffi::AnyBuffer>()     // k
-                                                                 .Arg<ffi::AnyBuffer>()     // v
-                                                                 .Arg<ffi::AnyBuffer>()     // out
-                                                                 .Arg<ffi::AnyBuffer>()     // lse
-                                                                 .Arg<ffi::AnyBuffer>()     // grad_out
-                                                                 .RemainingArgs()           // lengths
-                                                                 .Ret<ffi::AnyBuffer>()     // grad_q
-                                                                 .Ret<ffi::AnyBuffer>()     // grad_k
-                                                                 .Ret<ffi::AnyBuffer>()));  // grad_v
+                                                                 .Arg<ffi::AnyBuffer>()  // q
+                                                                 .Arg<ffi::AnyBuffer>()  // k
+                                                                 .Arg<ffi::AnyBuffer>()  // v
+                                                                 .Arg<ffi::AnyBuffer>()  // out
+                                                                 .Arg<ffi::AnyBuffer>()  // lse
+                                                                 .Arg<ffi::AnyBuffer>()  // grad_out
+                                                                 .RemainingArgs()        // lengths
+                                                                 .Ret<ffi::AnyBuffer>()  // grad_q
+                                                                 .Ret<ffi::AnyBuffer>()  // grad_k
+                                                                 .Ret<ffi::AnyBuffer>()  // grad_v
+                                                                 .RemainingRets()));     // grad_sinks
 
 namespace stridedfa::jax_ffi {
 

@@ -129,6 +129,11 @@ void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* op
 // one head (a view: their seq axis is the heads' stride), which cuDNN's backward runs.
 void one_query_one_key_backward(Plan& plan) {
   Problem& p = plan.problem;
+  if (plan.slots[kSinks]) {
+    throw UnsupportedError(
+        "the backward with s_q = s_kv = 1 and attention sinks is not supported (cuDNN refuses "
+        "s_q = s_kv = 1 with a sink token).");
+  }
   if (p.h_q == p.h_kv) {
     plan.nothing_for_cudnn = true;
     add_fill(plan, plan.views[kGradQ], kGradQ);
@@ -168,7 +173,18 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     if (!operands[kSeqLensKV]) make_lengths(plan, kSeqLensKV, problem.s_kv);
     return;
   }
-  if (seen.restricts(problem)) restrict_to(op, seen, operands, cudnn_version, plan);
+  if (seen.restricts(problem)) {
+    if (operands[kSinks]) {
+      throw UnsupportedError("attention sinks with rows that see no key (" +
+                             std::to_string(problem.s_q - (seen.row_end - seen.row_begin)) + " of " +
+                             std::to_string(problem.s_q) +
+                             " rows under this mask) are not supported: such a row's statistics " +
+                             "would be its head's sink value, which stridedfa cannot write without a kernel; use a "
+                             "mask under which every " +
+                             "row sees a key (e.g. s_q <= s_kv with bottom-right alignment).");
+    }
+    restrict_to(op, seen, operands, cudnn_version, plan);
+  }
   if (op == GraphOp::backward && !plan.nothing_for_cudnn && plan.problem.s_q == 1 && plan.problem.s_kv == 1) {
     one_query_one_key_backward(plan);
     return;

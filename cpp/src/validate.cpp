@@ -11,7 +11,7 @@
 //   - Outputs are writable and share no byte with themselves, each other or any input (exact).
 //   - Every output empty: nothing to do. Extent-1 axes may carry any stride.
 //   - Options: a finite scale, window bounds of 0 or more (validate_options).
-//   - Padding lengths: int32 (batch,) vectors on the call's device.
+//   - Padding lengths: int32 (batch,) vectors on the call's device; sinks float32 (h_q,).
 //   - The backward's operands within 2^32 elements, out and grad_out within 4 GiB, of their data
 //     pointers (cuDNN's 32-bit offsets; wrong gradients beyond).
 #include <algorithm>
@@ -95,6 +95,29 @@ class Validator {
     if (t.dims[0] > 1 && t.strides[0] <= 0) {
       throw LayoutError(std::string(t.name) + ": axis 0 (batch) has stride " + std::to_string(t.strides[0]) +
                         "; give each batch entry its own length (a contiguous int32 vector).");
+    }
+    if (t.numel() != 0 && t.data % 4 != 0) {
+      throw LayoutError(std::string(t.name) + ": data pointer is not 4-byte aligned; pass a contiguous copy.");
+    }
+  }
+
+  // Per-head values (attention sinks and their gradient): float32 (h_q,) or (1, h_q, 1, 1).
+  void per_head(const TensorView& t) {
+    const bool shape_ok = t.ndim == 1 || (t.ndim == 4 && t.dims[0] == 1 && t.dims[2] == 1 && t.dims[3] == 1);
+    if (!shape_ok) {
+      throw LayoutError(std::string(t.name) + ": expected shape (heads of q,), one value per query head, got " +
+                        shape_str(t) + ".");
+    }
+    check_addressable(t);
+    device(t);
+    if (!is_float32(t.dtype)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
+                        " is not supported; attention sinks are float32 (torch: x.float()).");
+    }
+    const int axis = t.ndim == 1 ? 0 : 1;
+    if (t.dims[axis] > 1 && t.strides[axis] <= 0) {
+      throw LayoutError(std::string(t.name) + ": its heads axis has stride " + std::to_string(t.strides[axis]) +
+                        "; give each head its own value (a contiguous float32 vector).");
     }
     if (t.numel() != 0 && t.data % 4 != 0) {
       throw LayoutError(std::string(t.name) + ": data pointer is not 4-byte aligned; pass a contiguous copy.");
@@ -321,6 +344,21 @@ TensorView stats_as_4d(const TensorView& lse) {
 }
 
 namespace {
+// (h,) -> (1, h, 1, 1)
+TensorView per_head_as_4d(const TensorView& values) {
+  TensorView t = values;
+  if (t.ndim == 1) {
+    t.ndim = 4;
+    t.dims[1] = t.dims[0];
+    t.strides[1] = t.strides[0];
+    t.caller_axes[1] = 0;
+    t.dims[0] = t.dims[2] = t.dims[3] = 1;
+    t.strides[0] = t.dims[1] * t.strides[1];
+    t.strides[2] = t.strides[3] = 1;
+  }
+  return t;
+}
+
 TensorView lengths_as_4d(const TensorView& lengths) {
   TensorView t = lengths;
   if (t.ndim == 1) {
@@ -340,6 +378,8 @@ TensorView as_4d(const TensorView& t, OperandKind kind) {
       return stats_as_4d(t);
     case OperandKind::lengths:
       return lengths_as_4d(t);
+    case OperandKind::per_head:
+      return per_head_as_4d(t);
     default:
       return t;
   }
@@ -367,6 +407,9 @@ Problem validate(GraphOp op, const SlotViews& given) {
       case OperandKind::lengths:
         check.lengths(*given[s]);
         break;
+      case OperandKind::per_head:
+        check.per_head(*given[s]);
+        break;
     }
     as4[s] = as_4d(*given[s], kOperands[s].kind);
     t[s] = &as4[s];
@@ -391,9 +434,13 @@ Problem validate(GraphOp op, const SlotViews& given) {
   require_nonempty_problem(p);
 
   for (int s = 0; s < kNumSlots; ++s) {
-    if (t[s] && kOperands[s].kind != OperandKind::lengths) {
-      check.memory(*t[s], role_in(op, s) == Role::output, kOperands[s].kind == OperandKind::stats);
+    const OperandKind kind = kOperands[s].kind;
+    if (t[s] && (kind == OperandKind::attention || kind == OperandKind::stats)) {
+      check.memory(*t[s], role_in(op, s) == Role::output, kind == OperandKind::stats);
     }
+  }
+  if (t[kGradSinks] && !t[kSinks]) {
+    throw LayoutError("grad_sinks is given without sinks; the sinks' gradient needs the sinks themselves.");
   }
   if (op == GraphOp::backward) {
     for (int s = 0; s < kNumSlots; ++s) {

@@ -3,7 +3,7 @@
 # launch in C++ with the GIL released; the public sdpa_forward / sdpa_backward and the variants
 # adapters and tests use.
 
-cdef const char* SLOT_NAMES[11]  # the argument names, from the operand table
+cdef const char* SLOT_NAMES[13]  # the argument names, from the operand table (kNumSlots)
 cdef int _slot
 for _slot in range(<int>kNumSlots):
     SLOT_NAMES[_slot] = kOperands[_slot].name
@@ -14,13 +14,14 @@ cdef object role_name(Role role):
 
 
 _EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1)
-KIND_NAMES = ("attention", "stats", "lengths")
+KIND_NAMES = ("attention", "stats", "lengths", "per_head")
 
 
 def _operands():
     """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
     one dict per operand with its name, its role in the forward and the backward (None, "input" or
-    "output"), whether each op may leave it out, its kind ("attention", "stats" or "lengths") and the
+    "output"), whether each op may leave it out, its kind ("attention", "stats", "lengths" or
+    "per_head") and the
     logical extents of its (b, h, s, d) axes. Intake, validation, the cache key and the graph
     builder all walk this table."""
     cdef int slot, n = kNumSlots
@@ -92,11 +93,14 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[3], views[4], views[5] = &bwd.out, &bwd.lse, &bwd.grad_out
         views[6], views[7], views[8] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
         views[9], views[10] = &bwd.seqlens_q, &bwd.seqlens_kv
+        views[11], views[12] = &bwd.sinks, &bwd.grad_sinks
     else:
         views[0], views[1], views[2] = &fwd.q, &fwd.k, &fwd.v
         views[3], views[4] = &fwd.out, &fwd.lse
         views[5] = views[6] = views[7] = views[8] = NULL
         views[9], views[10] = &fwd.seqlens_q, &fwd.seqlens_kv
+        views[11] = &fwd.sinks
+        views[12] = NULL
 
 
 cdef ensure_libraries():
@@ -128,8 +132,8 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
     exactly once."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
-    cdef TensorView* views[11]
-    cdef Owned owned[11]
+    cdef TensorView* views[13]
+    cdef Owned owned[13]
     cdef CallStream st
     cdef PreparedCall call
     cdef Problem problem
@@ -178,12 +182,20 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
         release(owned, n)
 
 
-_FORWARD_ABSENT = (None, None, None, None)  # grad_out, grad_q, grad_k, grad_v
+cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks):
+    """A forward call's tensors in slot order (the operand table's): None where not given or where
+    the forward has no such operand."""
+    return (q, k, v, out, lse, None, None, None, None, seqlens_q, seqlens_kv, sinks, None)
 
 
-def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
-                 causal_alignment="top_left", window=None, softcap=None, seqlens_q=None, seqlens_kv=None,
-                 stream=None):
+cdef inline tuple backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q,
+                                 seqlens_kv, sinks, grad_sinks):
+    """A backward call's tensors in slot order."""
+    return (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks)
+
+
+def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_alignment="top_left",
+                 window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, stream=None):
     """Scaled-dot-product attention forward, written into ``out`` (and ``lse``) in place.
 
     ``out = softmax(scale * q @ k^T + mask) @ v`` for every batch and query head, computed by
@@ -234,6 +246,9 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
             sequence (off = seqlens_kv[b] - seqlens_q[b]). Padded query rows (i >= seqlens_q[b])
             get out = 0 and lse = -inf, padded positions zero gradients. Read on the device only
             (no host synchronisation: CUDA graphs and torch.compile see no data-dependent shapes).
+        sinks: optional float32 (h_q,) attention-sink logits (gpt-oss): one extra term per query
+            head in every row's softmax denominator, ``P[i, j] = exp(S[i, j]) / (exp(sinks[h]) +
+            sum_j exp(S[i, j]))``, attending to nothing (out is not shifted); lse includes it.
         stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, q
             decides: the call runs on its producer's current stream where the DLPack C exchange
             API reports it (torch) and on CuPy's current stream for a CuPy array, else on the
@@ -256,12 +271,12 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False,
     """
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options, stream, None)
+    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks), options, stream, None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
                   causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
-                  seqlens_kv=None, deterministic=False, stream=None):
+                  seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False, stream=None):
     """Gradients of :func:`sdpa_forward`, written into ``grad_q``, ``grad_k``, ``grad_v`` in place.
 
     Args:
@@ -274,6 +289,8 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
             over the query heads sharing each kv head.
         scale, causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, stream: as in
             :func:`sdpa_forward`; use the forward's values.
+        sinks: the forward's sinks. grad_sinks: optional float32 (h_q,) output receiving their
+            gradient, ``-sum over batch and rows of exp(sinks[h] - lse) * rowsum(grad_out * out)``.
         deterministic: pick cuDNN's deterministic backward algorithm: bitwise-identical gradients
             from run to run (dK/dV are otherwise accumulated in an order that varies), at a cost in
             speed measured in benchmarks/.
@@ -282,67 +299,72 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
     """
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
-    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv), options,
-        stream, None)
+    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
+                           sinks, grad_sinks)
+    run(True, slots, options, stream, None)
 
 
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
-             window=None, softcap=None, seqlens_q=None, seqlens_kv=None):
+             window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None):
     """sdpa_forward for framework adapters: ``workspace_allocator(nbytes, device) -> (pointer,
     owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options, stream,
+    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks), options, stream,
         workspace_allocator)
 
 
 def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
               causal_alignment, stream, workspace_allocator, window=None, softcap=None, seqlens_q=None,
-              seqlens_kv=None, deterministic=False):
+              seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False):
     """sdpa_backward for framework adapters (see _forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
-    run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv), options,
-        stream, workspace_allocator)
+    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
+                           sinks, grad_sinks)
+    run(True, slots, options, stream, workspace_allocator)
 
 
-def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None,
+def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None, sinks=None,
                       scale=None, causal=False, causal_alignment="top_left", window=None, softcap=None):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
     the pointers are never dereferenced). Returns what validation established, or raises."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    return run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options,
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks), options,
                stream, None, VALIDATE)
 
 
 def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None, *,
-                       seqlens_q=None, seqlens_kv=None, scale=None, causal=False,
+                       seqlens_q=None, seqlens_kv=None, sinks=None, grad_sinks=None, scale=None, causal=False,
                        causal_alignment="top_left", window=None, softcap=None, deterministic=False):
     """Intake and validation of a backward call, nothing else (see _validate_forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
-    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv),
-               options, stream, None, VALIDATE)
+    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
+                           sinks, grad_sinks)
+    return run(True, slots, options, stream, None, VALIDATE)
 
 
-def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False,
-                       causal_alignment="top_left", window=None, softcap=None, seqlens_q=None, seqlens_kv=None,
-                       sm_version=90, cudnn_version=91900):
+def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, causal_alignment="top_left",
+                       window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, sm_version=90,
+                       cudnn_version=91900):
     """The graph-cache key a forward call would use on a device with these facts (validates
     first; needs no GPU). Calls with equal keys share one cuDNN graph; () when cuDNN has nothing
     to compute (every row masked)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    return run(False, (q, k, v, out, lse) + _FORWARD_ABSENT + (seqlens_q, seqlens_kv), options,
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks), options,
                None, None, KEY, sm_version, cudnn_version)
 
 
 def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
                         causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
-                        seqlens_kv=None, deterministic=False, sm_version=90, cudnn_version=91900):
+                        seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False, sm_version=90,
+                        cudnn_version=91900):
     """The graph-cache key of a backward call (see _forward_graph_key)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
-    return run(True, (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv),
-               options, None, None, KEY, sm_version, cudnn_version)
+    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
+                           sinks, grad_sinks)
+    return run(True, slots, options, None, None, KEY, sm_version, cudnn_version)

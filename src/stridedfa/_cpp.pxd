@@ -82,6 +82,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         attention
         stats
         lengths
+        per_head
 
     cdef enum class Reach(int32_t):
         unlimited
@@ -89,7 +90,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         bytes_2_32
 
     cdef enum Slot:
-        kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kNumSlots
+        kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kSinks, kGradSinks, kNumSlots
 
     cdef struct OperandInfo:
         const char* name
@@ -102,7 +103,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         const char* shape_meaning
         Reach backward_reach
 
-    const OperandInfo kOperands[11]
+    const OperandInfo kOperands[13]
 
     cdef cppclass Problem:
         int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
@@ -113,10 +114,10 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cdef cppclass ForwardArgs:
-        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv
+        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks
 
     cdef cppclass BackwardArgs:
-        TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv
+        TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks
 
     cdef cppclass PreparedCall:
         Problem problem
@@ -201,6 +202,9 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
         const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
         uintptr_t data) except +raise_core_error
     TensorView jax_lengths_view "stridedfa::jax_ffi::lengths_view"(
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
+        uintptr_t data) except +raise_core_error
+    TensorView jax_per_head_view "stridedfa::jax_ffi::per_head_view"(
         const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
         uintptr_t data) except +raise_core_error
     void* jax_forward_handler "stridedfa::jax_ffi::forward_handler"()

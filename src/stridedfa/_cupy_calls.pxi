@@ -82,16 +82,16 @@ cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, 
 
 
 def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks,
-                  window=None, softcap=None, seqlens_q=None, seqlens_kv=None):
+                  window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None):
     """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[5]
+    cdef Owned owned[6]
     cdef CallStream st
     cdef PreparedCall call
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    for i in range(5):
+    for i in range(6):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(stream, &st)
@@ -100,12 +100,13 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
         intake(k, b"k", False, &st, &fwd.k, &owned[1])
         intake(v, b"v", False, &st, &fwd.v, &owned[2])
         intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
+        intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
         out, lse = cupy_forward_outputs(q, hooks, allocation, with_lse, &fwd)
         call = prepared_forward(fwd, options)
         cupy_execute(call, st.handle, hooks, allocation)
         return out, lse
     finally:
-        release(owned, 5)
+        release(owned, 6)
 
 
 cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, BackwardArgs* bwd):
@@ -137,16 +138,19 @@ cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, Backwar
 
 
 def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
-                   hooks, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
-    """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v)."""
+                   hooks, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, deterministic=False):
+    """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v, grad_sinks
+    or None)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[8]
+    cdef Owned owned[9]
     cdef CallStream st
     cdef PreparedCall call
+    cdef int64_t shape[1]
+    cdef int64_t strides[1]
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
-    for i in range(8):
+    for i in range(9):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     keep_alive = []
@@ -160,9 +164,15 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
         # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced.
         intake_readable(grad_out, hooks.contiguous, &st, &bwd.grad_out, &owned[5], keep_alive)
         intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[6])
+        intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[8])
         grads = cupy_gradients((q, k, v), hooks, allocation, &bwd)
+        grad_sinks = None
+        if sinks is not None:  # one float32 per query head
+            shape[0], strides[0] = bwd.q.dims[1], 1
+            grad_sinks = cupy_empty(hooks, allocation, 1, shape, strides, hooks.float32, float32_dtype(),
+                                    bwd.q.device_id, b"grad_sinks", &bwd.grad_sinks)
         call = prepared_backward(bwd, options)
         cupy_execute(call, st.handle, hooks, allocation)
-        return grads
+        return (*grads, grad_sinks)
     finally:
-        release(owned, 8)
+        release(owned, 9)

@@ -199,6 +199,15 @@ cdef DLManagedTensorVersioned* allocate_stats(const DLPackExchangeAPI* api, cons
     strides[0] = shape[1] * shape[2]
     return allocate_strided(api, 3, shape, strides, float32_dtype(), q.device_id)
 
+cdef DLManagedTensorVersioned* allocate_per_head(const DLPackExchangeAPI* api, const TensorView& q) except NULL:
+    """One float32 per query head of logical (b, h, s, d) `q` (the gradient of attention sinks)."""
+    cdef int64_t shape[1]
+    cdef int64_t strides[1]
+    shape[0] = q.dims[1]
+    strides[0] = 1
+    return allocate_strided(api, 1, shape, strides, float32_dtype(), q.device_id)
+
+
 cdef const DLPackExchangeAPI* allocating_api(object like) except NULL:
     cdef const DLPackExchangeAPI* api = exchange_api_of(type(like))
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:

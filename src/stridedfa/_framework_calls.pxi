@@ -29,7 +29,7 @@ cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& 
 
 
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
-                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None):
+                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream.
 
@@ -42,7 +42,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     """
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[5]
+    cdef Owned owned[6]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* out_tensor = NULL
@@ -62,7 +62,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
         raise TypeError(f"q ({type(q).__module__}.{type(q).__qualname__}) does not offer the DLPack C "
                         f"exchange API's allocator; pass preallocated outputs to sdpa_forward instead")
-    for i in range(5):
+    for i in range(6):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -71,6 +71,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
         intake(k, b"k", False, &st, &fwd.k, &owned[1])
         intake(v, b"v", False, &st, &fwd.v, &owned[2])
         intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
+        intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
         if fwd.q.ndim != 4 or fwd.v.ndim != 4:
             name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
             raise LayoutError(f"{name} must have 4 axes (batch, heads, seq, head_dim); it has {ndim}")
@@ -108,7 +109,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 5)
+        release(owned, 6)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -130,17 +131,19 @@ cdef int intake_readable(object obj, object make_readable, CallStream* st, Tenso
 
 
 def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
-                    bint together, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, deterministic=False):
+                    bint together, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
+                    deterministic=False):
     """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
     its current stream, each with its input's strides when the input is dense, else dense in the
     input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
     allocator. With `together` (eager autograd wanting all three, which then live alike as the
     .grad of three parameters) they share one allocation (never under torch.compile's CUDA graphs,
     which require each output to start a block of their pool). grad_out is passed through make_readable (a copy)
-    only when cuDNN cannot read it. Returns (grad_q, grad_k, grad_v) as the framework's tensors."""
+    only when cuDNN cannot read it. Returns (grad_q, grad_k, grad_v, grad_sinks) as the framework's
+    tensors, grad_sinks a float32 (h_q,) when sinks are given, else None."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[8]
+    cdef Owned owned[9]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* grads[3]
@@ -152,10 +155,11 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef const int64_t* shapes[3]
     cdef const int64_t* strides_of[3]
     cdef DLDataType dtypes[3]
+    cdef DLManagedTensorVersioned* sinks_grad = NULL
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     cdef const DLPackExchangeAPI* api = allocating_api(q)
-    for i in range(8):
+    for i in range(9):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     for i in range(3):
@@ -173,6 +177,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
         intake(lse, b"lse", False, &st, &bwd.lse, &owned[4])
         intake_readable(grad_out, make_readable, &st, &bwd.grad_out, &owned[5], keep_alive)
         intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[6])
+        intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[8])
         for i in range(3):
             if inputs[i].ndim != 4:
                 raise LayoutError(f"{SLOT_NAMES[i].decode()} must have 4 axes (batch, heads, seq, head_dim); "
@@ -192,18 +197,27 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
                 grads[i] = allocate_strided(api, 4, inputs[i].dims, grad_strides[i], inputs[i].dtype,
                                             inputs[i].device_id)
             outputs[i][0] = view_from_dltensor(grads[i].dl_tensor, False, names[i], ExportQuirk.none)
+        if sinks is not None:
+            sinks_grad = allocate_per_head(api, bwd.q)
+            bwd.grad_sinks = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
         call = prepared_backward(bwd, options)
         execute_with_framework_workspace(api, call, st.handle, bwd.q.device_id)
         result = []
         for i in range(3):
             result.append(to_framework_object(api, grads[i]))
             grads[i] = NULL
+        result.append(None)
+        if sinks_grad != NULL:
+            result[3] = to_framework_object(api, sinks_grad)
+            sinks_grad = NULL
         return tuple(result)
     finally:
-        release(owned, 8)
+        release(owned, 9)
         for i in range(3):
             if grads[i] != NULL:
                 grads[i].deleter(grads[i])
+        if sinks_grad != NULL:
+            sinks_grad.deleter(sinks_grad)
 
 
 # --- The packed entry point: q/k/v (or k/v) as slices of one buffer, one packed gradient -----------

@@ -234,3 +234,10 @@ cdef int intake_lengths(object seqlens_q, object seqlens_kv, CallStream* st, Ten
     if seqlens_kv is not None:
         intake(seqlens_kv, b"seqlens_kv", False, st, kv_view, &owned[1])
     return 0
+
+
+cdef int intake_optional(object obj, const char* name, CallStream* st, TensorView* view, Owned* owned) except -1:
+    """Reads an optional input (attention sinks, ...) when given; the validator checks it."""
+    if obj is not None:
+        intake(obj, name, False, st, view, owned)
+    return 0

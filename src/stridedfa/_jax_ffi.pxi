@@ -88,6 +88,25 @@ cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, in
     return 0
 
 
+cdef int jax_sink_views(bint backward, object sinks, int device, TensorView** views) except -1:
+    """The sinks (and in the backward their gradient) as the handler reads them, from (shape, dtype)."""
+    cdef int64_t dims[8]
+    cdef int j, rank
+    cdef uintptr_t address = 0x7000000000
+    shape, name = sinks
+    shape = tuple(shape)
+    rank = len(shape)
+    if rank > 8:
+        raise LayoutError(f"sinks: {rank} axes; stridedfa reads at most 8")
+    for j in range(rank):
+        dims[j] = shape[j]
+    views[11][0] = jax_per_head_view(b"sinks", dims, rank, jax_dtype(name, b"sinks"), device, address)
+    if backward:
+        views[12][0] = jax_per_head_view(b"grad_sinks", dims, rank, jax_dtype(name, b"grad_sinks"), device,
+                                         address + 0x100000)
+    return 0
+
+
 cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
     cdef DLDataType t
     t.lanes = 1
@@ -99,20 +118,23 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
 
 
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
-                  causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None):
+                  causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
+                  sinks=None):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
     may be None) in ``layout`` (0: bshd, 1: bhsd), padding ``lengths`` as ((shape, dtype) of
-    seqlens_q, of seqlens_kv) when given, and the options' rules. Needs no GPU. Returns
+    seqlens_q, of seqlens_kv) and ``sinks`` as (shape, dtype) when given, and the options' rules. Needs no GPU. Returns
     what validation established, or raises LayoutError / UnsupportedError."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef Problem problem
     cdef SdpaOptions options
-    cdef TensorView* views[11]
+    cdef TensorView* views[13]
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views, lengths)
+    if sinks is not None:
+        jax_sink_views(backward, sinks, 0, views)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
         validate_options(options, problem)
@@ -128,7 +150,7 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     cdef BackwardArgs bwd
     cdef SdpaOptions options
     cdef vector[int64_t] key
-    cdef TensorView* views[11]
+    cdef TensorView* views[13]
     cdef int sm = sm_version
     cdef int64_t cudnn = cudnn_version
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)

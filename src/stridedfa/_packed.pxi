@@ -21,7 +21,7 @@ cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
 
 
 def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
-                          bint with_lse, window=None, softcap=None, seqlens_q=None, seqlens_kv=None):
+                          bint with_lse, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None):
     """Forward of the packed entry point, outputs allocated by packed's framework (see
     _forward_alloc). `packed` holds q, k, v (or k, v with `q` given in the same layout) along
     `dim`; its other axes are in layout order, and `to_logical[i]` is the layout axis holding the
@@ -29,7 +29,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[4]
+    cdef Owned owned[5]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, v_layout, out_layout
@@ -42,7 +42,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(4):
+    for i in range(5):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -50,6 +50,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
         intake(packed, b"packed", False, &st, &packed_view, &owned[0])
         check_packed(packed_view, dim, 3 if q is None else 2)
         intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[2])
+        intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[4])
         if q is None:
             q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
             fwd.k = select_packed(packed_view, dim, 1, perm, b"k")
@@ -84,7 +85,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 4)
+        release(owned, 5)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -92,27 +93,28 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
 
 
 def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
-                           causal_alignment, window=None, softcap=None, seqlens_q=None, seqlens_kv=None,
+                           causal_alignment, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
                            deterministic=False):
     """Backward of the packed entry point: allocates one gradient buffer with packed's strides
     (dense in its axis order if packed is not dense) and, with a separate q, q's gradient (same
     rule); cuDNN writes dQ/dK/dV straight into their slices. `out` and `grad_out` are in layout
-    axes. Returns (grad_packed, grad_q or None)."""
+    axes. Returns (grad_packed, grad_q or None, grad_sinks or None)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[7]
+    cdef Owned owned[8]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
     cdef DLManagedTensorVersioned* grad_packed_tensor = NULL
     cdef DLManagedTensorVersioned* grad_q_tensor = NULL
+    cdef DLManagedTensorVersioned* sinks_grad = NULL
     cdef int perm[4]
     cdef int64_t strides[8]
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(7):
+    for i in range(8):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -120,6 +122,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
         intake(packed, b"packed", False, &st, &packed_view, &owned[0])
         check_packed(packed_view, dim, 3 if q is None else 2)
         intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[5])
+        intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[7])
         intake(out, b"out", False, &st, &out_layout, &owned[1])
         intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[2])
         intake(lse, b"lse", False, &st, &bwd.lse, &owned[3])
@@ -151,18 +154,26 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             bwd.grad_q = to_core_axes(grad_q_layout, perm, b"grad_q")
             bwd.grad_k = select_packed(grad_packed_view, dim, 0, perm, b"grad_k")
             bwd.grad_v = select_packed(grad_packed_view, dim, 1, perm, b"grad_v")
+        if sinks is not None:
+            sinks_grad = allocate_per_head(api, bwd.q)
+            bwd.grad_sinks = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
         call = prepared_backward(bwd, options)
         execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
         grad_packed = to_framework_object(api, grad_packed_tensor)
         grad_packed_tensor = NULL
-        grad_q = None
+        grad_q = grad_sinks = None
         if grad_q_tensor != NULL:
             grad_q = to_framework_object(api, grad_q_tensor)
             grad_q_tensor = NULL
-        return grad_packed, grad_q
+        if sinks_grad != NULL:
+            grad_sinks = to_framework_object(api, sinks_grad)
+            sinks_grad = NULL
+        return grad_packed, grad_q, grad_sinks
     finally:
-        release(owned, 7)
+        release(owned, 8)
         if grad_packed_tensor != NULL:
             grad_packed_tensor.deleter(grad_packed_tensor)
         if grad_q_tensor != NULL:
             grad_q_tensor.deleter(grad_q_tensor)
+        if sinks_grad != NULL:
+            sinks_grad.deleter(sinks_grad)

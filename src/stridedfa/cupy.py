@@ -44,7 +44,7 @@ _HOOKS = types.SimpleNamespace(alloc=cupy.cuda.alloc, new_array=cupy.ndarray,
 
 def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
               causal_alignment: str = "top_left", window=None, softcap: float | None = None,
-              seqlens_q=None, seqlens_kv=None, return_lse: bool = False, stream=None):
+              seqlens_q=None, seqlens_kv=None, sinks=None, return_lse: bool = False, stream=None):
     """Scaled-dot-product attention forward with cuDNN's fused kernels, on CuPy arrays.
 
     ``softmax(scale * q @ k^T + mask) @ v`` per batch and query head.
@@ -64,6 +64,8 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
         softcap: ``softcap * tanh(scores / softcap)`` before the mask (None: no cap).
         seqlens_q, seqlens_kv: int32 (batch,) arrays of sequence lengths in a padded batch (one may
             be omitted: full length on that side); read on the device only.
+        sinks: float32 (h_q,) attention-sink logits: an extra term per query head in each row's
+            softmax denominator (see :func:`stridedfa.sdpa_forward`).
         return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each score row,
             which :func:`attention_backward` needs (-inf for rows that see no key).
         stream: run on this stream instead of CuPy's current one: a ``cupy.cuda.Stream``, any
@@ -88,21 +90,23 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
         raise TypeError(_not_cupy("attention", q))
     handle, allocation = _call(stream, q.data.device_id)
     out, lse = _core._cupy_forward(q, k, v, scale, causal, causal_alignment, return_lse, handle,
-                                   allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv)
+                                   allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv, sinks)
     return (out, lse) if return_lse else out
 
 
 def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = None,
                        causal: bool = False, causal_alignment: str = "top_left", window=None,
-                       softcap: float | None = None, seqlens_q=None, seqlens_kv=None,
+                       softcap: float | None = None, seqlens_q=None, seqlens_kv=None, sinks=None,
                        deterministic: bool = False, stream=None):
-    """Gradients of :func:`attention`: returns ``(grad_q, grad_k, grad_v)``.
+    """Gradients of :func:`attention`: returns ``(grad_q, grad_k, grad_v)``, and the sinks'
+    gradient (float32 (h_q,)) fourth when ``sinks`` are given.
 
     Args:
         q, k, v: the forward's inputs; out, lse: what ``attention(..., return_lse=True)`` returned.
         grad_out: (batch, h_q, s_q, d_v) gradient of the loss with respect to ``out``. A layout
             cuDNN cannot read (e.g. a broadcast array with stride 0) is copied first.
-        scale, causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv: the forward's values.
+        scale, causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, sinks: the forward's
+            values.
         deterministic: cuDNN's deterministic backward (bitwise-identical gradients run to run).
         stream: as in :func:`attention`.
 
@@ -118,8 +122,9 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
             raise TypeError(f"stridedfa.cupy.attention_backward takes {name} as a cupy.ndarray, "
                             f"got {type(x).__module__}.{type(x).__qualname__}")
     handle, allocation = _call(stream, q.data.device_id)
-    return _core._cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle,
-                                allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv, deterministic)
+    grads = _core._cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle,
+                                 allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+    return grads if sinks is not None else grads[:3]
 
 
 # --- Helpers ------------------------------------------------------------------------------------

@@ -111,8 +111,8 @@ class _Options:
 
 def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, causal: bool = False,
               is_causal: bool | None = None, causal_alignment: str = "top_left", window=None,
-              softcap: float | None = None, seqlens_q=None, seqlens_kv=None, deterministic: bool = False,
-              return_lse: bool = False):
+              softcap: float | None = None, seqlens_q=None, seqlens_kv=None, sinks=None,
+              deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, as a differentiable JAX function.
 
     ``softmax(scale * q @ k^T + mask) @ v`` per batch and query head. Works eagerly, under
@@ -140,6 +140,8 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
         seqlens_q, seqlens_kv: int32 (batch,) arrays of sequence lengths in a padded batch (traced
             values are fine: they are read on the device; one may be left out). What
             ``jax.nn.dot_product_attention`` calls ``query_seq_lengths`` / ``key_value_seq_lengths``.
+        sinks: float32 (h_q,) attention-sink logits, differentiable (gpt-oss): an extra term per
+            query head in each row's softmax denominator (see :func:`stridedfa.sdpa_forward`).
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-reproducible
             gradients, slower).
         return_lse: also return the float32 log-sum-exp of each row, (batch, h_q, s_q) in either
@@ -176,14 +178,16 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
     lengths: tuple[Any, ...] = ()
     if padded:
         lengths = _lengths(q, k, seqlens_q, seqlens_kv, layout)
+    sink_args: tuple[Any, ...] = () if sinks is None else (jnp.asarray(sinks),)
     _check_problem(tuple(q.shape), tuple(k.shape), tuple(v.shape),
                    (str(q.dtype), str(k.dtype), str(v.dtype)), options,
-                   tuple((tuple(x.shape), str(x.dtype)) for x in lengths))
+                   tuple((tuple(x.shape), str(x.dtype)) for x in lengths),
+                   tuple((tuple(x.shape), str(x.dtype)) for x in sink_args))
     _ensure_runtime()
     if return_lse:
-        out, lse = _attention_with_lse(q, k, v, lengths, options)
+        out, lse = _attention_with_lse(q, k, v, lengths, sink_args, options)
         return out, lse
-    return _attention(q, k, v, lengths, options)
+    return _attention(q, k, v, lengths, sink_args, options)
 
 
 # --- Validation (at trace time: nothing is compiled or launched when it fails) -----------------
@@ -256,7 +260,7 @@ def _logical(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
 
 
 @functools.lru_cache(maxsize=512)
-def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths=()) -> None:
+def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths=(), sinks=()) -> None:
     """Everything about a call that can be known from shapes and dtypes, with messages in the
     caller's terms; then the core's own validation of the views the XLA handler will build.
     Cached: a successful check is a pure function of its arguments."""
@@ -274,7 +278,8 @@ def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths
     out_shape = _out_shape(q_shape, v_shape[3])
     _core._jax_validate(False, _LAYOUTS[options.layout],
                         (q_shape, k_shape, v_shape, out_shape, _lse_shape(q_shape, options.layout)),
-                        dtypes + (dtypes[0], "float32"), lengths=lengths or None, **options.core_options())
+                        dtypes + (dtypes[0], "float32"), lengths=lengths or None, sinks=sinks[0] if sinks else None,
+                        **options.core_options())
 
 
 def _check_devices(*arrays) -> None:
@@ -325,39 +330,41 @@ def _lse_shape(q_shape, layout):
     return (*q_shape[:-4], b, h, s)
 
 
-def _forward_call(q, k, v, lengths, options: _Options, with_lse: bool):
+def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool):
     out = jax.ShapeDtypeStruct(_out_shape(q.shape, v.shape[-1]), q.dtype)
     if not with_lse:
         call = jax.ffi.ffi_call(_FORWARD_INFERENCE, out, vmap_method="broadcast_all")
-        return call(q, k, v, *lengths, **options.attributes()), None
+        return call(q, k, v, *lengths, *sinks, **options.attributes()), None
     lse = jax.ShapeDtypeStruct(_lse_shape(q.shape, options.layout), jnp.float32)
     call = jax.ffi.ffi_call(_FORWARD, (out, lse), vmap_method="broadcast_all")
-    out, lse = call(q, k, v, *lengths, **options.attributes())
+    out, lse = call(q, k, v, *lengths, *sinks, **options.attributes())
     return out, lse
 
 
-# The lengths are integer operands: no cotangent (None), and never differentiated.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, lengths, options: _Options):
-    return _forward_call(q, k, v, lengths, options, with_lse=False)[0]
+# `lengths` (0 or 2 int32 arrays) and `sinks` (0 or 1 float32 array) follow q, k, v as operands;
+# the lengths get no cotangent (None), the sinks their gradient.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention(q, k, v, lengths, sinks, options: _Options):
+    return _forward_call(q, k, v, lengths, sinks, options, with_lse=False)[0]
 
 
-def _attention_fwd(q, k, v, lengths, options: _Options):
-    out, lse = _forward_call(q, k, v, lengths, options, with_lse=True)
-    return out, (q, k, v, lengths, out, lse)
+def _attention_fwd(q, k, v, lengths, sinks, options: _Options):
+    out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True)
+    return out, (q, k, v, lengths, sinks, out, lse)
 
 
 def _attention_bwd(options: _Options, residuals, grad_out):
-    q, k, v, lengths, out, lse = residuals
+    q, k, v, lengths, sinks, out, lse = residuals
     grad_out = grad_out.astype(out.dtype)
     shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, grad_out.shape, q.shape, k.shape, v.shape)
     _core._jax_validate(True, _LAYOUTS[options.layout], tuple(map(tuple, shapes)), str(q.dtype),
                         lengths=tuple((tuple(x.shape), str(x.dtype)) for x in lengths) or None,
+                        sinks=(tuple(sinks[0].shape), str(sinks[0].dtype)) if sinks else None,
                         **options.core_options())
-    grads = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    grads = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *sinks))
     call = jax.ffi.ffi_call(_BACKWARD, grads, vmap_method="broadcast_all")
-    grad_q, grad_k, grad_v = call(q, k, v, out, lse, grad_out, *lengths, **options.attributes())
-    return grad_q, grad_k, grad_v, tuple(None for _ in lengths)
+    grad_q, grad_k, grad_v, *grad_sinks = call(q, k, v, out, lse, grad_out, *lengths, *sinks, **options.attributes())
+    return grad_q, grad_k, grad_v, tuple(None for _ in lengths), tuple(grad_sinks)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -365,14 +372,14 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 # With the statistics returned too: the same forward (with lse) and backward; lse carries no
 # gradient (a cotangent for it is ignored).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention_with_lse(q, k, v, lengths, options: _Options):
-    return _forward_call(q, k, v, lengths, options, with_lse=True)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention_with_lse(q, k, v, lengths, sinks, options: _Options):
+    return _forward_call(q, k, v, lengths, sinks, options, with_lse=True)
 
 
-def _attention_with_lse_fwd(q, k, v, lengths, options: _Options):
-    out, lse = _forward_call(q, k, v, lengths, options, with_lse=True)
-    return (out, lse), (q, k, v, lengths, out, lse)
+def _attention_with_lse_fwd(q, k, v, lengths, sinks, options: _Options):
+    out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True)
+    return (out, lse), (q, k, v, lengths, sinks, out, lse)
 
 
 def _attention_with_lse_bwd(options: _Options, residuals, cotangents):

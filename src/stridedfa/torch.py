@@ -34,7 +34,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
               causal: bool = False, is_causal: bool | None = None,
               causal_alignment: str = "top_left", window: tuple[int | None, int | None] | None = None,
               softcap: float | None = None, seqlens_q: torch.Tensor | None = None,
-              seqlens_kv: torch.Tensor | None = None, deterministic: bool = False, return_lse: bool = False):
+              seqlens_kv: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+              deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, differentiable.
 
     ``softmax(scale * q @ k^T + mask) @ v`` with the axes of
@@ -60,6 +61,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
             batch (one may be omitted: full length on that side). Keys past a length are never
             read; read on the device only (CUDA graphs, torch.compile). Padded query rows: see the
             README's "Padding" section.
+        sinks: float32 (h_q,) CUDA tensor of attention-sink logits (gpt-oss): an extra term per
+            query head in each row's softmax denominator that attends to nothing; differentiable.
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-identical
             gradients run to run, slower: see benchmarks/).
         return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each row's scaled,
@@ -85,15 +88,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     if is_causal is not None:
         causal = _causal(causal, is_causal)
     left, right = (-1, -1) if window is None else _bounds(window)
-    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic)
+    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic)
     # Grad mode first: under no_grad (inference) the three attribute reads are skipped.
-    needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                         or (sinks is not None and sinks.requires_grad))
     if _plain_eager(q, k, v):
         if needs_grad:
             result = _eager_attention(q, k, v, *opts, return_lse)
             return result if return_lse else result[0]
         out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, return_lse, False, window, softcap,
-                                  seqlens_q, seqlens_kv)
+                                  seqlens_q, seqlens_kv, sinks)
         return (out, lse) if return_lse else out
     if needs_grad or return_lse:
         out, lse = _attention_forward(q, k, v, *opts, True)
@@ -106,7 +110,7 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
                      is_causal: bool | None = None, causal_alignment: str = "top_left",
                      window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
                      seqlens_q: torch.Tensor | None = None, seqlens_kv: torch.Tensor | None = None,
-                     deterministic: bool = False, return_lse: bool = False):
+                     sinks: torch.Tensor | None = None, deterministic: bool = False, return_lse: bool = False):
     """Attention on a packed projection, read in place and differentiated into one packed gradient.
 
     ``packed`` holds q, k and v interleaved along axis ``dim`` (extent 3), or k and v (extent 2)
@@ -124,7 +128,7 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
         dim: the axis of ``packed`` along which q/k/v (or k/v) interleave.
         layout: the order of the remaining four axes, e.g. ``"bshd"`` or ``"bhsd"``.
         q: with an extent-2 ``packed`` (k/v only): the queries, 4-D in the same ``layout``.
-        scale, causal, is_causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv,
+        scale, causal, is_causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, sinks,
         deterministic, return_lse: as in :func:`attention`.
 
     Returns:
@@ -141,8 +145,9 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     causal = _causal(causal, is_causal)
     dim = _check_packed(packed, dim, layout, q)
     left, right = (-1, -1) if window is None else _bounds(window)
-    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic)
-    needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad))
+    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+    needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad)
+                                              or (sinks is not None and sinks.requires_grad))
     if _plain_eager(packed, packed, packed if q is None else q):
         if needs_grad:
             out, lse = _eager_packed_attention(True, packed, dim, layout, q, *opts, True)
@@ -224,14 +229,20 @@ def _backward_kernel(op, impl, tensor_args):
     return kernel
 
 
-# Every operator takes the options in one order (`opts` below: 9 values), spelled in its schema
+# Every operator takes the options in one order (`opts` below: 10 values), spelled in its schema
 # as _OPTIONS; window bounds are -1 where unbounded (a schema int cannot be None). The lengths are
-# options 6 and 7 (_LENGTHS).
+# options 6 and 7, the sinks (the one differentiable option) option 8.
 _OPTIONS = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
-            "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, bool deterministic")
-_N_OPTIONS = 9
+            "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic")
+_N_OPTIONS = 10
 _LENGTHS = (6, 7)
-_NO_GRADS = (None,) * (_N_OPTIONS + 1)
+_SINKS = 8
+_TENSOR_OPTIONS = (*_LENGTHS, _SINKS)
+
+
+def _option_grads(grad_sinks):
+    """The gradients of the options and of the flag after them (with_lse / return_lse)."""
+    return (None,) * _SINKS + (grad_sinks,) + (None,) * (_N_OPTIONS - _SINKS)
 
 
 def _attention_forward_impl(q, k, v, *args):  # args: the options, then with_lse
@@ -279,28 +290,34 @@ _lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
 
 
 def _attention_backward_impl(q, k, v, out, lse, grad_out, *opts, together=False):
+    """(grad_q, grad_k, grad_v, grad_sinks: (h_q,) float32, or empty without sinks)."""
+    sinks = opts[_SINKS]
     if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
-        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic = opts
-        return _core._backward_alloc(q, k, v, out, lse, grad_out, scale, causal, alignment, _contiguous,
-                                     together, _window(left, right), softcap, seqlens_q, seqlens_kv,
-                                     deterministic)
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic = opts
+        grad_q, grad_k, grad_v, grad_sinks = _core._backward_alloc(
+            q, k, v, out, lse, grad_out, scale, causal, alignment, _contiguous, together, _window(left, right),
+            softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+        return grad_q, grad_k, grad_v, (grad_sinks if grad_sinks is not None else _no_lse(q))
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
+    grad_sinks = _no_lse(q) if sinks is None else sinks.new_empty(sinks.shape)
     _core_backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k,
-                   grad_v, opts, _stream(q))
-    return grad_q, grad_k, grad_v
+                   grad_v, opts, _stream(q), None if sinks is None else grad_sinks)
+    return grad_q, grad_k, grad_v, grad_sinks
 
 
 def _attention_backward_fake(q, k, v, out, lse, grad_out, *opts):
-    return _gradient_like(q), _gradient_like(k), _gradient_like(v)
+    sinks = opts[_SINKS]
+    return (_gradient_like(q), _gradient_like(k), _gradient_like(v),
+            _no_lse(q) if sinks is None else sinks.new_empty(sinks.shape))
 
 
 _attention_backward = _define(
     "attention_backward",
     f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
-    "-> (Tensor, Tensor, Tensor)", _attention_backward_impl, _attention_backward_fake)
-# Its tensors: q, k, v, out, lse, grad_out and the two lengths.
+    "-> (Tensor, Tensor, Tensor, Tensor)", _attention_backward_impl, _attention_backward_fake)
+# Its tensors: q, k, v, out, lse, grad_out and the tensor options.
 _lib.impl("attention_backward", _backward_kernel(_attention_backward, _attention_backward_impl,
-                                                 (0, 1, 2, 3, 4, 5, *(6 + i for i in _LENGTHS))), "Autograd")
+                                                 (0, 1, 2, 3, 4, 5, *(6 + i for i in _TENSOR_OPTIONS))), "Autograd")
 
 
 class _AttentionFunction(torch.autograd.Function):
@@ -309,7 +326,7 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, *args):  # args: the options, then with_lse
         out, lse = _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
-                                   (q, k, v, args[6], args[7]))
+                                   (q, k, v, *(args[i] for i in _TENSOR_OPTIONS)))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = args[:_N_OPTIONS]
@@ -323,8 +340,8 @@ class _AttentionFunction(torch.autograd.Function):
                                "required grad when it ran), so it kept no statistics to differentiate "
                                "with")
         q, k, v, out, lse = ctx.saved_tensors
-        grads = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
-        return (*grads, *_NO_GRADS)
+        grad_q, grad_k, grad_v, grad_sinks = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
+        return grad_q, grad_k, grad_v, *_option_grads(grad_sinks if ctx.options[_SINKS] is not None else None)
 
 
 class _EagerAttention(torch.autograd.Function):
@@ -349,25 +366,27 @@ class _EagerAttention(torch.autograd.Function):
             needs = ctx.needs_input_grad
             grads = _attention_backward_impl(q, k, v, out, lse, grad_out, *ctx.options,
                                              together=needs[0] and needs[1] and needs[2])
-        return (*grads, *_NO_GRADS)
+        grad_q, grad_k, grad_v, grad_sinks = grads
+        return grad_q, grad_k, grad_v, *_option_grads(grad_sinks if ctx.options[_SINKS] is not None else None)
 
 
 def _attention_forward_autograd(q, k, v, *args):
-    if _requires_grad(q, k, v):
+    if _requires_grad(q, k, v, args[_SINKS]):
         return _AttentionFunction.apply(q, k, v, *args)
     return _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
-                           (q, k, v, args[6], args[7]))
+                           (q, k, v, *(args[i] for i in _TENSOR_OPTIONS)))
 
 
 _lib.impl("attention_forward", _attention_forward_autograd, "Autograd")
 
 
 def _packed_forward_impl(packed, dim, layout, q, *args):  # args: the options, then with_lse
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _ = args[:_N_OPTIONS]
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = args[:_N_OPTIONS]
     with_lse = args[_N_OPTIONS]
     if _HAS_EXCHANGE_API:  # views, allocation and launch in one C call
         out_l, lse = _core._packed_forward_alloc(packed, dim, _to_logical(layout), q, scale, causal, alignment,
-                                                 with_lse, _window(left, right), softcap, seqlens_q, seqlens_kv)
+                                                 with_lse, _window(left, right), softcap, seqlens_q, seqlens_kv,
+                                                 sinks)
         return out_l, (lse if with_lse else _no_lse(packed))
     q_l, k_l, v_l = _unpack(packed, dim, q)
     out_l = _empty_packed_output(q_l, v_l)
@@ -391,40 +410,47 @@ _packed_attention_forward = _define(
 
 
 def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *opts):
+    """(grad_packed, grad_q or empty, grad_sinks or empty)."""
+    sinks = opts[_SINKS]
     if _HAS_EXCHANGE_API:
-        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic = opts
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic = opts
         to_logical = _to_logical(layout)
         logical = grad_out.permute(to_logical)
         readable = _readable(logical)
         if readable is not logical:  # copied: hand the copy over in layout axes
             grad_out = readable.permute([to_logical.index(axis) for axis in range(4)])
-        grad_packed, grad_q = _core._packed_backward_alloc(
+        grad_packed, grad_q, grad_sinks = _core._packed_backward_alloc(
             packed, dim, to_logical, q, out, lse, grad_out, scale, causal, alignment, _window(left, right),
-            softcap, seqlens_q, seqlens_kv, deterministic)
-        return grad_packed, (grad_q if grad_q is not None else _no_lse(packed))
+            softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+        return (grad_packed, grad_q if grad_q is not None else _no_lse(packed),
+                grad_sinks if grad_sinks is not None else _no_lse(packed))
     grad_packed = _gradient_like(packed)
     grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
+    grad_sinks = _no_lse(packed) if sinks is None else sinks.new_empty(sinks.shape)
     q_l, k_l, v_l = _unpack(packed, dim, q)
     dq_l, dk_l, dv_l = _unpack(grad_packed, dim, grad_q if q is not None else None)
     to_logical = _to_logical(layout)
     _core_backward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)), _raw(v_l.permute(to_logical)),
                    _raw(out.permute(to_logical)), _readable(grad_out.permute(to_logical)), _raw(lse),
                    dq_l.permute(to_logical), dk_l.permute(to_logical), dv_l.permute(to_logical), opts,
-                   _stream(packed))
-    return grad_packed, grad_q
+                   _stream(packed), None if sinks is None else grad_sinks)
+    return grad_packed, grad_q, grad_sinks
 
 
 def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, *opts):
-    return _gradient_like(packed), (_gradient_like(q) if q is not None else _no_lse(packed))
+    sinks = opts[_SINKS]
+    return (_gradient_like(packed), _gradient_like(q) if q is not None else _no_lse(packed),
+            _no_lse(packed) if sinks is None else sinks.new_empty(sinks.shape))
 
 
 _packed_attention_backward = _define(
     "packed_attention_backward",
     f"(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
-    "-> (Tensor, Tensor)", _packed_backward_impl, _packed_backward_fake)
-# Its tensors: packed, q, out, lse, grad_out and the two lengths.
+    "-> (Tensor, Tensor, Tensor)", _packed_backward_impl, _packed_backward_fake)
+# Its tensors: packed, q, out, lse, grad_out and the tensor options.
 _lib.impl("packed_attention_backward", _backward_kernel(_packed_attention_backward, _packed_backward_impl,
-                                                        (0, 3, 4, 5, 6, *(7 + i for i in _LENGTHS))), "Autograd")
+                                                        (0, 3, 4, 5, 6, *(7 + i for i in _TENSOR_OPTIONS))),
+          "Autograd")
 
 
 class _PackedAttentionFunction(torch.autograd.Function):
@@ -435,7 +461,7 @@ class _PackedAttentionFunction(torch.autograd.Function):
         op_args = (packed, dim, layout, q, *args)
         out, lse = (_packed_forward_impl(*op_args) if eager else
                     _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
-                                    (packed, q, args[6], args[7])))
+                                    (packed, q, *(args[i] for i in _TENSOR_OPTIONS))))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(packed, q, out, lse)
         ctx.options = (dim, layout, args[:_N_OPTIONS])
@@ -453,18 +479,19 @@ class _PackedAttentionFunction(torch.autograd.Function):
         dim, layout, opts = ctx.options
         args = (packed, dim, layout, q, out, lse, grad_out, *opts)
         if ctx.eager and not _is_grad_enabled():
-            grad_packed, grad_q = _packed_backward_impl(*args)
+            grad_packed, grad_q, grad_sinks = _packed_backward_impl(*args)
         else:
-            grad_packed, grad_q = _packed_attention_backward(*args)
-        return (None, grad_packed, None, None, grad_q if q is not None else None, *_NO_GRADS)
+            grad_packed, grad_q, grad_sinks = _packed_attention_backward(*args)
+        return (None, grad_packed, None, None, grad_q if q is not None else None,
+                *_option_grads(grad_sinks if opts[_SINKS] is not None else None))
 
 
 def _packed_forward_autograd(packed, dim, layout, q, *args):
     op_args = (packed, dim, layout, q, *args)
-    if _requires_grad(packed, q):
+    if _requires_grad(packed, q, args[_SINKS]):
         return _PackedAttentionFunction.apply(False, *op_args)
     return _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
-                           (packed, q, args[6], args[7]))
+                           (packed, q, *(args[i] for i in _TENSOR_OPTIONS)))
 
 
 _lib.impl("packed_attention_forward", _packed_forward_autograd, "Autograd")
@@ -505,10 +532,10 @@ def _plain_eager(q, k, v) -> bool:
 
 
 def _forward(q, k, v, opts, with_lse, together=False):
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _ = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = opts
     if _HAS_EXCHANGE_API:
         return _forward_alloc(q, k, v, scale, causal, alignment, with_lse, together, _window(left, right),
-                              softcap, seqlens_q, seqlens_kv)
+                              softcap, seqlens_q, seqlens_kv, sinks)
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
     lse = _empty_lse(q) if with_lse else None
@@ -518,16 +545,17 @@ def _forward(q, k, v, opts, with_lse, together=False):
 
 def _core_forward(q, k, v, out, lse, opts, stream):
     """The core's forward through __dlpack__ (torch < 2.10)."""
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _ = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = opts
     _core._forward(q, k, v, out, lse, scale, causal, alignment, stream, _workspace, _window(left, right),
-                   softcap, seqlens_q, seqlens_kv)
+                   softcap, seqlens_q, seqlens_kv, sinks)
 
 
-def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream):
+def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream, grad_sinks=None):
     """The core's backward through __dlpack__ (torch < 2.10)."""
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, deterministic = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic = opts
     _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, alignment, stream,
-                    _workspace, _window(left, right), softcap, seqlens_q, seqlens_kv, deterministic)
+                    _workspace, _window(left, right), softcap, seqlens_q, seqlens_kv,
+                    None if sinks is None else _raw(sinks), grad_sinks, deterministic)
 
 
 def _bounds(window) -> tuple[int, int]:

@@ -140,7 +140,7 @@ def test_eager_jit_and_grad_match_reference(case, dtype, request):
     _assert_close(_to_logical(jitted, layout), ref_out, out_atol, out_rtol, "jit out")
 
     # The statistics the backward reads: float32 (b, h_q, s_q) natural-log logsumexp.
-    _, lse = jax.jit(lambda q, k, v: sj._forward_call(q, k, v, (), sj._options(layout, None, case[9], case[10]),
+    _, lse = jax.jit(lambda q, k, v: sj._forward_call(q, k, v, (), (), sj._options(layout, None, case[9], case[10]),
                                                       with_lse=True))(q, k, v)
     _assert_close(np.asarray(lse), ref_lse, lse_atol, 0.0, "lse")
 

@@ -15,8 +15,8 @@ from stridedfa import _layouts  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 # The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
-# no padding lengths, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, None, False)
+# no padding lengths, no sinks, non-deterministic backward.
+DEFAULTS = (-1, -1, None, None, None, None, False)
 
 B, H, S, D = 2, 4, 128, 64
 
@@ -75,12 +75,14 @@ def test_opcheck_forward_and_backward(kind, seed):
 
 def _option_sets(b=B, s=S):
     lengths = (torch.tensor([s, s // 2 + 3][:b], device=DEVICE, dtype=torch.int32),) * 2
-    return {"window": (16, 0, None, None, None, False), "window_both": (8, 24, None, None, None, False),
-            "softcap": (-1, -1, 30.0, None, None, False), "padding": (-1, -1, None, *lengths, False),
-            "deterministic": (-1, -1, None, None, None, True), "all": (31, 0, 50.0, *lengths, True)}
+    sinks = torch.randn(H, device=DEVICE).requires_grad_()
+    return {"window": (16, 0, None, None, None, None, False), "window_both": (8, 24, None, None, None, None, False),
+            "softcap": (-1, -1, 30.0, None, None, None, False), "padding": (-1, -1, None, *lengths, None, False),
+            "sinks": (-1, -1, None, None, None, sinks, False),
+            "deterministic": (-1, -1, None, None, None, None, True), "all": (31, 0, 50.0, *lengths, sinks, True)}
 
 
-@pytest.mark.parametrize("name", ["window", "window_both", "softcap", "padding", "deterministic", "all"])
+@pytest.mark.parametrize("name", ["window", "window_both", "softcap", "padding", "sinks", "deterministic", "all"])
 def test_opcheck_every_option(name, seed):
     """Each option through the operators: fake kernels, schema, autograd registration."""
     q, k, v = _inputs("packed", seed, requires_grad=True)
@@ -92,7 +94,7 @@ def test_opcheck_every_option(name, seed):
     out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *extra, True)
     torch.library.opcheck(torch.ops.stridedfa.attention_backward.default,
                           (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), torch.randn_like(out),
-                           None, True, "top_left", *extra))
+                           None, True, "top_left", *(x.detach() if isinstance(x, torch.Tensor) else x for x in extra)))
     packed = torch.randn(B, S, 3, H, D, device=DEVICE, dtype=torch.bfloat16).requires_grad_()
     torch.library.opcheck(torch.ops.stridedfa.packed_attention_forward.default,
                           (packed, 2, "bshd", None, None, True, "top_left", *extra, True))

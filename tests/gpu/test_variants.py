@@ -51,7 +51,7 @@ def _np(t):
 
 def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat16, layout="bhsd",
              causal=False, alignment="top_left", window=None, seqlens=None, deterministic=False,
-             softcap=None, seed=0):
+             softcap=None, sinks=False, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = _inputs(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen)
     out = _poisoned(torch.empty(b, h_q, s_q, d, device="cuda", dtype=dtype))
@@ -61,20 +61,30 @@ def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat1
     if seqlens is not None:  # either side may be None: the core takes the full length there
         lengths = {name: torch.tensor(x, device="cuda", dtype=torch.int32)
                    for name, x in zip(("seqlens_q", "seqlens_kv"), seqlens) if x is not None}
-    stridedfa.sdpa_forward(q, k, v, out, lse=lse, **options, **lengths)
+    sink = {}
+    if sinks:  # logits around the scores' own scale, some high enough to take most of the weight
+        sink = dict(sinks=2.0 * torch.randn(h_q, generator=gen, device="cuda"))
+    stridedfa.sdpa_forward(q, k, v, out, lse=lse, **options, **lengths, **sink)
     grad_out = torch.randn(out.shape, generator=gen, device="cuda").to(dtype)
     dq, dk, dv = (_poisoned(torch.empty(t.shape, device="cuda", dtype=dtype)) for t in (q, k, v))
+    grad_sinks = torch.full((h_q,), float("nan"), device="cuda") if sinks else None
     stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, dq, dk, dv, deterministic=deterministic,
-                            **options, **lengths)
+                            **options, **lengths, **sink, **({"grad_sinks": grad_sinks} if sinks else {}))
     torch.cuda.synchronize()
 
     ref_lengths = {} if seqlens is None else dict(
         seqlens_q=np.array(seqlens[0] if seqlens[0] is not None else [s_q] * b),
         seqlens_kv=np.array(seqlens[1] if seqlens[1] is not None else [s_kv] * b))
+    ref_sink = {"sinks": _np(sink["sinks"])} if sinks else {}
     ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, **options,
-                                              **ref_lengths)
-    ref_dq, ref_dk, ref_dv = reference.sdpa_backward(_np(q), _np(k), _np(v), _np(grad_out),
-                                                     dtype=np.float64, **options, **ref_lengths)
+                                              **ref_lengths, **ref_sink)
+    ref_dq, ref_dk, ref_dv, extra = reference.sdpa_backward(_np(q), _np(k), _np(v), _np(grad_out),
+                                                            dtype=np.float64, **options, **ref_lengths, **ref_sink,
+                                                            return_extra=True)
+    if sinks:
+        want = torch.from_numpy(extra["dsinks"]).cuda().float()
+        err = (grad_sinks - want).abs().max().item()
+        assert err <= 3e-2 * max(want.abs().max().item(), 1e-2) + 1e-3, f"grad_sinks: max err {err:.3e}"
     seen = reference.visible_mask(s_q, s_kv, causal=causal, causal_alignment=alignment, window=window,
                                   b=b, **ref_lengths)  # (b, 1, s_q, s_kv)
     rows = torch.from_numpy(seen.any(axis=3)[:, 0].copy()).cuda()  # (b, s_q): row sees a key
@@ -180,6 +190,30 @@ def test_softcap(case, seed):
     """Caps of 2 to 10 against scores of unit spread: tanh bends many of them (Gemma 2 uses 50 on
     larger logits)."""
     run_case(seed=seed, **case)
+
+
+SINKS = [
+    pytest.param(dict(sinks=True), id="sinks"),
+    pytest.param(dict(sinks=True, causal=True, h_q=8, h_kv=2), id="sinks-causal-gqa"),
+    pytest.param(dict(sinks=True, causal=True, window=(63, None)), id="sinks-causal-window63-gpt_oss"),
+    pytest.param(dict(sinks=True, seqlens=([128, 50], [128, 50])), id="sinks-padding"),
+    pytest.param(dict(sinks=True, layout="bshd", dtype=torch.float16, s_q=64, s_kv=192), id="sinks-bshd-fp16-cross"),
+]
+
+
+@pytest.mark.parametrize("case", SINKS)
+def test_attention_sinks_and_their_gradient(case, seed):
+    run_case(seed=seed, **case)
+
+
+def test_sinks_with_rows_that_see_no_key_are_refused_untouched(seed):
+    q, k, v = (torch.randn(1, 2, s, 64, device="cuda", dtype=torch.bfloat16) for s in (128, 64, 64))
+    out = torch.full((1, 2, 128, 64), float("nan"), device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(stridedfa.UnsupportedError, match="sinks"):
+        stridedfa.sdpa_forward(q, k, v, out, causal=True, causal_alignment="bottom_right",
+                               sinks=torch.zeros(2, device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all()
 
 
 PADDING = [

@@ -30,11 +30,14 @@ CASES = {
     "padding_causal": dict(lengths=True, causal=True),
     "deterministic": dict(causal=True, deterministic=True),
     "softcap_gemma2": dict(softcap=2.0, causal=True, window=(47, None)),
+    "sinks": dict(sinks=True, causal=True, window=(31, None)),
 }
 
 
 def _options(case, device="cuda"):
-    options = {k: v for k, v in CASES[case].items() if k != "lengths"}
+    options = {k: v for k, v in CASES[case].items() if k not in ("lengths", "sinks")}
+    if CASES[case].get("sinks"):
+        options["sinks"] = torch.linspace(-1.0, 2.0, H, device=device)
     if CASES[case].get("lengths"):
         lengths = torch.tensor(LENGTHS, device=device, dtype=torch.int32)
         options.update(seqlens_q=lengths, seqlens_kv=lengths)
@@ -59,28 +62,36 @@ def _generic(q, k, v, grad_out, options):
     fwd = {k_: v_ for k_, v_ in options.items() if k_ != "deterministic"}
     stridedfa.sdpa_forward(q, k, v, out, lse=lse, **fwd)
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, *grads, **options)
-    return out, lse, *grads
+    extra = {}
+    if options.get("sinks") is not None:
+        extra["grad_sinks"] = torch.empty_like(options["sinks"])
+    stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, *grads, **options, **extra)
+    return (out, lse, *grads, *extra.values())
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_torch_attention_eager_autograd_equals_generic(case, seed):
     options = _options(case)
+    if "sinks" in options:
+        options["sinks"] = options["sinks"].clone().requires_grad_()
     qkv = _packed(seed, requires_grad=True)
     q, k, v = _views(qkv)
     out, lse = sfa_torch.attention(q, k, v, return_lse=True, **options)
     grad_out = torch.randn_like(out)
     out.backward(grad_out)
-    want = _generic(q, k, v, grad_out, options)
+    generic_options = {k_: (v_.detach() if isinstance(v_, torch.Tensor) else v_) for k_, v_ in options.items()}
+    want = _generic(q, k, v, grad_out, generic_options)
     assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
     dq, dk, dv = _views(qkv.grad)
-    for got, expected in zip((dq, dk, dv), want[2:]):
+    for got, expected in zip((dq, dk, dv), want[2:5]):
         assert torch.equal(got, expected)
+    if "sinks" in options:
+        assert torch.equal(options["sinks"].grad, want[5]), "grad of sinks differs from sdpa_backward's"
     # against the reference too (float64)
     ref = {k_: v_ for k_, v_ in options.items() if k_ not in ("deterministic",)}
-    for name in ("seqlens_q", "seqlens_kv"):
+    for name in ("seqlens_q", "seqlens_kv", "sinks"):
         if name in ref:
-            ref[name] = ref[name].cpu().numpy()
+            ref[name] = ref[name].detach().cpu().numpy()
     np_q, np_k, np_v, np_do = (t.detach().double().cpu().numpy() for t in (q, k, v, grad_out))
     r_dq, r_dk, r_dv = reference.sdpa_backward(np_q, np_k, np_v, np_do, dtype=np.float64,
                                                causal_alignment=ref.pop("causal_alignment", "top_left"), **ref)
@@ -102,7 +113,7 @@ def test_torch_packed_attention_equals_generic(case, seed):
         assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2"])
+@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2", "sinks"])
 def test_torch_compile_fullgraph_and_cuda_graphs(case, seed):
     options = _options(case)
 
@@ -163,7 +174,7 @@ def test_dispatcher_with_torch_and_generic_producers(case, seed):
     assert torch.equal(via_dispatch, sfa_torch.attention(q, k, v, **options))
 
 
-@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2"])
+@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2", "sinks"])
 def test_cupy_attention_equals_generic(case, seed):
     cp = pytest.importorskip("cupy")
     options = _options(case)
@@ -182,7 +193,8 @@ def test_cupy_attention_equals_generic(case, seed):
         assert torch.equal(torch.from_dlpack(got), expected)
 
 
-@pytest.mark.parametrize("case", ["window", "padding", "padding_causal", "deterministic", "softcap_gemma2"])
+@pytest.mark.parametrize("case", ["window", "padding", "padding_causal", "deterministic", "softcap_gemma2",
+                                  "sinks"])
 def test_jax_jit_and_grad_equal_generic(case, seed):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
@@ -226,5 +238,5 @@ def test_packed_views_equal_contiguous_copies_bit_for_bit(case, seed):
     grad_out = grad_out.to(torch.bfloat16)
     packed = _generic(q, k, v, grad_out, options)
     copies = _generic(q.contiguous(), k.contiguous(), v.contiguous(), grad_out, options)
-    for name, a, b in zip(("out", "lse", "grad_q", "grad_k", "grad_v"), packed, copies):
+    for name, a, b in zip(("out", "lse", "grad_q", "grad_k", "grad_v", "grad_sinks"), packed, copies):
         assert torch.equal(a, b), f"{name}: packed views and contiguous copies differ"

@@ -38,6 +38,11 @@ TensorView stats_view(const char* name, const int64_t* dims, int64_t rank, DLDat
 TensorView lengths_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
                         std::uintptr_t data);
 
+// The (h_q,) view of dense float32 per-head values (attention sinks and their gradient). Under
+// vmap the sinks are shared by every folded batch (a rank above 1 is refused).
+TensorView per_head_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                         std::uintptr_t data);
+
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
 // scale (f64), has_scale (bool: false means 1 / sqrt(d_qk)), causal (bool), causal_alignment
 // (i64: 0 top_left, 1 bottom_right), window_left and window_right (i64, -1: unbounded), softcap

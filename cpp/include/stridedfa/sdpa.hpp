@@ -28,16 +28,18 @@ struct ForwardArgs {
   TensorView q, k, v, out;
   TensorView lse;                    // optional (lse.present == false): no softmax statistics
   TensorView seqlens_q, seqlens_kv;  // optional padding lengths
+  TensorView sinks;                  // optional attention sinks
   SlotViews slots() const {
-    return {&q, &k, &v, &out, &lse, nullptr, nullptr, nullptr, nullptr, &seqlens_q, &seqlens_kv};
+    return {&q, &k, &v, &out, &lse, nullptr, nullptr, nullptr, nullptr, &seqlens_q, &seqlens_kv, &sinks, nullptr};
   }
 };
 
 struct BackwardArgs {
   TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v;
   TensorView seqlens_q, seqlens_kv;  // optional padding lengths, as in the forward
+  TensorView sinks, grad_sinks;      // optional attention sinks (as in the forward) and their gradient
   SlotViews slots() const {
-    return {&q, &k, &v, &out, &lse, &grad_out, &grad_q, &grad_k, &grad_v, &seqlens_q, &seqlens_kv};
+    return {&q, &k, &v, &out, &lse, &grad_out, &grad_q, &grad_k, &grad_v, &seqlens_q, &seqlens_kv, &sinks, &grad_sinks};
   }
 };
 

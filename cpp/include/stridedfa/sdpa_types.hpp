@@ -33,14 +33,30 @@ struct SdpaOptions {
 enum class GraphOp : int64_t { forward = 1, backward = 2 };
 
 // Operand slots, in the order of kOperands; the cuDNN tensor UID of a slot is slot + 1.
-enum Slot : int { kQ = 0, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kNumSlots };
+enum Slot : int {
+  kQ = 0,
+  kK,
+  kV,
+  kO,
+  kLse,
+  kGradO,
+  kGradQ,
+  kGradK,
+  kGradV,
+  kSeqLensQ,
+  kSeqLensKV,
+  kSinks,
+  kGradSinks,
+  kNumSlots
+};
 
 enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 
 // attention: float16/bfloat16 shared by the call, 4 axes, head_dim contiguous, 16-byte rules.
 // stats: float32 softmax statistics (batch, heads, seq) or with a trailing axis of 1.
 // lengths: int32 per-batch sequence lengths, (batch,) or (batch, 1, 1, 1), read on the device only.
-enum class OperandKind : int32_t { attention = 0, stats = 1, lengths = 2 };
+// per_head: float32 one value per query head, (heads of q,) or (1, heads of q, 1, 1).
+enum class OperandKind : int32_t { attention = 0, stats = 1, lengths = 2, per_head = 3 };
 
 // The logical extents an operand's axes must have (kOne: extent 1).
 enum Extent : int32_t { kBatch = 0, kHeadsQ, kHeadsKV, kSeqQ, kSeqKV, kDimQK, kDimV, kOne };
@@ -84,6 +100,10 @@ inline constexpr OperandInfo kOperands[kNumSlots] = {
      "(batch,)", Reach::unlimited},
     {"seqlens_kv", Role::input, Role::input, true, true, OperandKind::lengths, {kBatch, kOne, kOne, kOne},
      "(batch,)", Reach::unlimited},
+    {"sinks", Role::input, Role::input, true, true, OperandKind::per_head, {kOne, kHeadsQ, kOne, kOne},
+     "(heads of q,)", Reach::unlimited},
+    {"grad_sinks", Role::absent, Role::output, false, true, OperandKind::per_head, {kOne, kHeadsQ, kOne, kOne},
+     "sinks' shape (heads of q,)", Reach::unlimited},
 };
 // clang-format on
 
