@@ -18,6 +18,22 @@ struct CUstream_st;
 namespace ffi = xla::ffi;
 
 namespace stridedfa::jax_ffi {
+namespace {
+
+// A view of a dense XLA buffer with its dims and strides still to fill in.
+TensorView dense_view(const char* name, int32_t ndim, DLDataType dtype, int32_t device, std::uintptr_t data) {
+  TensorView t;
+  t.name = name;
+  t.present = true;
+  t.ndim = ndim;
+  t.dtype = dtype;
+  t.device_type = kDLCUDA;
+  t.device_id = device;
+  t.data = data;
+  return t;
+}
+
+}  // namespace
 
 TensorView array_view(const char* name, const int64_t* dims, int64_t rank, ArrayLayout layout, DLDataType dtype,
                       int32_t device, std::uintptr_t data) {
@@ -33,10 +49,7 @@ TensorView array_view(const char* name, const int64_t* dims, int64_t rank, Array
   const int64_t outer = dims[rank - 3], inner = dims[rank - 2], d = dims[rank - 1];
   const bool bshd = layout == ArrayLayout::bshd;
   const int64_t h = bshd ? inner : outer, s = bshd ? outer : inner;
-  TensorView t;
-  t.name = name;
-  t.present = true;
-  t.ndim = 4;
+  TensorView t = dense_view(name, 4, dtype, device, data);
   const int64_t logical[4] = {batch, h, s, d};
   const int64_t strides[4] = {outer * inner * d, bshd ? d : s * d, bshd ? h * d : d, 1};
   // The array's own axis numbers for messages (the batch axes are folded into axis 0).
@@ -46,10 +59,6 @@ TensorView array_view(const char* name, const int64_t* dims, int64_t rank, Array
     t.strides[i] = strides[i];
     t.caller_axes[i] = static_cast<int8_t>(caller[i]);
   }
-  t.dtype = dtype;
-  t.device_type = kDLCUDA;
-  t.device_id = device;
-  t.data = data;
   return t;
 }
 
@@ -62,20 +71,13 @@ TensorView stats_view(const char* name, const int64_t* dims, int64_t rank, DLDat
   int64_t batch = 1;
   for (int64_t i = 0; i < rank - 2; ++i) batch *= dims[i];
   const int64_t h = dims[rank - 2], s = dims[rank - 1];
-  TensorView t;
-  t.name = name;
-  t.present = true;
-  t.ndim = 3;
+  TensorView t = dense_view(name, 3, dtype, device, data);
   const int64_t logical[3] = {batch, h, s};
   const int64_t strides[3] = {h * s, s, 1};
   for (int i = 0; i < 3; ++i) {
     t.dims[i] = logical[i];
     t.strides[i] = strides[i];
   }
-  t.dtype = dtype;
-  t.device_type = kDLCUDA;
-  t.device_id = device;
-  t.data = data;
   return t;
 }
 
@@ -83,33 +85,19 @@ TensorView per_head_view(const char* name, const int64_t* dims, int64_t rank, DL
                          std::uintptr_t data) {
   if (rank != 1)
     throw LayoutError(std::string(name) + ": expected a (heads of q,) array, got " + std::to_string(rank) + " axes");
-  TensorView t;
-  t.name = name;
-  t.present = true;
-  t.ndim = 1;
+  TensorView t = dense_view(name, 1, dtype, device, data);
   t.dims[0] = dims[0];
   t.strides[0] = 1;
-  t.dtype = dtype;
-  t.device_type = kDLCUDA;
-  t.device_id = device;
-  t.data = data;
   return t;
 }
 
 TensorView lengths_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
                         std::uintptr_t data) {
   if (rank < 1) throw LayoutError(std::string(name) + ": expected a (batch,) array of lengths, got a scalar");
-  TensorView t;
-  t.name = name;
-  t.present = true;
-  t.ndim = 1;
+  TensorView t = dense_view(name, 1, dtype, device, data);
   t.dims[0] = 1;
   for (int64_t i = 0; i < rank; ++i) t.dims[0] *= dims[i];
   t.strides[0] = 1;
-  t.dtype = dtype;
-  t.device_type = kDLCUDA;
-  t.device_id = device;
-  t.data = data;
   return t;
 }
 
