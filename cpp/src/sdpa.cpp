@@ -189,8 +189,11 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     one_query_one_key_backward(plan);
     return;
   }
-  if (!plan.nothing_for_cudnn && options.left_bound() != SdpaOptions::kUnbounded &&
-      plan.problem.s_q > plan.problem.s_kv) {
+  // cuDNN runs a left bound, or a bottom-right right bound, with s_q > s_kv only in padding mode.
+  const bool banded =
+      options.left_bound() != SdpaOptions::kUnbounded ||
+      (options.alignment == CausalAlignment::bottom_right && options.right_bound() != SdpaOptions::kUnbounded);
+  if (!plan.nothing_for_cudnn && banded && plan.problem.s_q > plan.problem.s_kv) {
     make_lengths(plan, kSeqLensQ, plan.problem.s_q);
     make_lengths(plan, kSeqLensKV, plan.problem.s_kv);
   }

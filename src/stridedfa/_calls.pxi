@@ -291,6 +291,8 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
             :func:`sdpa_forward`; use the forward's values.
         sinks: the forward's sinks. grad_sinks: optional float32 (h_q,) output receiving their
             gradient, ``-sum over batch and rows of exp(sinks[h] - lse) * rowsum(grad_out * out)``.
+            cuDNN sums it in an order that varies from call to call: equal to float rounding
+            (~1e-6 relative), not bitwise, also with ``deterministic``.
         deterministic: pick cuDNN's deterministic backward algorithm: bitwise-identical gradients
             from run to run (dK/dV are otherwise accumulated in an order that varies), at a cost in
             speed measured in benchmarks/.

@@ -148,6 +148,8 @@ ROWS_WITHOUT_KEYS = [
     pytest.param(dict(window=(16, None), s_q=256, s_kv=64), id="window16-tl-sq256_skv64-trailing_rows_empty"),
     pytest.param(dict(window=(None, 0), alignment="bottom_right", s_q=192, s_kv=64, dtype=torch.float16),
                  id="right0-br-sq192_skv64-fp16"),
+    pytest.param(dict(window=(None, 5), alignment="bottom_right", s_q=300, s_kv=129),
+                 id="right5-br-sq300_skv129-more_rows_than_keys_remain"),
 ]
 
 
