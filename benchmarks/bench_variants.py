@@ -241,6 +241,36 @@ def markdown(data):
     return "\n".join(lines) + "\n"
 
 
+def plot(data, path):
+    """Bars of peer time / stridedfa time per variant and metric (> 1: stridedfa faster)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, series = [], {}
+    for result in data["results"]:
+        c = result["config"]
+        for variant, e in result["variants"].items():
+            for peer, ratio in e.get("ratios", {}).items():
+                for metric in ("fwd", "fwd_bwd"):
+                    series.setdefault(f"{peer} {metric}", {})[f"{variant}\ns{c['s']} d{c['d']}"] = ratio[metric]
+            labels.append(f"{variant}\ns{c['s']} d{c['d']}")
+    labels = list(dict.fromkeys(labels))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(labels)), 4))
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar([x + i * width for x in range(len(labels))], [values.get(label, 0) for label in labels], width,
+               label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, fontsize=7)
+    ax.set_ylabel("peer time / stridedfa time")
+    ax.set_title(f"stridedfa variants vs peers ({data['device']})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
@@ -267,6 +297,10 @@ def main():
     with open(os.path.join(args.out, "variants.md"), "w") as f:
         f.write(markdown(data))
     log(markdown(data))
+    try:
+        plot(data, os.path.join(args.out, "variants.png"))
+    except ImportError:
+        log("matplotlib is not installed: no PNG (render later from variants.json with plot())")
 
 
 if __name__ == "__main__":
