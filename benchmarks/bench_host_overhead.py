@@ -171,6 +171,9 @@ def contenders(torch, sfa):
     sdpa = F.scaled_dot_product_attention
     attention = sfa.torch.attention
     op = torch.ops.stridedfa.attention_inference
+    # The operator's options after causal_alignment (stridedfa.torch._OPTIONS): no window, softcap,
+    # padding lengths or sinks; non-deterministic.
+    OPERATOR_DEFAULTS = (-1, -1, None, None, None, None, False)  # noqa: N806
     forward = sfa.sdpa_forward
     validate = sfa._core._validate_forward
     forward_alloc = sfa._core._forward_alloc
@@ -198,7 +201,7 @@ def contenders(torch, sfa):
         ("stridedfa_dispatch_torch", lambda: sfa.attention(q, k, v), null, 1),
         ("torch_compile_sdpa_cudnn", lambda: compiled_sdpa(q, k, v), cudnn, 1),
         ("torch_compile_stridedfa", lambda: compiled_ours(q, k, v), null, 1),
-        ("stridedfa_torch_op", lambda: op(q, k, v, None, False, "top_left"), null, 1),
+        ("stridedfa_torch_op", lambda: op(q, k, v, None, False, "top_left", *OPERATOR_DEFAULTS), null, 1),
         ("stridedfa_generic", lambda: forward(q, k, v, out), null, 1),
         # A breakdown, not an attention call: intake + validation alone, nothing launched.
         ("diagnostic_intake_validate", lambda: validate(q, k, v, out), null, 1),
