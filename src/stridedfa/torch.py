@@ -87,18 +87,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     """
     if is_causal is not None:
         causal = _causal(causal, is_causal)
-    left, right = (-1, -1) if window is None else _bounds(window)
-    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic)
     # Grad mode first: under no_grad (inference) the three attribute reads are skipped.
     needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                          or (sinks is not None and sinks.requires_grad))
-    if _plain_eager(q, k, v):
-        if needs_grad:
-            result = _eager_attention(q, k, v, *opts, return_lse)
-            return result if return_lse else result[0]
+    if not needs_grad and _plain_eager(q, k, v):  # one C call; the core parses window itself
         out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, return_lse, False, window, softcap,
                                   seqlens_q, seqlens_kv, sinks)
         return (out, lse) if return_lse else out
+    left, right = (-1, -1) if window is None else _bounds(window)
+    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+    if needs_grad and _plain_eager(q, k, v):
+        result = _eager_attention(q, k, v, *opts, return_lse)
+        return result if return_lse else result[0]
     if needs_grad or return_lse:
         out, lse = _attention_forward(q, k, v, *opts, True)
         return (out, lse) if return_lse else out
