@@ -43,7 +43,8 @@ def backward_key(s_q=32, s_kv=32, h_q=H, h_kv=H, **options):
     ((True, 0), TypeError, "int >= 0 or None"),
     (5, TypeError, "pair"),
     ((1, 2, 3), TypeError, "pair"),
-    ((2**31, 0), ValueError, "below 2\\*\\*31"),
+    ((2**31, 0), ValueError, "below 2\\*\\*31 - 1"),
+    ((2**31 - 1, 0), ValueError, "below 2\\*\\*31 - 1"),  # cuDNN's left bound is left + 1, an int
 ])
 def test_bad_windows_are_refused_naming_the_bound(window, error, message):
     with pytest.raises(error, match=message):
@@ -60,6 +61,16 @@ def test_bad_windows_are_refused_naming_the_bound(window, error, message):
 def test_bad_padding_lengths_are_refused_naming_the_tensor(name, lengths, message):
     with pytest.raises(stridedfa.LayoutError, match=f"^{name}.*{message}"):
         _core._validate_forward(**forward(), **{name: lengths()})
+
+
+@pytest.mark.parametrize("name, tensor", [
+    ("seqlens_q", lambda: t((B,), "int32", strides=(2,))),   # every other int32 of a buffer
+    ("sinks", lambda: t((H,), "float32", strides=(2,))),
+    ("sinks", lambda: t((1, H, 1, 1), "float32")),            # one value per head: (h_q,) only
+])
+def test_lengths_and_sinks_must_be_contiguous_vectors(name, tensor):
+    with pytest.raises(stridedfa.LayoutError, match=f"^{name}"):
+        _core._validate_forward(**forward(), **{name: tensor()})
 
 
 def test_one_side_of_padding_lengths_is_enough():
@@ -116,7 +127,8 @@ def test_one_query_one_key_backward_with_grouped_heads_folds_the_group_into_rows
 
 
 @pytest.mark.parametrize("softcap, error", [(0.0, ValueError), (-3.0, ValueError), (float("inf"), ValueError),
-                                            (float("nan"), ValueError), (True, TypeError)])
+                                            (float("nan"), ValueError), (True, TypeError),
+                                            (1e-300, ValueError), (1e39, ValueError)])  # not a float32
 def test_bad_softcaps_are_refused(softcap, error):
     with pytest.raises(error, match="softcap"):
         _core._validate_forward(**forward(), softcap=softcap)
@@ -134,3 +146,14 @@ def test_sinks_are_in_the_key_and_their_gradient_needs_them():
     with pytest.raises(stridedfa.LayoutError, match="grad_sinks is given without sinks"):
         _core._validate_backward(q, k, v, out, grad_out, lse, t(q.shape), t(k.shape), t(v.shape),
                                  grad_sinks=t((H,), "float32"))
+
+
+def test_sinks_with_keys_no_row_sees_are_fine_and_not_sliced():
+    """Decoding against a long cache with a window: leading keys are cut, every row still sees a key,
+    so sinks are accepted (they are per head: the cut does not touch them)."""
+    k = _core._forward_graph_key(**forward(s_q=4, s_kv=256), causal=True, causal_alignment="bottom_right",
+                                 window=(31, None), sinks=t((H,), "float32"), cudnn_version=92600)
+    assert _seq_extents(k) == (4, 35)  # keys 221..255
+    with pytest.raises(stridedfa.UnsupportedError, match="sinks"):
+        _core._forward_graph_key(**forward(s_q=64, s_kv=16), causal=True, causal_alignment="bottom_right",
+                                 sinks=t((H,), "float32"), cudnn_version=92600)

@@ -174,7 +174,8 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     return;
   }
   if (seen.restricts(problem)) {
-    if (operands[kSinks]) {
+    const bool rows_cut = seen.row_begin != 0 || seen.row_end != problem.s_q;
+    if (operands[kSinks] && rows_cut) {
       throw UnsupportedError("attention sinks with rows that see no key (" +
                              std::to_string(problem.s_q - (seen.row_end - seen.row_begin)) + " of " +
                              std::to_string(problem.s_q) +
@@ -206,7 +207,8 @@ void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* op
   plan.problem.s_kv = std::max<int64_t>(seen.key_end - seen.key_begin, 0);
   plan.nothing_for_cudnn = seen.empty();
   for (int s = 0; s < kNumSlots; ++s) {
-    if (!operands[s] || kOperands[s].kind == OperandKind::lengths) continue;
+    const OperandKind kind = kOperands[s].kind;
+    if (!operands[s] || (kind != OperandKind::attention && kind != OperandKind::stats)) continue;
     const Extent seq = kOperands[s].shape[2];
     const int64_t begin = seq == kSeqQ ? seen.row_begin : seen.key_begin;
     const int64_t end = seq == kSeqQ ? seen.row_end : seen.key_end;
@@ -218,17 +220,22 @@ void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* op
     }
     plan.views[s] = seq_slice(*operands[s], b, e);
   }
-  if (op == GraphOp::backward && cudnn_version < 92600 && is_packed_stats(*operands[kLse]) &&
-      !is_packed_stats(plan.views[kLse])) {
-    plan.stage_lse = true;
-    plan.lse_source = plan.views[kLse];
-    TensorView& staged = plan.views[kLse];  // described packed; its pointer is set at launch
-    staged.strides[0] = staged.dims[1] * staged.dims[2];
-    staged.strides[1] = staged.dims[2];
-    staged.strides[2] = 1;
-    staged.strides[3] = 1;
-    staged.data = 0;
-  }
+  // A row slice of the caller's statistics may be misaligned (rows of 4 bytes) or, before cuDNN
+  // 9.12 (forward) / 9.26 (backward), not packed enough for cuDNN: it then goes through a packed,
+  // aligned staging buffer (copied in before a backward, out after a forward).
+  if (!operands[kLse] || plan.views[kLse].dims[2] == operands[kLse]->dims[2]) return;
+  const TensorView& sliced = plan.views[kLse];
+  const int64_t packed_since = op == GraphOp::backward ? 92600 : 91200;
+  const bool old_cudnn_needs_packed = cudnn_version < packed_since && !is_packed_stats(sliced);
+  if (sliced.data % 16 == 0 && !old_cudnn_needs_packed) return;
+  plan.stage_lse = true;
+  plan.lse_source = sliced;
+  TensorView& staged = plan.views[kLse];  // described packed; its pointer is set at launch
+  staged.strides[0] = staged.dims[1] * staged.dims[2];
+  staged.strides[1] = staged.dims[2];
+  staged.strides[2] = 1;
+  staged.strides[3] = 1;
+  staged.data = 0;
 }
 
 GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t sm_version, int64_t cudnn_version) {
@@ -302,6 +309,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
     if (slot == kLse && plan.stage_lse) {
       call.staged_lse_ptr = i;
       call.staged_lse_source = plan.lse_source;
+      call.staged_lse_output = op == GraphOp::forward;
     }
     if ((slot == kSeqLensQ || slot == kSeqLensKV) && plan.made_lengths[slot - kSeqLensQ] >= 0) {
       call.made_lengths_ptr[slot - kSeqLensQ] = i;
@@ -438,13 +446,24 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       workspace = pooled = pool_alloc(call.problem.device, call.workspace_bytes, stream);
       own_workspace_count.fetch_add(1, std::memory_order_relaxed);
     }
+    const bool forward = call.staged_lse_output;
     if (call.staged_lse_ptr >= 0) {
-      const TensorView& src = call.staged_lse_source;
-      staged = pool_alloc(call.problem.device, src.numel() * src.itemsize(), stream);
-      copy_to_packed(src, staged, stream);
+      const TensorView& user = call.staged_lse_source;
+      staged = pool_alloc(call.problem.device, user.numel() * user.itemsize(), stream);
+      if (!forward) copy_to_packed(user, staged, stream);
       ptrs[call.staged_lse_ptr] = staged;
     }
     call.graph->execute(handle, ptrs, workspace);
+    if (call.staged_lse_ptr >= 0 && forward) {
+      TensorView packed = call.staged_lse_source;
+      int64_t step = 1;
+      for (int i = packed.ndim - 1; i >= 0; --i) {
+        packed.strides[i] = step;
+        step *= packed.dims[i];
+      }
+      packed.data = reinterpret_cast<std::uintptr_t>(staged);
+      copy_strided(packed, call.staged_lse_source, stream);
+    }
   } catch (...) {
     if (pooled) pool_free(pooled, stream);
     if (staged) pool_free(staged, stream);

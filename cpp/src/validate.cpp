@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -92,19 +93,18 @@ class Validator {
       throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
                         " is not supported; sequence lengths are int32 (torch: x.to(torch.int32)).");
     }
-    if (t.dims[0] > 1 && t.strides[0] <= 0) {
+    if (t.dims[0] > 1 && t.strides[0] != 1) {
       throw LayoutError(std::string(t.name) + ": axis 0 (batch) has stride " + std::to_string(t.strides[0]) +
-                        "; give each batch entry its own length (a contiguous int32 vector).");
+                        "; pass a contiguous int32 vector (x.contiguous()).");
     }
     if (t.numel() != 0 && t.data % 4 != 0) {
       throw LayoutError(std::string(t.name) + ": data pointer is not 4-byte aligned; pass a contiguous copy.");
     }
   }
 
-  // Per-head values (attention sinks and their gradient): float32 (h_q,) or (1, h_q, 1, 1).
+  // Per-head values (attention sinks and their gradient): float32 (h_q,), contiguous.
   void per_head(const TensorView& t) {
-    const bool shape_ok = t.ndim == 1 || (t.ndim == 4 && t.dims[0] == 1 && t.dims[2] == 1 && t.dims[3] == 1);
-    if (!shape_ok) {
+    if (t.ndim != 1) {
       throw LayoutError(std::string(t.name) + ": expected shape (heads of q,), one value per query head, got " +
                         shape_str(t) + ".");
     }
@@ -114,10 +114,9 @@ class Validator {
       throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
                         " is not supported; attention sinks are float32 (torch: x.float()).");
     }
-    const int axis = t.ndim == 1 ? 0 : 1;
-    if (t.dims[axis] > 1 && t.strides[axis] <= 0) {
-      throw LayoutError(std::string(t.name) + ": its heads axis has stride " + std::to_string(t.strides[axis]) +
-                        "; give each head its own value (a contiguous float32 vector).");
+    if (t.dims[0] > 1 && t.strides[0] != 1) {
+      throw LayoutError(std::string(t.name) + ": its heads axis has stride " + std::to_string(t.strides[0]) +
+                        "; pass a contiguous float32 vector (x.contiguous()).");
     }
     if (t.numel() != 0 && t.data % 4 != 0) {
       throw LayoutError(std::string(t.name) + ": data pointer is not 4-byte aligned; pass a contiguous copy.");
@@ -473,12 +472,15 @@ void validate_options(const SdpaOptions& options, const Problem& p) {
     throw LayoutError("window bounds must be non-negative token counts (or None for unbounded), got (" +
                       std::to_string(options.window_left) + ", " + std::to_string(options.window_right) + ")");
   }
-  if (!(options.softcap >= 0) || !std::isfinite(options.softcap)) {
-    throw LayoutError("softcap must be a positive finite number (or None for no cap), got " +
+  // The cap reaches cuDNN as a float32: it must be one (neither 0 nor inf after the conversion).
+  if (options.softcap != 0 &&
+      !(options.softcap >= std::numeric_limits<float>::min() && options.softcap <= std::numeric_limits<float>::max())) {
+    throw LayoutError("softcap must be a positive finite float32 (between 1.2e-38 and 3.4e38; None for no cap), got " +
                       std::to_string(options.softcap));
   }
-  if (options.window_left > INT32_MAX || options.window_right > INT32_MAX) {
-    throw LayoutError("window bounds must be below 2^31 tokens (use None for unbounded)");
+  // cuDNN takes window bounds as int, and the left bound as left + 1.
+  if (options.window_left >= INT32_MAX || options.window_right >= INT32_MAX) {
+    throw LayoutError("window bounds must be below 2^31 - 1 tokens (use None for unbounded)");
   }
 }
 

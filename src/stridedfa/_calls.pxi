@@ -43,8 +43,8 @@ cdef int64_t window_bound(object bound, const char* side) except -2:
         raise TypeError(f"window {side.decode()} bound must be an int >= 0 or None, got {bound!r}")
     if bound < 0:
         raise ValueError(f"window {side.decode()} bound must be >= 0 (None: unbounded), got {bound}")
-    if bound >= 2**31:
-        raise ValueError(f"window {side.decode()} bound must be below 2**31 tokens (None: unbounded), got {bound}")
+    if bound >= 2**31 - 1:
+        raise ValueError(f"window {side.decode()} bound must be below 2**31 - 1 tokens (None: unbounded), got {bound}")
     return bound
 
 
@@ -80,8 +80,8 @@ cdef int parse_options(object scale, object causal, object causal_alignment, obj
         if isinstance(softcap, bool):
             raise TypeError("softcap must be a number or None, got bool")
         options.softcap = float(softcap)
-        if not options.softcap > 0 or options.softcap == float("inf"):
-            raise ValueError(f"softcap must be a positive finite number (None: no cap), got {softcap!r}")
+        if not 1.1754943508222875e-38 <= options.softcap <= 3.4028234663852886e38:  # a float32 > 0
+            raise ValueError(f"softcap must be a positive finite float32 (None: no cap), got {softcap!r}")
     return 0
 
 

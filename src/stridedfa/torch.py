@@ -547,7 +547,7 @@ def _core_forward(q, k, v, out, lse, opts, stream):
     """The core's forward through __dlpack__ (torch < 2.10)."""
     scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = opts
     _core._forward(q, k, v, out, lse, scale, causal, alignment, stream, _workspace, _window(left, right),
-                   softcap, seqlens_q, seqlens_kv, sinks)
+                   softcap, seqlens_q, seqlens_kv, None if sinks is None else _raw(sinks))
 
 
 def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream, grad_sinks=None):

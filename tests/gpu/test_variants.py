@@ -150,6 +150,8 @@ ROWS_WITHOUT_KEYS = [
                  id="right0-br-sq192_skv64-fp16"),
     pytest.param(dict(window=(None, 5), alignment="bottom_right", s_q=300, s_kv=129),
                  id="right5-br-sq300_skv129-more_rows_than_keys_remain"),
+    pytest.param(dict(causal=True, alignment="bottom_right", s_q=133, s_kv=128, b=1, h_q=1, h_kv=1),
+                 id="causal_br-sq133_skv128-lse_rows_offset_by_5-misaligned_slice"),
 ]
 
 
@@ -200,6 +202,8 @@ SINKS = [
     pytest.param(dict(sinks=True, causal=True, window=(63, None)), id="sinks-causal-window63-gpt_oss"),
     pytest.param(dict(sinks=True, seqlens=([128, 50], [128, 50])), id="sinks-padding"),
     pytest.param(dict(sinks=True, layout="bshd", dtype=torch.float16, s_q=64, s_kv=192), id="sinks-bshd-fp16-cross"),
+    pytest.param(dict(sinks=True, causal=True, alignment="bottom_right", window=(31, None), s_q=4, s_kv=256),
+                 id="sinks-decode_window-leading_keys_cut"),
 ]
 
 

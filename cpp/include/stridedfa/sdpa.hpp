@@ -54,10 +54,12 @@ struct PreparedCall {
   Fill fills[kMaxFills];
   int n_copies = 0;
   Copy copies[kMaxCopies];
-  // cuDNN < 9.26 reads the backward's statistics only packed: a row-restricted view of the
-  // caller's lse is copied into a packed staging buffer at launch (ptrs[staged_lse_ptr]).
+  // A row-restricted view of the caller's lse that cuDNN cannot take (misaligned, or not packed
+  // on an older cuDNN) goes through a packed staging buffer at launch (ptrs[staged_lse_ptr]):
+  // copied in before a backward, out of it after a forward (staged_lse_output).
   int staged_lse_ptr = -1;
   TensorView staged_lse_source;
+  bool staged_lse_output = false;
   // Padding lengths the core made (full extents): filled on the device at launch into ptrs[i].
   int made_lengths_ptr[2] = {-1, -1};
   int64_t made_lengths_value[2] = {0, 0};

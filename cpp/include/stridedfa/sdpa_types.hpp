@@ -54,8 +54,9 @@ enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 
 // attention: float16/bfloat16 shared by the call, 4 axes, head_dim contiguous, 16-byte rules.
 // stats: float32 softmax statistics (batch, heads, seq) or with a trailing axis of 1.
-// lengths: int32 per-batch sequence lengths, (batch,) or (batch, 1, 1, 1), read on the device only.
-// per_head: float32 one value per query head, (heads of q,) or (1, heads of q, 1, 1).
+// lengths: int32 per-batch sequence lengths, (batch,) or (batch, 1, 1, 1), contiguous, read on the
+// device only.
+// per_head: float32 one value per query head, (heads of q,), contiguous.
 enum class OperandKind : int32_t { attention = 0, stats = 1, lengths = 2, per_head = 3 };
 
 // The logical extents an operand's axes must have (kOne: extent 1).
