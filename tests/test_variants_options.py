@@ -157,3 +157,11 @@ def test_sinks_with_keys_no_row_sees_are_fine_and_not_sliced():
     with pytest.raises(stridedfa.UnsupportedError, match="sinks"):
         _core._forward_graph_key(**forward(s_q=64, s_kv=16), causal=True, causal_alignment="bottom_right",
                                  sinks=t((H,), "float32"), cudnn_version=92600)
+
+
+def test_an_empty_batch_with_sinks_is_nothing_for_cudnn():
+    """b = 0: every attention output is empty, the sinks' gradient is zeros (a fill, no graph)."""
+    q, k, v, out, grad_out = (t((0, H, 32, D)) for _ in range(5))
+    problem = _core._validate_backward(q, k, v, out, grad_out, t((0, H, 32), "float32"), t(q.shape), t(k.shape),
+                                       t(v.shape), sinks=t((H,), "float32"), grad_sinks=t((H,), "float32"))
+    assert problem["nothing_to_do"]

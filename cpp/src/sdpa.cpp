@@ -264,7 +264,12 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
                      const TensorView* const* operands) {
   PreparedCall call;
   call.problem = problem;
-  if (problem.nothing_to_do) return call;
+  if (problem.nothing_to_do) {  // only a sinks' gradient can have elements: it is zero
+    if (operands[kGradSinks] && operands[kGradSinks]->numel() != 0) {
+      call.fills[call.n_fills++] = {*operands[kGradSinks], 0u};
+    }
+    return call;
+  }
   if (!libraries_loaded()) {
     throw BackendError("cuDNN is not loaded; stridedfa loads it on the first GPU call (see stridedfa.info())");
   }
@@ -414,7 +419,7 @@ std::atomic<int64_t> own_workspace_count{0};
 int64_t own_workspace_allocations() { return own_workspace_count.load(std::memory_order_relaxed); }
 
 void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
-  if (call.problem.nothing_to_do) return;
+  if (call.problem.nothing_to_do && call.n_fills == 0) return;
   DeviceGuard guard(call.problem.device);
   for (int i = 0; i < call.n_fills; ++i) fill_strided(call.fills[i].region, call.fills[i].pattern, stream);
   for (int i = 0; i < call.n_copies; ++i) copy_strided(call.copies[i].from, call.copies[i].to, stream);

@@ -240,6 +240,8 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
             Rows that see no key get out = 0, lse = -inf and zero gradients.
         softcap: cap the scores smoothly before the mask: ``softcap * tanh(scale * q @ k^T /
             softcap)`` (Gemma 2's logit soft-capping, FlashAttention's ``softcap``); None: no cap.
+            With padding lengths, a row inside a sequence that sees no key (bottom-right with
+            seqlens_q[b] > seqlens_kv[b]) is not defined with a softcap (not tested).
         seqlens_q, seqlens_kv: optional int32 (batch,) device tensors: the valid length of each
             sequence in a padded batch (one may be left out: full length on that side). Keys
             j >= seqlens_kv[b] are never read; with ``"bottom_right"`` the diagonal is aligned per

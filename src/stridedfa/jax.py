@@ -142,6 +142,7 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             ``jax.nn.dot_product_attention`` calls ``query_seq_lengths`` / ``key_value_seq_lengths``.
         sinks: float32 (h_q,) attention-sink logits, differentiable (gpt-oss): an extra term per
             query head in each row's softmax denominator (see :func:`stridedfa.sdpa_forward`).
+            Not under ``jax.vmap`` (batched sinks are refused when the call runs).
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-reproducible
             gradients, slower).
         return_lse: also return the float32 log-sum-exp of each row, (batch, h_q, s_q) in either
