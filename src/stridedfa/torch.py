@@ -58,9 +58,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         softcap: cap the scores smoothly, ``softcap * tanh(scores / softcap)`` before the mask
             (Gemma 2's ``attn_logit_softcapping``; FlashAttention's ``softcap``). None: no cap.
         seqlens_q, seqlens_kv: int32 (batch,) CUDA tensors with each sequence's length in a padded
-            batch (one may be omitted: full length on that side). Keys past a length are never
-            read; read on the device only (CUDA graphs, torch.compile). Padded query rows: see the
-            README's "Padding" section.
+            batch (one may be omitted: full length on that side). Keys past a length do not
+            count (their values must be finite); read on the device only (CUDA graphs,
+            torch.compile). Padded query rows get out = 0, lse = -inf, zero gradients.
         sinks: float32 (h_q,) CUDA tensor of attention-sink logits (gpt-oss): an extra term per
             query head in each row's softmax denominator that attends to nothing; differentiable.
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-identical
