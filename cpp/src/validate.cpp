@@ -83,40 +83,29 @@ class Validator {
   // Padding lengths: int32 (batch,) or (batch, 1, 1, 1), read by cuDNN on the device only.
   void lengths(const TensorView& t) {
     const bool shape_ok = t.ndim == 1 || (t.ndim == 4 && t.dims[1] == 1 && t.dims[2] == 1 && t.dims[3] == 1);
-    if (!shape_ok) {
-      throw LayoutError(std::string(t.name) + ": expected shape (batch,) of per-sequence lengths, got " + shape_str(t) +
-                        ".");
-    }
-    check_addressable(t);
-    device(t);
-    if (!(t.dtype.code == kDLInt && t.dtype.bits == 32 && t.dtype.lanes == 1)) {
-      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
-                        " is not supported; sequence lengths are int32 (torch: x.to(torch.int32)).");
-    }
-    if (t.dims[0] > 1 && t.strides[0] != 1) {
-      throw LayoutError(std::string(t.name) + ": axis 0 (batch) has stride " + std::to_string(t.strides[0]) +
-                        "; pass a contiguous int32 vector (x.contiguous()).");
-    }
-    if (t.numel() != 0 && t.data % 4 != 0) {
-      throw LayoutError(std::string(t.name) + ": data pointer is not 4-byte aligned; pass a contiguous copy.");
-    }
+    const bool int32 = t.dtype.code == kDLInt && t.dtype.bits == 32 && t.dtype.lanes == 1;
+    vector(t, shape_ok, "(batch,) of per-sequence lengths", int32, "sequence lengths are int32 (torch: x.int())");
   }
 
-  // Per-head values (attention sinks and their gradient): float32 (h_q,), contiguous.
+  // Per-head values (attention sinks and their gradient): float32 (h_q,).
   void per_head(const TensorView& t) {
-    if (t.ndim != 1) {
-      throw LayoutError(std::string(t.name) + ": expected shape (heads of q,), one value per query head, got " +
-                        shape_str(t) + ".");
+    vector(t, t.ndim == 1, "(heads of q,), one value per query head", is_float32(t.dtype),
+           "attention sinks are float32 (torch: x.float())");
+  }
+
+  // A small 4-byte vector read by cuDNN as dense: its shape, dtype, contiguity and alignment.
+  void vector(const TensorView& t, bool shape_ok, const char* shape, bool dtype_ok, const char* dtype) {
+    if (!shape_ok) {
+      throw LayoutError(std::string(t.name) + ": expected shape " + shape + ", got " + shape_str(t) + ".");
     }
     check_addressable(t);
     device(t);
-    if (!is_float32(t.dtype)) {
-      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
-                        " is not supported; attention sinks are float32 (torch: x.float()).");
+    if (!dtype_ok) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) + " is not supported; " + dtype + ".");
     }
     if (t.dims[0] > 1 && t.strides[0] != 1) {
-      throw LayoutError(std::string(t.name) + ": its heads axis has stride " + std::to_string(t.strides[0]) +
-                        "; pass a contiguous float32 vector (x.contiguous()).");
+      throw LayoutError(std::string(t.name) + ": axis 0 has stride " + std::to_string(t.strides[0]) +
+                        "; pass a contiguous vector (x.contiguous()).");
     }
     if (t.numel() != 0 && t.data % 4 != 0) {
       throw LayoutError(std::string(t.name) + ": data pointer is not 4-byte aligned; pass a contiguous copy.");
