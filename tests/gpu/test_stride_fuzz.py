@@ -44,7 +44,7 @@ import stridedfa  # noqa: E402
 from helpers import fuzz  # noqa: E402
 from helpers.checks import TOLERANCES  # noqa: E402
 from helpers.fake_dlpack import FakeTensor  # noqa: E402
-from helpers.torch_ref import torch_reference, torch_reference_all  # noqa: E402
+from helpers.torch_ref import torch_reference, torch_reference_all, visible  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -69,7 +69,7 @@ class Case:
         self.options = dict(causal=recipe.causal, causal_alignment=alignment)
         self.ref_options = dict(causal=recipe.causal, alignment=alignment)
         self.lengths = {}
-        self._draw_variant(b, s_q, s_kv)
+        self._draw_variant(b, h_q, s_q, s_kv)
         shapes = {"q": (b, h_q, s_q, d_qk), "k": (b, h_kv, s_kv, d_qk), "v": (b, h_kv, s_kv, d_v),
                   "out": (b, h_q, s_q, d_v), "dout": (b, h_q, s_q, d_v)}
         shapes.update(dq=shapes["q"], dk=shapes["k"], dv=shapes["v"])
@@ -94,9 +94,10 @@ class Case:
             self.t[name], self.bases[(name,)] = p.view, [p.base]
         self.t["lse"], self.bases[("lse",)] = self._lse(b, h_q, s_q)
 
-    def _draw_variant(self, b, s_q, s_kv):
-        """A window, padding lengths and/or the deterministic backward on a share of the cases
-        (fuzz.variant_of draws them)."""
+    def _draw_variant(self, b, h_q, s_q, s_kv):
+        """A window, padding lengths, a softcap, sinks and/or the deterministic backward on a share
+        of the cases (fuzz.variant_of draws them; sinks only where every valid row sees a key and
+        s_q > 1, as cuDNN runs them)."""
         window, lengths, deterministic, softcap = fuzz.variant_of(self.rng, b, s_q, s_kv, self.options)
         if window is not None:
             self.options["window"] = self.ref_options["window"] = window
@@ -106,7 +107,27 @@ class Case:
         for name, values in lengths.items():
             tensor = torch.tensor(values, device="cuda", dtype=torch.int32)
             self.lengths[name] = self.ref_options[name] = tensor
-        self.label += f", variant {fuzz.variant_label(window, lengths, deterministic, softcap)}"
+        self.sinks = self.grad_sinks = None
+        if self.rng.random() < 0.15 and s_q > 1 and not self._has_rows_without_keys(b, s_q, s_kv):
+            self.sinks = 2.0 * torch.randn(h_q, generator=self.gen, device="cuda")
+            self.ref_options["sinks"] = self.sinks
+        label = fuzz.variant_label(window, lengths, deterministic, softcap)
+        self.label += f", variant {label}{', sinks' if self.sinks is not None else ''}"
+
+    def _has_rows_without_keys(self, b, s_q, s_kv):
+        o = self.ref_options
+        mask = visible(b, s_q, s_kv, o["causal"], o["alignment"], o.get("window"), o.get("seqlens_q"),
+                       o.get("seqlens_kv"), device="cpu")
+        valid = torch.arange(s_q)[None, :] < (o["seqlens_q"].cpu()[:, None] if "seqlens_q" in o else s_q)
+        return bool((~mask[:, 0].any(dim=-1) & valid).any())
+
+    def _sink_args(self, backward):
+        if self.sinks is None:
+            return {}
+        if not backward:
+            return {"sinks": self.sinks}
+        self.grad_sinks = torch.full_like(self.sinks, float("nan"))
+        return {"sinks": self.sinks, "grad_sinks": self.grad_sinks}
 
     def _lse(self, b, h, s):
         strides = [h * s, s, 1]
@@ -119,12 +140,13 @@ class Case:
 
     def forward(self):
         t = self.t
-        stridedfa.sdpa_forward(t["q"], t["k"], t["v"], t["out"], lse=t["lse"], **self.options, **self.lengths)
+        stridedfa.sdpa_forward(t["q"], t["k"], t["v"], t["out"], lse=t["lse"], **self.options, **self.lengths,
+                               **self._sink_args(False))
 
     def backward(self):
         t = self.t
         stridedfa.sdpa_backward(t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"],
-                                t["dk"], t["dv"], **self.options, **self.lengths,
+                                t["dk"], t["dv"], **self.options, **self.lengths, **self._sink_args(True),
                                 deterministic=self.deterministic)
 
     def untouched(self, groups) -> bool:
@@ -150,6 +172,9 @@ class Case:
         refs = {}
         if with_backward:
             refs = dict(zip(("dq", "dk", "dv"), ref_grads))
+            if self.sinks is not None:  # the sinks' gradient, against the reference's fourth
+                metrics["grad_sinks max error"] = fuzz.max_error(self.grad_sinks, ref_grads[3])
+                metrics["grad_sinks scale"] = ref_grads[3].abs().max()
             for name, ref in refs.items():
                 metrics[f"{name} max error"] = fuzz.max_error(t[name], ref)
                 metrics[f"{name} scale"] = ref.abs().max()
@@ -170,6 +195,10 @@ class Case:
             if not err <= tol.grad_rel * scale:  # NaN fails too
                 problems.append(f"{name} max error {err:.3e} > {tol.grad_rel} * max(max|ref|, 1) = "
                                 f"{tol.grad_rel * scale:.3e}")
+        if "grad_sinks max error" in got:
+            err, scale = got["grad_sinks max error"], max(got["grad_sinks scale"], 1.0)
+            if not err <= tol.grad_rel * scale:  # NaN (unwritten) fails too
+                problems.append(f"grad_sinks max error {err:.3e} > {tol.grad_rel * scale:.3e}")
         return problems
 
 

@@ -57,7 +57,8 @@ def visible(b, s_q, s_kv, causal, alignment, window=None, seqlens_q=None, seqlen
     return mask[:, None]
 
 
-def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, seqlens_kv=None, softcap=None):
+def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, seqlens_kv=None, softcap=None,
+               sinks=None):
     h_q, h_kv = q.shape[1], k.shape[1]
     if h_q % h_kv:
         raise ValueError(f"h_q={h_q} is not a multiple of h_kv={h_kv}")
@@ -67,6 +68,8 @@ def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, s
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
+    if sinks is not None:
+        return _with_sinks(scores, v, sinks, causal, alignment, window, seqlens_q, seqlens_kv)
     if not (causal or window is not None or seqlens_q is not None or seqlens_kv is not None):
         lse = torch.logsumexp(scores, dim=-1)
         return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v), lse
@@ -80,14 +83,31 @@ def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, s
     return torch.matmul(probs, v), lse
 
 
+def _with_sinks(scores, v, sinks, causal, alignment, window, seqlens_q, seqlens_kv):
+    """Attention sinks: one more logit per head in each row's softmax, attending to nothing. Rows
+    of padding give out 0 and lse -inf (stridedfa's values); tests avoid other rows without keys."""
+    b, h, s_q, s_kv = scores.shape
+    mask = visible(b, s_q, s_kv, causal, alignment, window, seqlens_q, seqlens_kv, scores.device)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.to(scores.dtype)[None, :, None, None].expand(b, h, s_q, 1)
+    extended = torch.cat([scores, sink], dim=-1)
+    lse = torch.logsumexp(extended, dim=-1)
+    probs = torch.exp(extended - lse.unsqueeze(-1))[..., :s_kv]
+    padded = torch.zeros((b, 1, s_q), dtype=torch.bool, device=scores.device)
+    if seqlens_q is not None:
+        padded = torch.arange(s_q, device=scores.device)[None, None, :] >= seqlens_q.to(scores.device)[:, None, None]
+    return torch.matmul(probs * ~padded[..., None], v), lse.masked_fill(padded, float("-inf"))
+
+
 def torch_reference(q, k, v, scale=None, causal=False, alignment="top_left", window=None,
-                    seqlens_q=None, seqlens_kv=None, softcap=None, *,
+                    seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, *,
                     compute_dtype=torch.float64):
     """Attention forward: ``(out, lse)`` as float32, lse shaped (b, h_q, s_q), natural log."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     with torch.no_grad():
         out, lse = _attention(*(t.detach().to(compute_dtype) for t in (q, k, v)),
-                              scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap)
+                              scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap,
+                              None if sinks is None else sinks.detach().to(compute_dtype))
     return out.float(), lse.float()
 
 
@@ -104,12 +124,16 @@ def torch_reference_grads(q, k, v, grad_out, scale=None, causal=False, alignment
 
 
 def torch_reference_all(q, k, v, grad_out, scale=None, causal=False, alignment="top_left", window=None,
-                    seqlens_q=None, seqlens_kv=None, softcap=None, *,
+                        seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, *,
                         compute_dtype=torch.float64):
-    """Forward and backward in one pass: ``(out, lse, (grad_q, grad_k, grad_v))`` as float32."""
+    """Forward and backward in one pass: ``(out, lse, (grad_q, grad_k, grad_v[, grad_sinks]))`` as
+    float32 (grad_sinks when sinks are given)."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
+    if sinks is not None:
+        leaves.append(sinks.detach().to(compute_dtype).requires_grad_())
     with torch.enable_grad():
-        out, lse = _attention(*leaves, scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap)
+        out, lse = _attention(*leaves[:3], scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap,
+                              leaves[3] if sinks is not None else None)
         grads = torch.autograd.grad(out, leaves, grad_out.detach().to(compute_dtype))
     return out.detach().float(), lse.detach().float(), tuple(g.float() for g in grads)
