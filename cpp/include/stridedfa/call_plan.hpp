@@ -1,0 +1,43 @@
+// The plan of one call: what cuDNN is handed once the mask's empty rows and keys are cut off
+// (visibility.hpp), the core's own work around it (fills, a copy, padding lengths it makes, a
+// staged lse), and the calls cuDNN has no graph for (s_q = s_kv = 1 backward). sdpa.cpp turns
+// a plan into a graph spec and a launch.
+#pragma once
+
+#include <cstdint>
+
+#include "stridedfa/sdpa_types.hpp"
+#include "stridedfa/tensor_view.hpp"
+#include "stridedfa/visibility.hpp"
+
+namespace stridedfa {
+
+// What a call hands cuDNN once the mask's empty rows and keys are cut off: the operands as views
+// of the caller's tensors, the fills for the regions cut off, and whether the statistics must be
+// staged packed.
+struct Plan {
+  Problem problem;  // the sub-problem cuDNN computes
+  TensorView views[kNumSlots];
+  const TensorView* slots[kNumSlots] = {};
+  int n_fills = 0;
+  Fill fills[kMaxFills];
+  int n_copies = 0;
+  Copy copies[kMaxCopies];
+  bool stage_lse = false;
+  TensorView lse_source;
+  bool nothing_for_cudnn = false;
+  // Padding lengths the core makes itself (full extents, filled on the device at launch): the side
+  // a caller left out, or both where cuDNN runs a band with s_q > s_kv only in padding mode.
+  int64_t made_lengths[2] = {-1, -1};  // value for seqlens_q, seqlens_kv; -1: not made
+  bool unmasked = false;               // the sub-problem needs no mask (every pair takes part)
+};
+
+// Fills `plan` for a validated call (`operands` in slot order, null where absent, each 4-axis).
+// Throws UnsupportedError for what the core cannot plan (sinks with rows that see no key, ...).
+void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
+               int64_t cudnn_version, Plan& plan);
+
+// A float32 (b, h, s[, 1]) statistics view packed as cuDNN reads it before 9.12 / 9.26.
+bool is_packed_stats(const TensorView& lse);
+
+}  // namespace stridedfa

@@ -1,0 +1,167 @@
+#include "stridedfa/call_plan.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "stridedfa/errors.hpp"
+
+namespace stridedfa {
+
+bool is_packed_stats(const TensorView& lse) {
+  const int64_t h = lse.dims[1], s = lse.dims[2];
+  return (lse.dims[0] == 1 || lse.strides[0] == h * s) && (h == 1 || lse.strides[1] == s) &&
+         (s == 1 || lse.strides[2] == 1);
+}
+
+namespace {
+
+// A (b, 1, 1, 1) int32 lengths operand whose memory the launch provides.
+TensorView made_lengths_view(const char* name, const Problem& p) {
+  TensorView t;
+  t.name = name;
+  t.present = true;
+  t.ndim = 4;
+  t.dims[0] = p.b;
+  for (int i = 1; i < 4; ++i) t.dims[i] = 1;
+  for (int i = 0; i < 4; ++i) t.strides[i] = 1;
+  t.dtype = {kDLInt, 32, 1};
+  t.device_type = kDLCUDA;
+  t.device_id = p.device;
+  return t;
+}
+
+void make_lengths(Plan& plan, int slot, int64_t value) {
+  plan.made_lengths[slot - kSeqLensQ] = value;
+  plan.views[slot] = made_lengths_view(kOperands[slot].name, plan.problem);
+  plan.slots[slot] = &plan.views[slot];
+}
+
+void add_fill(Plan& plan, const TensorView& region, int slot) {
+  if (region.numel() == 0) return;
+  plan.fills[plan.n_fills++] = {region, kOperands[slot].kind == OperandKind::stats ? kNegativeInfinityBits : 0u};
+}
+
+void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* operands, int64_t cudnn_version,
+                 Plan& plan);
+
+// cuDNN's backward refuses s_q = s_kv = 1, whose gradients are exact without it: one key gets all
+// the weight (P = 1 whatever the scores), so dQ = dK = 0 and dV = dO. With grouped heads dV sums
+// dO over each group: the g query heads sharing a kv head are then described as g query rows of
+// one head (a view: their seq axis is the heads' stride), which cuDNN's backward runs.
+void one_query_one_key_backward(Plan& plan) {
+  Problem& p = plan.problem;
+  if (plan.slots[kSinks]) {
+    throw UnsupportedError(
+        "the backward with s_q = s_kv = 1 and attention sinks is not supported (cuDNN refuses "
+        "s_q = s_kv = 1 with a sink token).");
+  }
+  if (p.h_q == p.h_kv) {
+    plan.nothing_for_cudnn = true;
+    add_fill(plan, plan.views[kGradQ], kGradQ);
+    add_fill(plan, plan.views[kGradK], kGradK);
+    plan.copies[plan.n_copies++] = {plan.views[kGradO], plan.views[kGradV]};
+    return;
+  }
+  const int64_t group = p.h_q / p.h_kv;
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (!plan.slots[s] || kOperands[s].shape[1] != kHeadsQ) continue;
+    TensorView& t = plan.views[s];
+    t.strides[2] = t.strides[1];
+    t.strides[1] *= group;
+    t.dims[1] = p.h_kv;
+    t.dims[2] = group;
+  }
+  p.h_q = p.h_kv;
+  p.s_q = group;
+  plan.unmasked = true;  // every row of the fold sees the one key, whatever the mask said
+}
+
+}  // namespace
+
+void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
+               int64_t cudnn_version, Plan& plan) {
+  plan.problem = problem;
+  const bool has_lengths = operands[kSeqLensQ] || operands[kSeqLensKV];
+  const Visibility seen = visible_region(options, problem, has_lengths);
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (!operands[s]) continue;
+    plan.views[s] = *operands[s];
+    plan.slots[s] = &plan.views[s];
+  }
+  if (problem.nothing_to_do) return;
+  if (has_lengths) {
+    // Padded rows are not written by cuDNN's forward: their statistics get -inf first.
+    if (op == GraphOp::forward && operands[kLse]) add_fill(plan, *operands[kLse], kLse);
+    if (!operands[kSeqLensQ]) make_lengths(plan, kSeqLensQ, problem.s_q);
+    if (!operands[kSeqLensKV]) make_lengths(plan, kSeqLensKV, problem.s_kv);
+    return;
+  }
+  if (seen.restricts(problem)) {
+    const bool rows_cut = seen.row_begin != 0 || seen.row_end != problem.s_q;
+    if (operands[kSinks] && rows_cut) {
+      throw UnsupportedError("attention sinks with rows that see no key (" +
+                             std::to_string(problem.s_q - (seen.row_end - seen.row_begin)) + " of " +
+                             std::to_string(problem.s_q) +
+                             " rows under this mask) are not supported: such a row's statistics " +
+                             "would be its head's sink value, which stridedfa cannot write without a kernel; use a "
+                             "mask under which every " +
+                             "row sees a key (e.g. s_q <= s_kv with bottom-right alignment).");
+    }
+    restrict_to(op, seen, operands, cudnn_version, plan);
+  }
+  if (op == GraphOp::backward && !plan.nothing_for_cudnn && plan.problem.s_q == 1 && plan.problem.s_kv == 1) {
+    one_query_one_key_backward(plan);
+    return;
+  }
+  // cuDNN runs a left bound, or a bottom-right right bound, with s_q > s_kv only in padding mode.
+  const bool banded =
+      options.left_bound() != SdpaOptions::kUnbounded ||
+      (options.alignment == CausalAlignment::bottom_right && options.right_bound() != SdpaOptions::kUnbounded);
+  if (!plan.nothing_for_cudnn && banded && plan.problem.s_q > plan.problem.s_kv) {
+    make_lengths(plan, kSeqLensQ, plan.problem.s_q);
+    make_lengths(plan, kSeqLensKV, plan.problem.s_kv);
+  }
+}
+
+namespace {
+
+// Describes only the rows and keys in `seen` and fills the outputs' regions outside it.
+void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* operands, int64_t cudnn_version,
+                 Plan& plan) {
+  plan.problem.s_q = std::max<int64_t>(seen.row_end - seen.row_begin, 0);
+  plan.problem.s_kv = std::max<int64_t>(seen.key_end - seen.key_begin, 0);
+  plan.nothing_for_cudnn = seen.empty();
+  for (int s = 0; s < kNumSlots; ++s) {
+    const OperandKind kind = kOperands[s].kind;
+    if (!operands[s] || (kind != OperandKind::attention && kind != OperandKind::stats)) continue;
+    const Extent seq = kOperands[s].shape[2];
+    const int64_t begin = seq == kSeqQ ? seen.row_begin : seen.key_begin;
+    const int64_t end = seq == kSeqQ ? seen.row_end : seen.key_end;
+    const int64_t extent = operands[s]->dims[2];
+    const int64_t b = std::min(begin, extent), e = std::clamp(end, b, extent);
+    if (role_in(op, s) == Role::output) {
+      add_fill(plan, seq_slice(*operands[s], 0, b), s);
+      add_fill(plan, seq_slice(*operands[s], e, extent), s);
+    }
+    plan.views[s] = seq_slice(*operands[s], b, e);
+  }
+  // A row slice of the caller's statistics may be misaligned (rows of 4 bytes) or, before cuDNN
+  // 9.12 (forward) / 9.26 (backward), not packed enough for cuDNN: it then goes through a packed,
+  // aligned staging buffer (copied in before a backward, out after a forward).
+  if (!operands[kLse] || plan.views[kLse].dims[2] == operands[kLse]->dims[2]) return;
+  const TensorView& sliced = plan.views[kLse];
+  const int64_t packed_since = op == GraphOp::backward ? 92600 : 91200;
+  const bool old_cudnn_needs_packed = cudnn_version < packed_since && !is_packed_stats(sliced);
+  if (sliced.data % 16 == 0 && !old_cudnn_needs_packed) return;
+  plan.stage_lse = true;
+  plan.lse_source = sliced;
+  TensorView& staged = plan.views[kLse];  // described packed; its pointer is set at launch
+  staged.strides[0] = staged.dims[1] * staged.dims[2];
+  staged.strides[1] = staged.dims[2];
+  staged.strides[2] = 1;
+  staged.strides[3] = 1;
+  staged.data = 0;
+}
+
+}  // namespace
+}  // namespace stridedfa
