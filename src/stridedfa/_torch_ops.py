@@ -1,0 +1,533 @@
+"""The torch operators behind stridedfa.torch: their definitions (torch.library), fake kernels
+with the real kernels' strides (stridedfa._layouts), autograd kernels and Functions, and the
+helpers they share. stridedfa.torch holds the public entry points; importing this module registers
+torch.ops.stridedfa.*.
+"""
+
+import torch
+
+from stridedfa import _core, _layouts
+from stridedfa._errors import LayoutError
+
+# torch >= 2.10 exports the DLPack C exchange API: the core reads tensors and the current stream in
+# well under a microsecond and allocates through torch's allocator. Older torch goes through
+# __dlpack__, which needs the stream spelled out and tensors detached.
+_HAS_EXCHANGE_API = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+_LOGICAL = "bhsd"  # the core's axis names: batch, heads, sequence, head_dim
+
+
+# --- Operators ------------------------------------------------------------------------------------
+#
+# Defined with torch.library.Library rather than torch.library.custom_op: a custom_op call crosses
+# from the dispatcher into Python four times (autograd wrapper, redispatch, backend wrapper with its
+# aliasing check, the kernel), which cost more host time than torch's whole SDPA. Each operator here
+# has three kernels:
+#   - impl, the computation, for every device (CompositeExplicitAutograd; CPU tensors get the
+#     validator's LayoutError);
+#   - a fake kernel with exactly impl's strides (stridedfa._layouts), for meta/fake tensors;
+#   - an Autograd kernel: with a gradient to record, an autograd.Function; without one, impl itself
+#     on plain tensors with no mode active (eager calls, compiled graphs' calls), else the call with
+#     autograd excluded (fake tensors, dispatch modes and tracers see the operator).
+# So a call from a compiled graph or through torch.ops enters Python once.
+
+_lib = torch.library.Library("stridedfa", "DEF")
+_AutoDispatchBelowAutograd = torch._C._AutoDispatchBelowAutograd
+
+
+def _define(name, schema, impl, fake):
+    _lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    _lib.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"stridedfa::{name}", fake, lib=_lib)
+    return getattr(torch.ops.stridedfa, name).default
+
+
+def _below_autograd(op, impl, args, tensors):
+    """`op` as if its Autograd kernel were a fallthrough: impl itself when `tensors` are plain CUDA
+    tensors and no mode is active (below autograd there is then only the CUDA backend; asking the
+    dispatcher for its keyset would cost more than the whole check), else a call with autograd
+    excluded."""
+    if _plain(tensors):
+        return impl(*args)
+    with _AutoDispatchBelowAutograd():
+        return op(*args)
+
+
+def _plain(tensors) -> bool:
+    """Plain CUDA tensors (not meta, fake or subclasses) and no dispatch or function mode."""
+    return (all(t is None or type(t) is _Tensor for t in tensors) and tensors[0].is_cuda
+            and _dispatch_stack_depth() == 0 and not _function_mode_enabled())
+
+
+class _NotDifferentiable(torch.autograd.Function):
+    """A backward operator called with inputs that require grad (create_graph=True, or AOTAutograd
+    tracing the joint graph): computed as usual, and differentiating through it raises."""
+
+    @staticmethod
+    def forward(ctx, op, impl, tensor_args, *args):
+        ctx.name = op.name()
+        return _below_autograd(op, impl, args, [args[i] for i in tensor_args])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.name} is not differentiable: stridedfa attention has no double "
+                           f"backward")
+
+
+def _requires_grad(*tensors) -> bool:
+    return _is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _backward_kernel(op, impl, tensor_args):
+    """The Autograd kernel of a backward operator whose arguments at `tensor_args` are tensors."""
+    def kernel(*args):
+        tensors = [args[i] for i in tensor_args]
+        if _requires_grad(*tensors):
+            return _NotDifferentiable.apply(op, impl, tensor_args, *args)
+        return _below_autograd(op, impl, args, tensors)
+    return kernel
+
+
+# Every operator takes the options in one order (`opts` below: 10 values), spelled in its schema
+# as _OPTIONS; window bounds are -1 where unbounded (a schema int cannot be None). The lengths are
+# options 6 and 7, the sinks (the one differentiable option) option 8.
+_OPTIONS = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
+            "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic")
+_N_OPTIONS = 10
+_LENGTHS = (6, 7)
+_SINKS = 8
+_TENSOR_OPTIONS = (*_LENGTHS, _SINKS)
+
+
+def _option_grads(grad_sinks):
+    """The gradients of the options and of the flag after them (with_lse / return_lse)."""
+    return (None,) * _SINKS + (grad_sinks,) + (None,) * (_N_OPTIONS - _SINKS)
+
+
+def _attention_forward_impl(q, k, v, *args):  # args: the options, then with_lse
+    with_lse = args[_N_OPTIONS]
+    out, lse = _forward(q, k, v, args[:_N_OPTIONS], with_lse)
+    return out, (lse if with_lse else _no_lse(q))
+
+
+def _attention_forward_fake(q, k, v, *args):
+    out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
+    return out, (_empty_lse(q) if args[_N_OPTIONS] else _no_lse(q))
+
+
+_attention_forward = _define(
+    "attention_forward", f"(Tensor q, Tensor k, Tensor v, {_OPTIONS}, bool with_lse) -> (Tensor, Tensor)",
+    _attention_forward_impl, _attention_forward_fake)
+
+
+def _attention_inference_impl(q, k, v, *opts):
+    return _forward(q, k, v, opts, False)[0]
+
+
+def _attention_inference_fake(q, k, v, *opts):
+    return _attention_forward_fake(q, k, v, *opts, False)[0]
+
+
+# The forward without statistics: what a call that records no gradient runs (no placeholder lse
+# to allocate).
+_attention_inference = _define(
+    "attention_inference", f"(Tensor q, Tensor k, Tensor v, {_OPTIONS}) -> Tensor",
+    _attention_inference_impl, _attention_inference_fake)
+
+
+def _attention_inference_autograd(q, k, v, *opts):
+    # The path compiled graphs take: the check of _plain inlined, then the C call itself.
+    if (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and q.is_cuda
+            and _dispatch_stack_depth() == 0 and not _function_mode_enabled() and _HAS_EXCHANGE_API):
+        return _forward(q, k, v, opts, False)[0]
+    with _AutoDispatchBelowAutograd():
+        return _attention_inference(q, k, v, *opts)
+
+
+_lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
+
+
+def _attention_backward_impl(q, k, v, out, lse, grad_out, *opts, together=False):
+    """(grad_q, grad_k, grad_v, grad_sinks: (h_q,) float32, or empty without sinks)."""
+    sinks = opts[_SINKS]
+    if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic = opts
+        grad_q, grad_k, grad_v, grad_sinks = _core._backward_alloc(
+            q, k, v, out, lse, grad_out, scale, causal, alignment, _contiguous, together, _window(left, right),
+            softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+        return grad_q, grad_k, grad_v, (grad_sinks if grad_sinks is not None else _no_lse(q))
+    grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
+    grad_sinks = _no_lse(q) if sinks is None else sinks.new_empty(sinks.shape)
+    _core_backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k,
+                   grad_v, opts, _stream(q), None if sinks is None else grad_sinks)
+    return grad_q, grad_k, grad_v, grad_sinks
+
+
+def _attention_backward_fake(q, k, v, out, lse, grad_out, *opts):
+    sinks = opts[_SINKS]
+    return (_gradient_like(q), _gradient_like(k), _gradient_like(v),
+            _no_lse(q) if sinks is None else sinks.new_empty(sinks.shape))
+
+
+_attention_backward = _define(
+    "attention_backward",
+    f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
+    "-> (Tensor, Tensor, Tensor, Tensor)", _attention_backward_impl, _attention_backward_fake)
+# Its tensors: q, k, v, out, lse, grad_out and the tensor options.
+_lib.impl("attention_backward", _backward_kernel(_attention_backward, _attention_backward_impl,
+                                                 (0, 1, 2, 3, 4, 5, *(6 + i for i in _TENSOR_OPTIONS))), "Autograd")
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """attention_forward with a gradient to record, as the operator's Autograd kernel runs it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *args):  # args: the options, then with_lse
+        out, lse = _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
+                                   (q, k, v, *(args[i] for i in _TENSOR_OPTIONS)))
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = args[:_N_OPTIONS]
+        ctx.with_lse = args[_N_OPTIONS]
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        if not ctx.with_lse:
+            raise RuntimeError("stridedfa: this attention call was made without autograd (no input "
+                               "required grad when it ran), so it kept no statistics to differentiate "
+                               "with")
+        q, k, v, out, lse = ctx.saved_tensors
+        grad_q, grad_k, grad_v, grad_sinks = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
+        return grad_q, grad_k, grad_v, *_option_grads(grad_sinks if ctx.options[_SINKS] is not None else None)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """attention() on plain CUDA tensors with a gradient to record, eager (never inside a compiled
+    graph): the kernels called directly, out and lse in one allocation, and the gradients in one
+    when all three are wanted. Returns (out, lse), lse not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *args):  # args: the options, then return_lse
+        out, lse = _forward(q, k, v, args[:_N_OPTIONS], True, True)
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = args[:_N_OPTIONS]
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if _is_grad_enabled():  # create_graph=True: through the operator, which refuses a double backward
+            grads = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
+        else:
+            needs = ctx.needs_input_grad
+            grads = _attention_backward_impl(q, k, v, out, lse, grad_out, *ctx.options,
+                                             together=needs[0] and needs[1] and needs[2])
+        grad_q, grad_k, grad_v, grad_sinks = grads
+        return grad_q, grad_k, grad_v, *_option_grads(grad_sinks if ctx.options[_SINKS] is not None else None)
+
+
+def _attention_forward_autograd(q, k, v, *args):
+    if _requires_grad(q, k, v, args[_SINKS]):
+        return _AttentionFunction.apply(q, k, v, *args)
+    return _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
+                           (q, k, v, *(args[i] for i in _TENSOR_OPTIONS)))
+
+
+_lib.impl("attention_forward", _attention_forward_autograd, "Autograd")
+
+
+def _packed_forward_impl(packed, dim, layout, q, *args):  # args: the options, then with_lse
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = args[:_N_OPTIONS]
+    with_lse = args[_N_OPTIONS]
+    if _HAS_EXCHANGE_API:  # views, allocation and launch in one C call
+        out_l, lse = _core._packed_forward_alloc(packed, dim, _to_logical(layout), q, scale, causal, alignment,
+                                                 with_lse, _window(left, right), softcap, seqlens_q, seqlens_kv,
+                                                 sinks)
+        return out_l, (lse if with_lse else _no_lse(packed))
+    q_l, k_l, v_l = _unpack(packed, dim, q)
+    out_l = _empty_packed_output(q_l, v_l)
+    lse = _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed)
+    to_logical = _to_logical(layout)
+    _core_forward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)), _raw(v_l.permute(to_logical)),
+                  out_l.permute(to_logical), lse if with_lse else None, args[:_N_OPTIONS], _stream(packed))
+    return out_l, lse
+
+
+def _packed_forward_fake(packed, dim, layout, q, *args):
+    q_l, _, v_l = _unpack(packed, dim, q)
+    return (_empty_packed_output(q_l, v_l),
+            _empty_lse_for(q_l, layout) if args[_N_OPTIONS] else _no_lse(packed))
+
+
+_packed_attention_forward = _define(
+    "packed_attention_forward",
+    f"(Tensor packed, int dim, str layout, Tensor? q, {_OPTIONS}, bool with_lse) -> (Tensor, Tensor)",
+    _packed_forward_impl, _packed_forward_fake)
+
+
+def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *opts):
+    """(grad_packed, grad_q or empty, grad_sinks or empty)."""
+    sinks = opts[_SINKS]
+    if _HAS_EXCHANGE_API:
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic = opts
+        to_logical = _to_logical(layout)
+        logical = grad_out.permute(to_logical)
+        readable = _readable(logical)
+        if readable is not logical:  # copied: hand the copy over in layout axes
+            grad_out = readable.permute([to_logical.index(axis) for axis in range(4)])
+        grad_packed, grad_q, grad_sinks = _core._packed_backward_alloc(
+            packed, dim, to_logical, q, out, lse, grad_out, scale, causal, alignment, _window(left, right),
+            softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+        return (grad_packed, grad_q if grad_q is not None else _no_lse(packed),
+                grad_sinks if grad_sinks is not None else _no_lse(packed))
+    grad_packed = _gradient_like(packed)
+    grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
+    grad_sinks = _no_lse(packed) if sinks is None else sinks.new_empty(sinks.shape)
+    q_l, k_l, v_l = _unpack(packed, dim, q)
+    dq_l, dk_l, dv_l = _unpack(grad_packed, dim, grad_q if q is not None else None)
+    to_logical = _to_logical(layout)
+    _core_backward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)), _raw(v_l.permute(to_logical)),
+                   _raw(out.permute(to_logical)), _readable(grad_out.permute(to_logical)), _raw(lse),
+                   dq_l.permute(to_logical), dk_l.permute(to_logical), dv_l.permute(to_logical), opts,
+                   _stream(packed), None if sinks is None else grad_sinks)
+    return grad_packed, grad_q, grad_sinks
+
+
+def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, *opts):
+    sinks = opts[_SINKS]
+    return (_gradient_like(packed), _gradient_like(q) if q is not None else _no_lse(packed),
+            _no_lse(packed) if sinks is None else sinks.new_empty(sinks.shape))
+
+
+_packed_attention_backward = _define(
+    "packed_attention_backward",
+    f"(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
+    "-> (Tensor, Tensor, Tensor)", _packed_backward_impl, _packed_backward_fake)
+# Its tensors: packed, q, out, lse, grad_out and the tensor options.
+_lib.impl("packed_attention_backward", _backward_kernel(_packed_attention_backward, _packed_backward_impl,
+                                                        (0, 3, 4, 5, 6, *(7 + i for i in _TENSOR_OPTIONS))),
+          "Autograd")
+
+
+class _PackedAttentionFunction(torch.autograd.Function):
+    """packed_attention_forward with a gradient to record (see _AttentionFunction)."""
+
+    @staticmethod
+    def forward(ctx, eager, packed, dim, layout, q, *args):  # args: the options, then with_lse
+        op_args = (packed, dim, layout, q, *args)
+        out, lse = (_packed_forward_impl(*op_args) if eager else
+                    _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
+                                    (packed, q, *(args[i] for i in _TENSOR_OPTIONS))))
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(packed, q, out, lse)
+        ctx.options = (dim, layout, args[:_N_OPTIONS])
+        ctx.eager = eager
+        ctx.with_lse = args[_N_OPTIONS]
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        if not ctx.with_lse:
+            raise RuntimeError("stridedfa: this packed_attention call was made without autograd (no "
+                               "input required grad when it ran), so it kept no statistics to "
+                               "differentiate with")
+        packed, q, out, lse = ctx.saved_tensors
+        dim, layout, opts = ctx.options
+        args = (packed, dim, layout, q, out, lse, grad_out, *opts)
+        if ctx.eager and not _is_grad_enabled():
+            grad_packed, grad_q, grad_sinks = _packed_backward_impl(*args)
+        else:
+            grad_packed, grad_q, grad_sinks = _packed_attention_backward(*args)
+        return (None, grad_packed, None, None, grad_q if q is not None else None,
+                *_option_grads(grad_sinks if opts[_SINKS] is not None else None))
+
+
+def _packed_forward_autograd(packed, dim, layout, q, *args):
+    op_args = (packed, dim, layout, q, *args)
+    if _requires_grad(packed, q, args[_SINKS]):
+        return _PackedAttentionFunction.apply(False, *op_args)
+    return _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
+                           (packed, q, *(args[i] for i in _TENSOR_OPTIONS)))
+
+
+_lib.impl("packed_attention_forward", _packed_forward_autograd, "Autograd")
+
+# Eager calls with autograd enter the Functions through autograd's C entry point: Function.apply's
+# Python wrapper only unwraps functorch tensors, and _plain_eager has ruled those out.
+_function_apply = torch._C._FunctionBase.__dict__["apply"]
+_eager_attention = _function_apply.__get__(None, _EagerAttention)
+_eager_packed_attention = _function_apply.__get__(None, _PackedAttentionFunction)
+
+
+# --- Helpers --------------------------------------------------------------------------------------
+
+def _causal(causal: bool, is_causal: bool | None) -> bool:
+    if is_causal is None:
+        return bool(causal)
+    if causal and not is_causal:
+        raise ValueError("causal=True and is_causal=False disagree; pass one of them")
+    return bool(is_causal)
+
+
+# Looked up once: attention() is on the host-time hot path.
+_Tensor = torch.Tensor
+_is_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_dispatch_stack_depth = torch._C._len_torch_dispatch_stack
+_functorch_active = torch._C._are_functorch_transforms_active
+_forward_alloc = _core._forward_alloc
+
+
+def _plain_eager(q, k, v) -> bool:
+    """True when a call can bypass the operator: plain CUDA tensors, eager, no torch function or
+    dispatch mode active (those — fake tensors, tracing, opcheck — must see the operator)."""
+    return (_HAS_EXCHANGE_API and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+            and q.is_cuda and not _is_compiling() and not _function_mode_enabled()
+            and _dispatch_stack_depth() == 0 and not _functorch_active())
+
+
+def _forward(q, k, v, opts, with_lse, together=False):
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = opts
+    if _HAS_EXCHANGE_API:
+        return _forward_alloc(q, k, v, scale, causal, alignment, with_lse, together, _window(left, right),
+                              softcap, seqlens_q, seqlens_kv, sinks)
+    out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
+    lse = _empty_lse(q) if with_lse else None
+    _core_forward(_raw(q), _raw(k), _raw(v), out, lse, opts, _stream(q))
+    return out, lse
+
+
+def _core_forward(q, k, v, out, lse, opts, stream):
+    """The core's forward through __dlpack__ (torch < 2.10)."""
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = opts
+    _core._forward(q, k, v, out, lse, scale, causal, alignment, stream, _workspace, _window(left, right),
+                   softcap, seqlens_q, seqlens_kv, None if sinks is None else _raw(sinks))
+
+
+def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream, grad_sinks=None):
+    """The core's backward through __dlpack__ (torch < 2.10)."""
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic = opts
+    _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, alignment, stream,
+                    _workspace, _window(left, right), softcap, seqlens_q, seqlens_kv,
+                    None if sinks is None else _raw(sinks), grad_sinks, deterministic)
+
+
+def _bounds(window) -> tuple[int, int]:
+    """window=(left, right) as the operators' two ints, -1 for an unbounded side."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right) of token counts (each an int or None), "
+                        f"got {window!r}")
+    bounds = []
+    for side, bound in zip(("left", "right"), window):
+        if bound is None:
+            bounds.append(-1)
+            continue
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise TypeError(f"window {side} bound must be an int >= 0 or None, got {bound!r}")
+        if bound < 0:
+            raise ValueError(f"window {side} bound must be >= 0 (None: unbounded; FlashAttention's -1 is None "
+                             f"here), got {bound}")
+        bounds.append(bound)
+    return bounds[0], bounds[1]
+
+
+def _window(left: int, right: int):
+    """The operators' two ints back as the core's window (None when unbounded on both sides)."""
+    if left < 0 and right < 0:
+        return None
+    return (None if left < 0 else left, None if right < 0 else right)
+
+
+def _empty_lse(q):
+    # Packed (b, h, s) float32: the layout cuDNN's backward reads (it ignores strides before 9.26).
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+
+
+def _no_lse(like):
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+def _gradient_like(t):
+    """A gradient buffer with t's strides when t is dense, else dense in t's axis order."""
+    return t.new_empty_strided(t.shape, _layouts.gradient_strides(t.shape, t.stride()))
+
+
+def _check_packed(packed, dim, layout, q) -> int:
+    if not isinstance(packed, torch.Tensor) or packed.dim() != 5:
+        raise LayoutError(f"packed must be a 5-D tensor (four axes named by layout plus the packing "
+                          f"axis); got {getattr(packed, 'shape', type(packed).__name__)}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -5 <= dim < 5:
+        raise ValueError(f"dim must be an axis of packed (-5 to 4), got {dim!r}")
+    dim %= 5
+    if sorted(layout) != sorted(_LOGICAL) or len(layout) != 4:
+        raise ValueError(f"layout must name packed's other four axes with the letters b, s, h, d "
+                         f"(e.g. 'bshd'), got {layout!r}")
+    want = 3 if q is None else 2
+    if packed.shape[dim] != want:
+        what = "q, k and v" if q is None else "k and v (q is given separately)"
+        raise LayoutError(f"packed must hold {what} along dim {dim}, i.e. extent {want} there; its shape "
+                          f"is {tuple(packed.shape)}")
+    if q is not None and q.dim() != 4:
+        raise LayoutError(f"q must be 4-D in layout {layout!r}; got shape {tuple(q.shape)}")
+    return dim
+
+
+def _unpack(packed, dim, q):
+    """q, k, v in the packed layout's axes: zero-copy slices of `packed` (q separate if given)."""
+    if q is None:
+        return packed.select(dim, 0), packed.select(dim, 1), packed.select(dim, 2)
+    return q, packed.select(dim, 0), packed.select(dim, 1)
+
+
+_TO_LOGICAL: dict[str, list[int]] = {}  # layout -> the permutation taking its axes to (b, h, s, d)
+
+
+def _to_logical(layout: str) -> list[int]:
+    perm = _TO_LOGICAL.get(layout)
+    if perm is None:
+        perm = _TO_LOGICAL[layout] = [layout.index(axis) for axis in _LOGICAL]
+    return perm
+
+
+def _empty_packed_output(q_l, v_l):
+    """The output in the layout's axes: q's shape with v's head_dim, dense in q's memory order."""
+    shape = tuple(q_l.shape[:-1]) + (v_l.shape[-1],)
+    return q_l.new_empty_strided(shape, _layouts.output_strides(shape, q_l.stride()))
+
+
+def _empty_lse_for(q_l, layout):
+    sizes = dict(zip(layout, q_l.shape))
+    return q_l.new_empty((sizes["b"], sizes["h"], sizes["s"]), dtype=torch.float32)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    # The exchange API reads any tensor; __dlpack__ refuses tensors that require grad.
+    return t if _HAS_EXCHANGE_API else t.detach()
+
+
+def _stream(t: torch.Tensor):
+    if _HAS_EXCHANGE_API or t.device.type != "cuda":
+        return None  # the core takes torch's current stream from the exchange API
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _workspace(nbytes: int, device: int):
+    # Allocated on the current stream by torch's caching allocator, so reusing the block after
+    # this call is ordered behind the kernel that uses it.
+    buffer = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
+    return buffer.data_ptr(), buffer
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous()
+
+
+def _readable(t: torch.Tensor) -> torch.Tensor:
+    """grad_out as cuDNN can read it. Autograd may hand a broadcast gradient (stride 0, e.g. from
+    out.sum().backward()) or another layout cuDNN cannot read; only then is a copy made. The rule
+    is the validator's (_core._can_read)."""
+    return _raw(t) if _core._can_read(_raw(t)) else t.contiguous()
