@@ -157,7 +157,7 @@ def _attention_backward_impl(q, k, v, out, lse, grad_out, *opts, together=False)
             softcap, seqlens_q, seqlens_kv, sinks, deterministic)
         return grad_q, grad_k, grad_v, (grad_sinks if grad_sinks is not None else _no_lse(q))
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
-    grad_sinks = _no_lse(q) if sinks is None else sinks.new_empty(sinks.shape)
+    grad_sinks = _sinks_gradient_like(sinks, q)
     _core_backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k,
                    grad_v, opts, _stream(q), None if sinks is None else grad_sinks)
     return grad_q, grad_k, grad_v, grad_sinks
@@ -166,7 +166,7 @@ def _attention_backward_impl(q, k, v, out, lse, grad_out, *opts, together=False)
 def _attention_backward_fake(q, k, v, out, lse, grad_out, *opts):
     sinks = opts[_SINKS]
     return (_gradient_like(q), _gradient_like(k), _gradient_like(v),
-            _no_lse(q) if sinks is None else sinks.new_empty(sinks.shape))
+            _sinks_gradient_like(sinks, q))
 
 
 _attention_backward = _define(
@@ -284,7 +284,7 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *opts):
                 grad_sinks if grad_sinks is not None else _no_lse(packed))
     grad_packed = _gradient_like(packed)
     grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
-    grad_sinks = _no_lse(packed) if sinks is None else sinks.new_empty(sinks.shape)
+    grad_sinks = _sinks_gradient_like(sinks, packed)
     q_l, k_l, v_l = _unpack(packed, dim, q)
     dq_l, dk_l, dv_l = _unpack(grad_packed, dim, grad_q if q is not None else None)
     to_logical = _to_logical(layout)
@@ -298,7 +298,7 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *opts):
 def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, *opts):
     sinks = opts[_SINKS]
     return (_gradient_like(packed), _gradient_like(q) if q is not None else _no_lse(packed),
-            _no_lse(packed) if sinks is None else sinks.new_empty(sinks.shape))
+            _sinks_gradient_like(sinks, packed))
 
 
 _packed_attention_backward = _define(
@@ -445,6 +445,11 @@ def _window(left: int, right: int):
 def _empty_lse(q):
     # Packed (b, h, s) float32: the layout cuDNN's backward reads (it ignores strides before 9.26).
     return q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+
+
+def _sinks_gradient_like(sinks, like):
+    """The sinks' gradient buffer, or an empty placeholder (an operator returns a tensor) without sinks."""
+    return _no_lse(like) if sinks is None else sinks.new_empty(sinks.shape)
 
 
 def _no_lse(like):
