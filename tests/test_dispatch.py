@@ -213,3 +213,21 @@ def test_device_buffer_accepts_the_standard_streams_and_its_own_device():
     buf = _empty_buffer()
     for stream in (None, -1, 1, 2, 0x1234):
         buf.__dlpack__(stream=stream, dl_device=(2, 0), copy=False)
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"window": (-1, 0)}, ValueError, "window left bound must be >= 0"),
+    ({"window": 3}, TypeError, "pair"),
+    ({"softcap": -1.0}, ValueError, "softcap"),
+    ({"causal_alignment": "middle"}, ValueError, "causal_alignment"),
+])
+def test_generic_producers_get_the_variants_options_checked(options, error, message):
+    """stridedfa.attention passes the variants' options to the core for any DLPack producer; a bad
+    one is refused before any tensor is read or memory allocated."""
+    q = FakeTensor((2, 4, 64, 64), None, "bfloat16")
+    with pytest.raises(error, match=message):
+        stridedfa.attention(q, q, q, **options)
+
+
+def test_generic_producers_take_every_variant_option_by_name():
+    assert {"window", "softcap", "seqlens_q", "seqlens_kv", "sinks"} <= _dispatch._GENERIC_OPTIONS
