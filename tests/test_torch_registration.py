@@ -171,3 +171,18 @@ def test_dense_packed_gradient_keeps_the_packed_strides():
     assert _core._gradient_strides(tuple(qkv.shape), qkv.stride()) == qkv.stride()
     padded = torch.empty(2, 64, 3, 4, 80, **META)[..., :64]
     assert _core._gradient_strides(tuple(padded.shape), padded.stride()) == (49152, 768, 256, 64, 1)
+
+
+@pytest.mark.parametrize("window, error", [((-2, 0), ValueError), ((1.5, 0), TypeError), ((1, 2, 3), TypeError)])
+def test_torch_attention_refuses_bad_windows_by_name(window, error):
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(error, match="window"):
+        sfa_torch.attention(q, q, q, window=window)
+
+
+def test_torch_attention_on_cpu_tensors_names_the_device_with_every_option():
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+    lengths = torch.tensor([16], dtype=torch.int32)
+    with pytest.raises(stridedfa.LayoutError, match="CUDA device"):
+        sfa_torch.attention(q, q, q, causal=True, window=(7, 0), softcap=30.0, seqlens_q=lengths, seqlens_kv=lengths,
+                            sinks=torch.zeros(2), deterministic=True, return_lse=True)
