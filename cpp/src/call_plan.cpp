@@ -4,6 +4,7 @@
 #include <string>
 
 #include "stridedfa/errors.hpp"
+#include "stridedfa/memops.hpp"
 
 namespace stridedfa {
 
@@ -30,19 +31,56 @@ TensorView made_lengths_view(const char* name, const Problem& p) {
   return t;
 }
 
+// Slots point at the caller's views until the plan changes one: then the slot gets its own copy.
+TensorView& set_view(Plan& plan, int slot, const TensorView& view) {
+  plan.views[slot] = view;
+  plan.slots[slot] = &plan.views[slot];
+  return plan.views[slot];
+}
+
 void make_lengths(Plan& plan, int slot, int64_t value) {
   plan.made_lengths[slot - kSeqLensQ] = value;
-  plan.views[slot] = made_lengths_view(kOperands[slot].name, plan.problem);
-  plan.slots[slot] = &plan.views[slot];
+  set_view(plan, slot, made_lengths_view(kOperands[slot].name, plan.problem));
 }
 
 void add_fill(Plan& plan, const TensorView& region, int slot) {
   if (region.numel() == 0) return;
+  if (plan.n_fills == kMaxFills) throw BackendError("stridedfa: a call planned more fills than it has room for");
   plan.fills[plan.n_fills++] = {region, kOperands[slot].kind == OperandKind::stats ? kNegativeInfinityBits : 0u};
 }
 
+// Describes only the rows and keys in `seen` and fills the outputs' regions outside it.
 void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* operands, int64_t cudnn_version,
-                 Plan& plan);
+                 Plan& plan) {
+  plan.problem.s_q = std::max<int64_t>(seen.row_end - seen.row_begin, 0);
+  plan.problem.s_kv = std::max<int64_t>(seen.key_end - seen.key_begin, 0);
+  plan.nothing_for_cudnn = seen.empty();
+  for (int s = 0; s < kNumSlots; ++s) {
+    const OperandKind kind = kOperands[s].kind;
+    if (!operands[s] || (kind != OperandKind::attention && kind != OperandKind::stats)) continue;
+    const Extent seq = kOperands[s].shape[2];
+    const int64_t begin = seq == kSeqQ ? seen.row_begin : seen.key_begin;
+    const int64_t end = seq == kSeqQ ? seen.row_end : seen.key_end;
+    const int64_t extent = operands[s]->dims[2];
+    const int64_t b = std::min(begin, extent), e = std::clamp(end, b, extent);
+    if (role_in(op, s) == Role::output) {
+      add_fill(plan, seq_slice(*operands[s], 0, b), s);
+      add_fill(plan, seq_slice(*operands[s], e, extent), s);
+    }
+    set_view(plan, s, seq_slice(*operands[s], b, e));
+  }
+  // A row slice of the caller's statistics may be misaligned (rows of 4 bytes) or, before cuDNN
+  // 9.12 (forward) / 9.26 (backward), not packed enough for cuDNN: it then goes through a packed,
+  // aligned staging buffer (copied in before a backward, out after a forward).
+  if (!operands[kLse] || plan.slots[kLse]->dims[2] == operands[kLse]->dims[2]) return;
+  const TensorView& sliced = *plan.slots[kLse];
+  const int64_t packed_since = op == GraphOp::backward ? 92600 : 91200;
+  const bool old_cudnn_needs_packed = cudnn_version < packed_since && !is_packed_stats(sliced);
+  if (sliced.data % 16 == 0 && !old_cudnn_needs_packed) return;
+  plan.stage_lse = true;
+  plan.lse_source = sliced;
+  set_view(plan, kLse, packed_like(plan.lse_source, 0));  // its pointer is set at launch
+}
 
 // cuDNN's backward refuses s_q = s_kv = 1, whose gradients are exact without it: one key gets all
 // the weight (P = 1 whatever the scores), so dQ = dK = 0 and dV = dO. With grouped heads dV sums
@@ -57,15 +95,15 @@ void one_query_one_key_backward(Plan& plan) {
   }
   if (p.h_q == p.h_kv) {
     plan.nothing_for_cudnn = true;
-    add_fill(plan, plan.views[kGradQ], kGradQ);
-    add_fill(plan, plan.views[kGradK], kGradK);
-    plan.copies[plan.n_copies++] = {plan.views[kGradO], plan.views[kGradV]};
+    add_fill(plan, *plan.slots[kGradQ], kGradQ);
+    add_fill(plan, *plan.slots[kGradK], kGradK);
+    plan.copies[plan.n_copies++] = {*plan.slots[kGradO], *plan.slots[kGradV]};
     return;
   }
   const int64_t group = p.h_q / p.h_kv;
   for (int s = 0; s < kNumSlots; ++s) {
     if (!plan.slots[s] || kOperands[s].shape[1] != kHeadsQ) continue;
-    TensorView& t = plan.views[s];
+    TensorView& t = set_view(plan, s, *plan.slots[s]);
     t.strides[2] = t.strides[1];
     t.strides[1] *= group;
     t.dims[1] = p.h_kv;
@@ -83,11 +121,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   plan.problem = problem;
   const bool has_lengths = operands[kSeqLensQ] || operands[kSeqLensKV];
   const Visibility seen = visible_region(options, problem, has_lengths);
-  for (int s = 0; s < kNumSlots; ++s) {
-    if (!operands[s]) continue;
-    plan.views[s] = *operands[s];
-    plan.slots[s] = &plan.views[s];
-  }
+  std::copy(operands, operands + kNumSlots, plan.slots);
   if (problem.nothing_to_do) return;
   if (has_lengths) {
     // Padded rows are not written by cuDNN's forward: their statistics get -inf first.
@@ -123,45 +157,4 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   }
 }
 
-namespace {
-
-// Describes only the rows and keys in `seen` and fills the outputs' regions outside it.
-void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* operands, int64_t cudnn_version,
-                 Plan& plan) {
-  plan.problem.s_q = std::max<int64_t>(seen.row_end - seen.row_begin, 0);
-  plan.problem.s_kv = std::max<int64_t>(seen.key_end - seen.key_begin, 0);
-  plan.nothing_for_cudnn = seen.empty();
-  for (int s = 0; s < kNumSlots; ++s) {
-    const OperandKind kind = kOperands[s].kind;
-    if (!operands[s] || (kind != OperandKind::attention && kind != OperandKind::stats)) continue;
-    const Extent seq = kOperands[s].shape[2];
-    const int64_t begin = seq == kSeqQ ? seen.row_begin : seen.key_begin;
-    const int64_t end = seq == kSeqQ ? seen.row_end : seen.key_end;
-    const int64_t extent = operands[s]->dims[2];
-    const int64_t b = std::min(begin, extent), e = std::clamp(end, b, extent);
-    if (role_in(op, s) == Role::output) {
-      add_fill(plan, seq_slice(*operands[s], 0, b), s);
-      add_fill(plan, seq_slice(*operands[s], e, extent), s);
-    }
-    plan.views[s] = seq_slice(*operands[s], b, e);
-  }
-  // A row slice of the caller's statistics may be misaligned (rows of 4 bytes) or, before cuDNN
-  // 9.12 (forward) / 9.26 (backward), not packed enough for cuDNN: it then goes through a packed,
-  // aligned staging buffer (copied in before a backward, out after a forward).
-  if (!operands[kLse] || plan.views[kLse].dims[2] == operands[kLse]->dims[2]) return;
-  const TensorView& sliced = plan.views[kLse];
-  const int64_t packed_since = op == GraphOp::backward ? 92600 : 91200;
-  const bool old_cudnn_needs_packed = cudnn_version < packed_since && !is_packed_stats(sliced);
-  if (sliced.data % 16 == 0 && !old_cudnn_needs_packed) return;
-  plan.stage_lse = true;
-  plan.lse_source = sliced;
-  TensorView& staged = plan.views[kLse];  // described packed; its pointer is set at launch
-  staged.strides[0] = staged.dims[1] * staged.dims[2];
-  staged.strides[1] = staged.dims[2];
-  staged.strides[2] = 1;
-  staged.strides[3] = 1;
-  staged.data = 0;
-}
-
-}  // namespace
 }  // namespace stridedfa

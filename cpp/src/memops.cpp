@@ -117,15 +117,19 @@ void fill_strided(const TensorView& region, uint32_t pattern, std::uintptr_t str
   });
 }
 
-void copy_to_packed(const TensorView& src, void* dst, std::uintptr_t stream) {
-  TensorView packed = src;
+TensorView packed_like(const TensorView& t, std::uintptr_t data) {
+  TensorView packed = t;
   int64_t step = 1;
-  for (int i = src.ndim - 1; i >= 0; --i) {
+  for (int i = t.ndim - 1; i >= 0; --i) {
     packed.strides[i] = step;
-    step *= src.dims[i];
+    step *= t.dims[i];
   }
-  packed.data = reinterpret_cast<std::uintptr_t>(dst);
-  copy_strided(src, packed, stream);
+  packed.data = data;
+  return packed;
+}
+
+void copy_to_packed(const TensorView& src, void* dst, std::uintptr_t stream) {
+  copy_strided(src, packed_like(src, reinterpret_cast<std::uintptr_t>(dst)), stream);
 }
 
 void copy_strided(const TensorView& src, const TensorView& dst, std::uintptr_t stream) {

@@ -291,14 +291,8 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     }
     call.graph->execute(handle, ptrs, workspace);
     if (call.staged_lse_ptr >= 0 && forward) {
-      TensorView packed = call.staged_lse_source;
-      int64_t step = 1;
-      for (int i = packed.ndim - 1; i >= 0; --i) {
-        packed.strides[i] = step;
-        step *= packed.dims[i];
-      }
-      packed.data = reinterpret_cast<std::uintptr_t>(staged);
-      copy_strided(packed, call.staged_lse_source, stream);
+      const TensorView& user = call.staged_lse_source;
+      copy_strided(packed_like(user, reinterpret_cast<std::uintptr_t>(staged)), user, stream);
     }
   } catch (...) {
     if (pooled) pool_free(pooled, stream);

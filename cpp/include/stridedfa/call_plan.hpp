@@ -17,8 +17,9 @@ namespace stridedfa {
 // staged packed.
 struct Plan {
   Problem problem;  // the sub-problem cuDNN computes
-  TensorView views[kNumSlots];
+  // What cuDNN is given per slot: the caller's view, or views[slot] where the plan changed it.
   const TensorView* slots[kNumSlots] = {};
+  TensorView views[kNumSlots];
   int n_fills = 0;
   Fill fills[kMaxFills];
   int n_copies = 0;

@@ -13,7 +13,10 @@ namespace stridedfa {
 // `stream` of the current device. Throws BackendError.
 void fill_strided(const TensorView& region, uint32_t pattern, std::uintptr_t stream);
 
-// Copies `src` (4-byte items) into `dst` laid out packed in src's logical axis order, on `stream`.
+// `t`'s dims and dtype, packed (row-major in its logical axis order) at `data`.
+TensorView packed_like(const TensorView& t, std::uintptr_t data);
+
+// Copies `src` into `dst` laid out packed in src's logical axis order, on `stream`.
 void copy_to_packed(const TensorView& src, void* dst, std::uintptr_t stream);
 
 // Copies `src` into `dst`: same dims and dtype, each with its own strides, on `stream`.

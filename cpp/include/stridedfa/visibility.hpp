@@ -43,6 +43,8 @@ struct Copy {
 
 inline constexpr uint32_t kNegativeInfinityBits = 0xff800000u;
 inline constexpr int kMaxCopies = 1;
-inline constexpr int kMaxFills = 2 * kNumSlots;  // at most one region before, one after, per operand
+// At most 8: a region before and after the kept rows of each output with a seq axis (out and lse,
+// or dQ, dK and dV), or the few whole-output fills of padding, s = 1 and empty-batch calls.
+inline constexpr int kMaxFills = 8;
 
 }  // namespace stridedfa
