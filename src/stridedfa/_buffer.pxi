@@ -114,11 +114,11 @@ cdef class DeviceBuffer:
 
     @property
     def shape(self):
-        return tuple(self._shape[i] for i in range(self.ndim))
+        return int_tuple(self._shape, self.ndim, 1)
 
     @property
     def strides(self):
-        return tuple(self._strides[i] for i in range(self.ndim))
+        return int_tuple(self._strides, self.ndim, 1)
 
     @property
     def dtype(self):
@@ -207,12 +207,13 @@ cdef class DeviceBuffer:
             legacy_deleter(&e.tensor)
             raise
 
-cdef DeviceBuffer new_buffer(tuple shape, tuple strides, DLDataType dtype, int32_t device,
-                             uintptr_t stream, object stream_owner):
-    """Allocates a buffer of this layout (non-negative strides) from `device`'s pool on `stream`."""
+cdef DeviceBuffer new_buffer(int n, const int64_t* shape, const int64_t* strides, DLDataType dtype,
+                             int32_t device, uintptr_t stream, object stream_owner):
+    """Allocates a buffer of this layout (n axes, non-negative strides) from `device`'s pool on
+    `stream`."""
     cdef DeviceBuffer buf = DeviceBuffer.__new__(DeviceBuffer)
     cdef int64_t extent = 1, last = 0
-    cdef int i, n = len(shape)
+    cdef int i
     buf.ndim = n
     for i in range(n):
         buf._shape[i] = shape[i]

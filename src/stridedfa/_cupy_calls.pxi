@@ -26,8 +26,7 @@ cdef object cupy_empty(object hooks, object allocation, int ndim, const int64_t*
         elements *= shape[i]
     # Every layout the rule gives is dense in some axis order: prod(shape) elements cover it.
     memptr = cupy_allocate(hooks, allocation, elements * itemsize)
-    array = hooks.new_array(tuple(shape[i] for i in range(ndim)), dtype, memptr,
-                            tuple(strides[i] * itemsize for i in range(ndim)))
+    array = hooks.new_array(int_tuple(shape, ndim, 1), dtype, memptr, int_tuple(strides, ndim, itemsize))
     view.name = name
     view.present = True
     view.ndim = ndim

@@ -36,13 +36,12 @@ def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, str
         shape[0], shape[1], shape[2], shape[3] = fwd.q.dims[0], fwd.q.dims[1], fwd.q.dims[2], fwd.v.dims[3]
         dense_strides_like(shape, fwd.q.strides, 4, strides)
         owner = stream if stream is not None and not isinstance(stream, int) else None
-        out = new_buffer(tuple(shape[i] for i in range(4)), tuple(strides[i] for i in range(4)),
-                         fwd.q.dtype, fwd.q.device_id, st.handle, owner)
+        out = new_buffer(4, shape, strides, fwd.q.dtype, fwd.q.device_id, st.handle, owner)
         view_of_buffer(out, b"out", &fwd.out)
         lse = None
         if return_lse:
-            lse = new_buffer((shape[0], shape[1], shape[2]), (shape[1] * shape[2], shape[2], 1),
-                             float32_dtype(), fwd.q.device_id, st.handle, owner)
+            strides[2], strides[1], strides[0] = 1, shape[2], shape[1] * shape[2]  # packed (b, h, s)
+            lse = new_buffer(3, shape, strides, float32_dtype(), fwd.q.device_id, st.handle, owner)
             view_of_buffer(lse, b"lse", &fwd.lse)
         call = prepared_forward(fwd, options)
         with nogil:

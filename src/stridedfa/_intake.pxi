@@ -2,21 +2,36 @@
 # core's TensorView, fastest path first: the DLPack C exchange API (torch >= 2.10), CuPy's own
 # attributes, then __dlpack__ capsules (versioned or legacy, consumed by the protocol's rules).
 
-cdef dict _exchange_apis = {}  # type -> address of its DLPackExchangeAPI, 0 if none (keeps types alive)
+# What intake does with a producer's arrays, decided once per type.
+cdef enum ProducerKind:
+    generic_producer = 0  # __dlpack__ (or the exchange API, where its type has one)
+    cupy_ndarray = 1      # read from its attributes (intake_cupy)
+    cupy_other = 2        # CuPy's __dlpack__, with its negative-stride quirk
+    jax_array = 3         # immutable: read-only when passed as an output
+
+cdef dict _producers = {}  # type -> (address of its DLPackExchangeAPI or 0, ProducerKind); keeps types alive
 
 
-cdef const DLPackExchangeAPI* exchange_api_of(type tp) except? NULL:
-    cached = _exchange_apis.get(tp)
-    if cached is None:
+cdef tuple producer_of(type tp):
+    info = _producers.get(tp)
+    if info is None:
         address = 0
         capsule = getattr(tp, "__dlpack_c_exchange_api__", None)
         if capsule is not None and PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
             api = <const DLPackExchangeAPI*>PyCapsule_GetPointer(capsule, b"dlpack_exchange_api")
             if api.header.version.major == DLPACK_MAJOR_VERSION:
                 address = <uintptr_t>api
-        _exchange_apis[tp] = address
-        cached = address
-    return <const DLPackExchangeAPI*><uintptr_t>cached
+        kind = ProducerKind.generic_producer
+        if is_cupy_type(tp):
+            kind = ProducerKind.cupy_ndarray if tp.__name__ == "ndarray" else ProducerKind.cupy_other
+        elif tp.__module__.startswith(("jax", "jaxlib")):
+            kind = ProducerKind.jax_array
+        info = _producers[tp] = (address, kind)
+    return info
+
+
+cdef const DLPackExchangeAPI* exchange_api_of(type tp) except? NULL:
+    return <const DLPackExchangeAPI*><uintptr_t>producer_of(tp)[0]
 
 
 cdef struct Owned:
@@ -117,22 +132,26 @@ cdef int intake_cupy(object obj, const char* name, CallStream* st, TensorView* v
     code_bits = _cupy_dtypes.get(obj.dtype)
     if code_bits is None:
         return 0
-    dims = obj.shape
-    byte_strides = obj.strides
+    # Typed tuples and C integers: this loop runs per axis of every array of every call, and
+    # Python-object arithmetic here cost more than all of CuPy's attribute reads together.
+    cdef tuple dims = obj.shape
+    cdef tuple byte_strides = obj.strides
+    cdef int64_t byte_stride
     ndim = len(dims)
     if ndim > 8:
         return 0  # the protocol path reports it
     t.dtype.code = code_bits[0]
     t.dtype.bits = code_bits[1]
     t.dtype.lanes = 1
-    itemsize = code_bits[1] // 8
+    itemsize = t.dtype.bits // 8
     for i in range(ndim):
         shape[i] = dims[i]
-        if byte_strides[i] % itemsize != 0:
-            raise LayoutError(f"{name.decode()}: axis {i} has a stride of {byte_strides[i]} bytes, not a "
+        byte_stride = byte_strides[i]
+        if byte_stride % itemsize != 0:
+            raise LayoutError(f"{name.decode()}: axis {i} has a stride of {byte_stride} bytes, not a "
                               f"multiple of its {itemsize}-byte elements; pass a copy "
                               f"(cupy.ascontiguousarray(x))")
-        strides[i] = byte_strides[i] // itemsize
+        strides[i] = byte_stride // itemsize
     t.data = <void*><uintptr_t>memptr.ptr
     t.device.device_type = kDLCUDA
     t.device.device_id = memptr.device_id
@@ -157,7 +176,9 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
                 TensorView* view, Owned* owned) except -1:
     """Reads one argument into `view` without copying; decides the call's stream if still open."""
     cdef type tp = type(obj)
-    cdef const DLPackExchangeAPI* api = exchange_api_of(tp)
+    cdef tuple producer = producer_of(tp)
+    cdef const DLPackExchangeAPI* api = <const DLPackExchangeAPI*><uintptr_t>producer[0]
+    cdef int kind = producer[1]
     cdef DLTensor borrowed
     cdef DLManagedTensorVersioned* managed = NULL
     cdef void* current = NULL
@@ -185,8 +206,8 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
         # Another stream: let the producer order its work before ours through the protocol.
         release(owned, 1)
         view.present = False
-    elif is_cupy_type(tp):
-        if tp.__name__ == "ndarray" and intake_cupy(obj, name, st, view):
+    elif kind == ProducerKind.cupy_ndarray or kind == ProducerKind.cupy_other:
+        if kind == ProducerKind.cupy_ndarray and intake_cupy(obj, name, st, view):
             return 0
         quirk = ExportQuirk.cupy_unsigned_strides
 
@@ -195,17 +216,19 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
         device_type, device_id = device()
         if device_type != kDLCUDA:
             # Without a CUDA device there is no stream to pass; report it like the validator would.
-            kind = {1: "CPU", 3: "CUDA host (pinned) memory", 13: "CUDA managed memory", 10: "ROCm"}.get(
+            where = {1: "CPU", 3: "CUDA host (pinned) memory", 13: "CUDA managed memory", 10: "ROCm"}.get(
                 device_type, f"DLPack device type {device_type}")
             raise LayoutError(
-                f"{name.decode()} needs a CUDA device; it lives in {kind} ({tp.__module__}."
+                f"{name.decode()} needs a CUDA device; it lives in {where} ({tp.__module__}."
                 f"{tp.__qualname__}). Move it to the GPU first (torch: x.cuda(), CuPy: "
                 f"cupy.asarray(x), JAX: jax.device_put(x, gpu)).")
     if not st.decided:
         st.decided = True
-        st.handle = default_stream_of(obj)
+        # CuPy's current stream for CuPy arrays (what a CuPy caller expects; no cross-stream event is
+        # then needed), else the legacy default stream.
+        st.handle = cupy_current_stream() if quirk == ExportQuirk.cupy_unsigned_strides else 0
     consume_capsule(call_dlpack(obj, protocol_stream(st.handle), name), name, view, owned, quirk)
-    if is_output and tp.__module__.startswith(("jax", "jaxlib")):
+    if is_output and kind == ProducerKind.jax_array:
         view.read_only = True  # JAX arrays are immutable though their DLPack export does not say so
     return 0
 

@@ -46,15 +46,6 @@ cdef uintptr_t cupy_current_stream() except? 0:
     return <uintptr_t>_cupy_cuda.get_current_stream().ptr
 
 
-cdef uintptr_t default_stream_of(object obj) except? 0:
-    """The stream a call runs on when `obj`, a producer without the DLPack C exchange API, is the
-    first to decide it: CuPy's current stream for CuPy arrays (what a CuPy caller expects, and no
-    cross-stream event is then needed), else the legacy default stream (0)."""
-    if not is_cupy_type(type(obj)):
-        return 0
-    return cupy_current_stream()
-
-
 cdef object protocol_stream(uintptr_t handle):
     # The array-API stream protocol has no 0: the legacy default stream is spelled 1 (torch rejects
     # 0 and 2, JAX treats -1 as a handle; we never pass either).

@@ -81,6 +81,9 @@ def _device_buffer(shape, strides, dtype, device=0, stream=0):
     """An uninitialised DeviceBuffer of this layout on `stream` (an int handle), for tests and
     debugging; a zero-size one allocates nothing, so it works without a GPU."""
     cdef DLDataType dt
+    cdef int64_t c_shape[8]
+    cdef int64_t c_strides[8]
+    cdef int i
     if dtype not in BUFFER_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(BUFFER_DTYPES)}, got {dtype!r}")
     shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
@@ -90,7 +93,9 @@ def _device_buffer(shape, strides, dtype, device=0, stream=0):
         raise ValueError(f"shape {shape} and strides {strides} must be non-negative")
     dt.code, dt.bits = BUFFER_DTYPES[dtype]
     dt.lanes = 1
-    return new_buffer(shape, strides, dt, device, stream, None)
+    for i in range(len(shape)):
+        c_shape[i], c_strides[i] = shape[i], strides[i]
+    return new_buffer(len(shape), c_shape, c_strides, dt, device, stream, None)
 
 
 def _cupy_allocate_like_forward(q, v, bint with_lse, hooks):
