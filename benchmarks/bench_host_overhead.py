@@ -9,8 +9,11 @@ autograd. Contenders, all in one process and one run:
 
 * ``torch_sdpa_cudnn``  ``F.scaled_dot_product_attention`` under ``sdpa_kernel(CUDNN_ATTENTION)``
 * ``stridedfa_torch``   ``stridedfa.torch.attention`` (the torch adapter's eager path)
-* ``stridedfa_torch_op`` ``torch.ops.stridedfa.attention_inference`` (the registered operator
-  through the dispatcher, as compiled graphs and dispatch modes call it)
+* ``stridedfa_torch_op`` ``torch.ops.stridedfa.attention_inference_basic`` (the registered
+  operator through the dispatcher, as compiled graphs and dispatch modes call it for attention
+  without variant options)
+* ``diagnostic_torch_op_all_options`` ``torch.ops.stridedfa.attention_inference``, the operator
+  with every variant option in its schema (at defaults): what boxing ten options costs per call
 * ``stridedfa_generic`` ``stridedfa.sdpa_forward`` with torch tensors and a preallocated out
   (the framework-neutral DLPack path)
 * ``stridedfa_cupy``    ``stridedfa.cupy.attention`` on CuPy arrays (if CuPy and the adapter exist)
@@ -170,7 +173,8 @@ def contenders(torch, sfa):
     out = torch.empty_like(q)
     sdpa = F.scaled_dot_product_attention
     attention = sfa.torch.attention
-    op = torch.ops.stridedfa.attention_inference
+    op = torch.ops.stridedfa.attention_inference_basic
+    op_all_options = torch.ops.stridedfa.attention_inference
     # The operator's options after causal_alignment (stridedfa.torch._OPTIONS): no window, softcap,
     # padding lengths or sinks; non-deterministic.
     OPERATOR_DEFAULTS = (-1, -1, None, None, None, None, False)  # noqa: N806
@@ -201,7 +205,9 @@ def contenders(torch, sfa):
         ("stridedfa_dispatch_torch", lambda: sfa.attention(q, k, v), null, 1),
         ("torch_compile_sdpa_cudnn", lambda: compiled_sdpa(q, k, v), cudnn, 1),
         ("torch_compile_stridedfa", lambda: compiled_ours(q, k, v), null, 1),
-        ("stridedfa_torch_op", lambda: op(q, k, v, None, False, "top_left", *OPERATOR_DEFAULTS), null, 1),
+        ("stridedfa_torch_op", lambda: op(q, k, v, None, False, "top_left"), null, 1),
+        ("diagnostic_torch_op_all_options",
+         lambda: op_all_options(q, k, v, None, False, "top_left", *OPERATOR_DEFAULTS), null, 1),
         ("stridedfa_generic", lambda: forward(q, k, v, out), null, 1),
         # A breakdown, not an attention call: intake + validation alone, nothing launched.
         ("diagnostic_intake_validate", lambda: validate(q, k, v, out), null, 1),

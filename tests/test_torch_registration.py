@@ -24,6 +24,8 @@ def test_operators_are_registered_with_their_schemas():
     expected = {
         "attention_forward": f"(Tensor q, Tensor k, Tensor v, {options}, bool with_lse) -> (Tensor, Tensor)",
         "attention_inference": f"(Tensor q, Tensor k, Tensor v, {options}) -> Tensor",
+        "attention_inference_basic": "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, "
+                                     "str causal_alignment) -> Tensor",
         "attention_backward": f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, "
                               f"{options}) -> (Tensor, Tensor, Tensor, Tensor)",
         "packed_attention_forward": f"(Tensor packed, int dim, str layout, Tensor? q, {options}, "
@@ -186,3 +188,19 @@ def test_torch_attention_on_cpu_tensors_names_the_device_with_every_option():
     with pytest.raises(stridedfa.LayoutError, match="CUDA device"):
         sfa_torch.attention(q, q, q, causal=True, window=(7, 0), softcap=30.0, seqlens_q=lengths, seqlens_kv=lengths,
                             sinks=torch.zeros(2), deterministic=True, return_lse=True)
+
+
+@pytest.mark.parametrize("options,operator", [
+    (dict(causal=True), "stridedfa.attention_inference_basic"),
+    (dict(window=(8, 0)), "stridedfa.attention_inference.default"),
+    (dict(softcap=30.0), "stridedfa.attention_inference.default"),
+])
+def test_inference_calls_record_the_operator_with_the_fewest_arguments(options, operator):
+    """A traced call without gradient records the basic operator unless a variant option is set
+    (the dispatcher boxes each argument on every call of the compiled graph)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    q = k = v = torch.empty(2, 4, 64, 32, **META)
+    graph = make_fx(lambda q, k, v: sfa_torch.attention(q, k, v, **options))(q, k, v)
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert len(targets) == 1 and targets[0].startswith(operator), targets

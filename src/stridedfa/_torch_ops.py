@@ -147,6 +147,37 @@ def _attention_inference_autograd(q, k, v, *opts):
 _lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
 
 
+# The same forward for calls that use none of the variants' options (plain and causal attention):
+# the dispatcher boxes every argument into Python on each call, so the call torch.compile'd code
+# and dispatch modes make most often takes three options, not ten.
+_BASIC_OPTIONS = "float? scale, bool causal, str causal_alignment"
+_VARIANT_DEFAULTS = (-1, -1, None, None, None, None, False)  # the other options at their defaults
+
+
+def _attention_inference_basic_impl(q, k, v, scale, causal, causal_alignment):
+    return _forward(q, k, v, (scale, causal, causal_alignment, *_VARIANT_DEFAULTS), False)[0]
+
+
+def _attention_inference_basic_fake(q, k, v, scale, causal, causal_alignment):
+    return _attention_inference_fake(q, k, v, scale, causal, causal_alignment, *_VARIANT_DEFAULTS)
+
+
+_attention_inference_basic = _define(
+    "attention_inference_basic", f"(Tensor q, Tensor k, Tensor v, {_BASIC_OPTIONS}) -> Tensor",
+    _attention_inference_basic_impl, _attention_inference_basic_fake)
+
+
+def _attention_inference_basic_autograd(q, k, v, scale, causal, causal_alignment):
+    if (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and q.is_cuda
+            and _dispatch_stack_depth() == 0 and not _function_mode_enabled() and _HAS_EXCHANGE_API):
+        return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
+    with _AutoDispatchBelowAutograd():
+        return _attention_inference_basic(q, k, v, scale, causal, causal_alignment)
+
+
+_lib.impl("attention_inference_basic", _attention_inference_basic_autograd, "Autograd")
+
+
 def _attention_backward_impl(q, k, v, out, lse, grad_out, *opts, together=False):
     """(grad_q, grad_k, grad_v, grad_sinks: (h_q,) float32, or empty without sinks)."""
     sinks = opts[_SINKS]
@@ -205,27 +236,38 @@ class _AttentionFunction(torch.autograd.Function):
 class _EagerAttention(torch.autograd.Function):
     """attention() on plain CUDA tensors with a gradient to record, eager (never inside a compiled
     graph): the kernels called directly, out and lse in one allocation, and the gradients in one
-    when all three are wanted. Returns (out, lse), lse not differentiable."""
+    when all three are wanted. Returns out, or (out, lse) with return_lse (lse not differentiable).
+
+    Host time is the point of this class (a training step that is host-bound must not lose to
+    torch's C++ autograd node): apply takes the sinks (the one differentiable option) and the
+    options as one tuple, and lse is saved on ctx rather than as a saved tensor (it is never
+    modified in place, and only an output needs the version check) and is an output only when
+    asked for."""
 
     @staticmethod
-    def forward(ctx, q, k, v, *args):  # args: the options, then return_lse
-        out, lse = _forward(q, k, v, args[:_N_OPTIONS], True, True)
-        ctx.mark_non_differentiable(lse)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = args[:_N_OPTIONS]
-        return out, lse
+    def forward(ctx, q, k, v, sinks, opts, return_lse):
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, _ = opts
+        out, lse = _forward_alloc(q, k, v, scale, causal, alignment, True, True, _window(left, right), softcap,
+                                  seqlens_q, seqlens_kv, sinks)
+        ctx.save_for_backward(q, k, v, out)
+        ctx.lse = lse
+        ctx.options = opts
+        if return_lse:
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+        return out
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_lse):
-        q, k, v, out, lse = ctx.saved_tensors
+    def backward(ctx, grad_out, *_grad_lse):
+        q, k, v, out = ctx.saved_tensors
         if _is_grad_enabled():  # create_graph=True: through the operator, which refuses a double backward
-            grads = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
+            grads = _attention_backward(q, k, v, out, ctx.lse, grad_out, *ctx.options)
         else:
             needs = ctx.needs_input_grad
-            grads = _attention_backward_impl(q, k, v, out, lse, grad_out, *ctx.options,
+            grads = _attention_backward_impl(q, k, v, out, ctx.lse, grad_out, *ctx.options,
                                              together=needs[0] and needs[1] and needs[2])
         grad_q, grad_k, grad_v, grad_sinks = grads
-        return grad_q, grad_k, grad_v, *_option_grads(grad_sinks if ctx.options[_SINKS] is not None else None)
+        return grad_q, grad_k, grad_v, (grad_sinks if ctx.options[_SINKS] is not None else None), None, None
 
 
 def _attention_forward_autograd(q, k, v, *args):

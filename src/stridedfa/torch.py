@@ -23,6 +23,7 @@ import torch
 from stridedfa._torch_ops import (
     _attention_forward,
     _attention_inference,
+    _attention_inference_basic,
     _bounds,
     _causal,
     _check_packed,
@@ -105,11 +106,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     left, right = (-1, -1) if window is None else _bounds(window)
     opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic)
     if needs_grad and _plain_eager(q, k, v):
-        result = _eager_attention(q, k, v, *opts, return_lse)
-        return result if return_lse else result[0]
+        return _eager_attention(q, k, v, sinks, opts, return_lse)
     if needs_grad or return_lse:
         out, lse = _attention_forward(q, k, v, *opts, True)
         return (out, lse) if return_lse else out
+    if window is None and softcap is None and seqlens_q is None and seqlens_kv is None and sinks is None:
+        return _attention_inference_basic(q, k, v, scale, causal, causal_alignment)
     return _attention_inference(q, k, v, *opts)
 
 

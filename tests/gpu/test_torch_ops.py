@@ -66,6 +66,11 @@ def test_opcheck_forward_and_backward(kind, seed):
     # Without statistics (what an inference call asks for) there is no backward to check.
     torch.library.opcheck(torch.ops.stridedfa.attention_forward.default,
                           (q.detach(), k.detach(), v.detach(), None, True, "top_left", *DEFAULTS, False))
+    # The inference operator of calls without variant options, and its equality with the full one.
+    plain = (q.detach(), k.detach(), v.detach(), None, True, "top_left")
+    torch.library.opcheck(torch.ops.stridedfa.attention_inference_basic.default, plain)
+    assert torch.equal(torch.ops.stridedfa.attention_inference_basic(*plain),
+                       torch.ops.stridedfa.attention_inference(*plain, *DEFAULTS))
     out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *DEFAULTS, True)
     grad_out = torch.randn_like(out)
     torch.library.opcheck(torch.ops.stridedfa.attention_backward.default,
