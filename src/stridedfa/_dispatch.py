@@ -55,6 +55,8 @@ def attention(q, k, v, **options):
     if kind is None:
         kind = _classify(q)
     if kind == "dlpack":
+        if not options:  # the common call: no option lookups
+            return _core._attention_generic(q, k, v, None, False, "top_left", False, None)
         unknown = options.keys() - _GENERIC_OPTIONS
         if unknown:
             raise TypeError(_unknown_options(unknown, "stridedfa.attention for generic DLPack "
@@ -71,7 +73,7 @@ def attention(q, k, v, **options):
     accepted = _options_by_function.get(function)
     if accepted is None:
         accepted = _options_by_function[function] = _keyword_options(function)
-    unknown = options.keys() - accepted if accepted is not _ANY else ()
+    unknown = options.keys() - accepted if options and accepted is not _ANY else ()
     if unknown:
         raise TypeError(_unknown_options(unknown, f"{_FRAMEWORKS[kind][2]}.attention", accepted))
     if kind == "jax" and "layout" not in options:
