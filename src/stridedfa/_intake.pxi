@@ -179,6 +179,7 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
     cdef tuple producer = producer_of(tp)
     cdef const DLPackExchangeAPI* api = <const DLPackExchangeAPI*><uintptr_t>producer[0]
     cdef int kind = producer[1]
+    cdef cbool from_cupy = kind == ProducerKind.cupy_ndarray or kind == ProducerKind.cupy_other
     cdef DLTensor borrowed
     cdef DLManagedTensorVersioned* managed = NULL
     cdef void* current = NULL
@@ -206,7 +207,7 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
         # Another stream: let the producer order its work before ours through the protocol.
         release(owned, 1)
         view.present = False
-    elif kind == ProducerKind.cupy_ndarray or kind == ProducerKind.cupy_other:
+    elif from_cupy:
         if kind == ProducerKind.cupy_ndarray and intake_cupy(obj, name, st, view):
             return 0
         quirk = ExportQuirk.cupy_unsigned_strides
@@ -226,7 +227,7 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
         st.decided = True
         # CuPy's current stream for CuPy arrays (what a CuPy caller expects; no cross-stream event is
         # then needed), else the legacy default stream.
-        st.handle = cupy_current_stream() if quirk == ExportQuirk.cupy_unsigned_strides else 0
+        st.handle = cupy_current_stream() if from_cupy else 0
     consume_capsule(call_dlpack(obj, protocol_stream(st.handle), name), name, view, owned, quirk)
     if is_output and kind == ProducerKind.jax_array:
         view.read_only = True  # JAX arrays are immutable though their DLPack export does not say so

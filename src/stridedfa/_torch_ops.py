@@ -135,10 +135,15 @@ _attention_inference = _define(
     _attention_inference_impl, _attention_inference_fake)
 
 
+def _direct_call(q, k, v) -> bool:
+    """The inference operators' Autograd kernels may call the core themselves (the path compiled
+    graphs take): _plain for exactly q, k, v, without building a list, and the exchange API."""
+    return (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and q.is_cuda
+            and _dispatch_stack_depth() == 0 and not _function_mode_enabled() and _HAS_EXCHANGE_API)
+
+
 def _attention_inference_autograd(q, k, v, *opts):
-    # The path compiled graphs take: the check of _plain inlined, then the C call itself.
-    if (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and q.is_cuda
-            and _dispatch_stack_depth() == 0 and not _function_mode_enabled() and _HAS_EXCHANGE_API):
+    if _direct_call(q, k, v):
         return _forward(q, k, v, opts, False)[0]
     with _AutoDispatchBelowAutograd():
         return _attention_inference(q, k, v, *opts)
@@ -168,8 +173,7 @@ _attention_inference_basic = _define(
 
 
 def _attention_inference_basic_autograd(q, k, v, scale, causal, causal_alignment):
-    if (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and q.is_cuda
-            and _dispatch_stack_depth() == 0 and not _function_mode_enabled() and _HAS_EXCHANGE_API):
+    if _direct_call(q, k, v):
         return _forward_alloc(q, k, v, scale, causal, causal_alignment, False)[0]
     with _AutoDispatchBelowAutograd():
         return _attention_inference_basic(q, k, v, scale, causal, causal_alignment)
