@@ -36,8 +36,10 @@ def shape_of(row, **change):
     return {"stats": shape[:3], "lengths": shape[:1], "per_head": shape[1:2]}.get(row["kind"], shape)
 
 
-DTYPES = {"stats": "float32", "lengths": "int32", "per_head": "float32", "attention": "bfloat16"}
-WRONG_DTYPES = {"stats": "float16", "lengths": "int64", "per_head": "float16", "attention": "float32"}
+DTYPES = {"stats": "float32", "lengths": "int32", "per_head": "float32", "attention": "bfloat16",
+          "scores": "bfloat16"}
+WRONG_DTYPES = {"stats": "float16", "lengths": "int64", "per_head": "float16", "attention": "float32",
+                "scores": "float32"}
 
 
 def make(row, shape=None, dtype=None, strides=None):

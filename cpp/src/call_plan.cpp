@@ -49,9 +49,33 @@ void add_fill(Plan& plan, const TensorView& region, int slot) {
   plan.fills[plan.n_fills++] = {region, kOperands[slot].kind == OperandKind::stats ? kNegativeInfinityBits : 0u};
 }
 
+// The bias as cuDNN reads it: a shared (extent-1) seq axis is spelled as the full axis with stride
+// 0; shared batch and head axes stay extent 1, which cuDNN broadcasts itself. Its gradient keeps
+// its shape: cuDNN sums dP over every axis where it is 1.
+void expand_bias(Plan& plan) {
+  TensorView& bias = set_view(plan, kBias, *plan.slots[kBias]);
+  const int64_t full[2] = {plan.problem.s_q, plan.problem.s_kv};
+  for (int axis = 2; axis < 4; ++axis) {
+    if (bias.dims[axis] == 1 && full[axis - 2] != 1) {
+      bias.dims[axis] = full[axis - 2];
+      bias.strides[axis] = 0;
+    }
+  }
+}
+
+// A score operand (bias, grad_bias) restricted to the rows and keys in `seen`, on the axes it has
+// in full (a gradient summed over rows keeps its single row).
+TensorView scores_restricted(const TensorView& t, const Visibility& seen, const Problem& full) {
+  TensorView r = t;
+  if (t.dims[2] == full.s_q) r = axis_slice(r, 2, seen.row_begin, std::max(seen.row_begin, seen.row_end));
+  if (t.dims[3] == full.s_kv) r = axis_slice(r, 3, seen.key_begin, std::max(seen.key_begin, seen.key_end));
+  return r;
+}
+
 // Describes only the rows and keys in `seen` and fills the outputs' regions outside it.
 void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* operands, int64_t cudnn_version,
                  Plan& plan) {
+  const Problem full = plan.problem;
   plan.problem.s_q = std::max<int64_t>(seen.row_end - seen.row_begin, 0);
   plan.problem.s_kv = std::max<int64_t>(seen.key_end - seen.key_begin, 0);
   plan.nothing_for_cudnn = seen.empty();
@@ -68,6 +92,10 @@ void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* op
       add_fill(plan, seq_slice(*operands[s], e, extent), s);
     }
     set_view(plan, s, seq_slice(*operands[s], b, e));
+  }
+  // grad_bias is zero-filled whole before the launch (plan_call): only the views change here.
+  for (int s : {kBias, kGradBias}) {
+    if (plan.slots[s]) set_view(plan, s, scores_restricted(*plan.slots[s], seen, full));
   }
   // A row slice of the caller's statistics may be misaligned (rows of 4 bytes) or, before cuDNN
   // 9.12 (forward) / 9.26 (backward), not packed enough for cuDNN: it then goes through a packed,
@@ -86,8 +114,10 @@ void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* op
 // the weight (P = 1 whatever the scores), so dQ = dK = 0 and dV = dO. With grouped heads dV sums
 // dO over each group: the g query heads sharing a kv head are then described as g query rows of
 // one head (a view: their seq axis is the heads' stride), which cuDNN's backward runs.
+// A bias changes nothing with one key (P = 1), and its gradient is zero (filled by plan_call).
 void one_query_one_key_backward(Plan& plan) {
   Problem& p = plan.problem;
+  plan.slots[kBias] = plan.slots[kGradBias] = nullptr;
   if (plan.slots[kSinks]) {
     throw UnsupportedError(
         "the backward with s_q = s_kv = 1 and attention sinks is not supported (cuDNN refuses "
@@ -123,6 +153,9 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   const Visibility seen = visible_region(options, problem, has_lengths);
   std::copy(operands, operands + kNumSlots, plan.slots);
   if (problem.nothing_to_do) return;
+  // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
+  if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);
+  if (operands[kBias]) expand_bias(plan);
   if (has_lengths) {
     // Padded rows are not written by cuDNN's forward: their statistics get -inf first.
     if (op == GraphOp::forward && operands[kLse]) add_fill(plan, *operands[kLse], kLse);

@@ -165,6 +165,7 @@ void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
     set_mask(graph, attributes, spec);
   }
   if (spec.operands[kSinks].present) attributes.set_sink_token(graph.tensor(describe(spec, kSinks)));
+  if (spec.operands[kBias].present) attributes.set_bias(graph.tensor(describe(spec, kBias)));
   auto [o, lse] = graph.sdpa(q, k, v, attributes);
   mark_output(o, spec, kO);
   if (stats) mark_output(lse, spec, kLse);
@@ -194,6 +195,12 @@ void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
     auto grad_sinks = std::make_shared<Tensor_attributes>(describe(spec, kGradSinks));
     grad_sinks->set_output(true);
     attributes.set_dsink_token(grad_sinks);
+  }
+  if (spec.operands[kBias].present) attributes.set_bias(graph.tensor(describe(spec, kBias)));
+  if (spec.operands[kGradBias].present) {  // dP reduced over the bias' broadcast axes
+    auto grad_bias = std::make_shared<Tensor_attributes>(describe(spec, kGradBias));
+    grad_bias->set_output(true);
+    attributes.set_dbias(grad_bias);
   }
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, lse, attributes);
   mark_output(dq, spec, kGradQ);

@@ -69,6 +69,26 @@ void check_version_gates(const GraphSpec& spec) {
       ", 1). Pass a contiguous lse (e.g. lse.contiguous()), or let stridedfa allocate it.");
 }
 
+// cuDNN takes a bias only with a top-left band. A bottom-right band is the top-left band shifted by
+// s_kv - s_q (the diagonal of the last query on the last key), which is what it is given then.
+void as_top_left(GraphSpec& spec, const Problem& p) {
+  const bool band = spec.left_bound != SdpaOptions::kUnbounded || spec.right_bound != SdpaOptions::kUnbounded;
+  if (spec.alignment != CausalAlignment::bottom_right || !band) return;
+  const int64_t shift = p.s_kv - p.s_q;
+  const int64_t left = spec.left_bound == SdpaOptions::kUnbounded ? 0 : spec.left_bound - shift;
+  const int64_t right = spec.right_bound == SdpaOptions::kUnbounded ? 0 : spec.right_bound + shift;
+  if (left < 0 || right < 0) {
+    throw UnsupportedError("a bias with this bottom-right band is not supported: cuDNN takes a bias only with "
+                           "top-left bands, and this one would need a negative " +
+                           std::string(left < 0 ? "left" : "right") + " bound (s_q = " + std::to_string(p.s_q) +
+                           ", s_kv = " + std::to_string(p.s_kv) + "). Use top-left alignment or fold the mask " +
+                           "into the bias.");
+  }
+  spec.alignment = CausalAlignment::top_left;
+  if (spec.left_bound != SdpaOptions::kUnbounded) spec.left_bound = left;
+  if (spec.right_bound != SdpaOptions::kUnbounded) spec.right_bound = right;
+}
+
 GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t sm_version, int64_t cudnn_version) {
   const Problem& p = plan.problem;
   GraphSpec spec;
@@ -82,6 +102,7 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   spec.alignment = o.alignment;
   spec.left_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.left_bound();
   spec.right_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.right_bound();
+  if (spec.operands[kBias].present) as_top_left(spec, p);
   spec.deterministic = op == GraphOp::backward && o.deterministic;
   spec.softcap = static_cast<float>(o.softcap);
   spec.device = p.device;
@@ -95,9 +116,9 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
                      const TensorView* const* operands) {
   PreparedCall call;
   call.problem = problem;
-  if (problem.nothing_to_do) {  // only a sinks' gradient can have elements: it is zero
-    if (operands[kGradSinks] && operands[kGradSinks]->numel() != 0) {
-      call.fills[call.n_fills++] = {*operands[kGradSinks], 0u};
+  if (problem.nothing_to_do) {  // only a sinks' or a shared bias' gradient can have elements: zero
+    for (int s : {kGradSinks, kGradBias}) {
+      if (operands[s] && operands[s]->numel() != 0) call.fills[call.n_fills++] = {*operands[s], 0u};
     }
     return call;
   }

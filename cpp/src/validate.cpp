@@ -12,6 +12,9 @@
 //   - Every output empty: nothing to do. Extent-1 axes may carry any stride.
 //   - Options: a finite scale, window bounds of 0 or more (validate_options).
 //   - Padding lengths: int32 (batch,) vectors on the call's device; sinks float32 (h_q,).
+//   - bias: the attention dtype, broadcastable to (b, h_q, s_q, s_kv) (an axis of extent 1 or stride
+//     0 is shared), its key axis contiguous; grad_bias has bias' shape (cuDNN sums over the shared
+//     axes) and its own memory.
 //   - The backward's operands within 2^32 elements, out and grad_out within 4 GiB, of their data
 //     pointers (cuDNN's 32-bit offsets; wrong gradients beyond).
 #include <algorithm>
@@ -42,6 +45,14 @@ std::string shape_str(const TensorView& t) {
 // "axis 2 (heads)": the caller's number for the axis (TensorView::caller_axes), the core's name.
 std::string axis_str(const TensorView& t, int axis) {
   return "axis " + std::to_string(t.caller_axes[axis]) + " (" + (axis < 4 ? kAxisNames[axis] : "?") + ")";
+}
+
+// The same for a score bias: (batch, heads, seq of q, seq of k); "a missing axis" where the caller
+// gave fewer axes.
+std::string scores_axis_str(const TensorView& t, int axis) {
+  static const char* const names[4] = {"batch", "heads", "seq of q", "seq of k"};
+  if (t.caller_axes[axis] < 0) return std::string("a missing axis (") + names[axis] + ")";
+  return "axis " + std::to_string(t.caller_axes[axis]) + " (" + names[axis] + ")";
 }
 
 bool is_half(DLDataType d) { return d.lanes == 1 && d.bits == 16 && (d.code == kDLFloat || d.code == kDLBfloat); }
@@ -91,6 +102,61 @@ class Validator {
   void per_head(const TensorView& t) {
     vector(t, t.ndim == 1, "(heads of q,), one value per query head", is_float32(t.dtype),
            "attention sinks are float32 (torch: x.float())");
+  }
+
+  // An additive score bias or its gradient: up to 4 axes (fewer are leading axes of 1).
+  void scores(const TensorView& t) {
+    if (t.ndim < 1 || t.ndim > 4) {
+      throw LayoutError(std::string(t.name) + ": expected up to 4 axes broadcastable to (batch, heads of q, " +
+                        "seq of q, seq of k), got " + std::to_string(t.ndim) + " with shape " + shape_str(t) + ".");
+    }
+    check_addressable(t);
+    device(t);
+    if (!is_half(t.dtype)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
+                        " is not supported; a score bias has the attention dtype (float16 or bfloat16; torch: " +
+                        "x.to(q.dtype); a boolean mask m becomes torch.where(m, 0, -inf)).");
+    }
+  }
+
+  // bias: each axis is the problem's extent or 1 (shared); grad_bias: exactly bias' shape.
+  void scores_shape(const TensorView& t, const int64_t (&expected)[4], const TensorView* bias) {
+    for (int axis = 0; axis < 4; ++axis) {
+      const int64_t want = bias ? bias->dims[axis] : expected[axis];
+      if (t.dims[axis] == want || (!bias && t.dims[axis] == 1)) continue;
+      std::ostringstream s;
+      s << t.name << ": shape " << shape_str(t) << " is not "
+        << (bias ? "bias' shape " + shape_str(*bias)
+                 : "broadcastable to (batch, heads of q, seq of q, seq of k) = (" + std::to_string(expected[0]) +
+                       ", " + std::to_string(expected[1]) + ", " + std::to_string(expected[2]) + ", " +
+                       std::to_string(expected[3]) + ")")
+        << "; " << scores_axis_str(t, axis) << " is " << t.dims[axis]
+        << ", expected " << want << (bias ? "" : " or 1") << ".";
+      throw LayoutError(s.str());
+    }
+  }
+
+  // The bias is read with its key axis contiguous; other axes may be shared (stride 0).
+  void scores_memory(const TensorView& t, bool is_output) {
+    if (t.numel() == 0) return;
+    for (int axis = 0; axis < 4; ++axis) {
+      const int64_t extent = t.dims[axis], stride = t.strides[axis];
+      if (extent == 1) continue;
+      if (stride < 0) {
+        throw LayoutError(std::string(t.name) + ": " + scores_axis_str(t, axis) + " has negative stride " +
+                          std::to_string(stride) + "; cuDNN cannot walk memory backwards. Pass a copy " +
+                          "(torch: x.contiguous(), CuPy: cupy.ascontiguousarray(x)).");
+      }
+      if (stride == 0 && is_output) {
+        throw LayoutError(std::string(t.name) + ": " + scores_axis_str(t, axis) + " has stride 0 (a broadcast view); " +
+                          "an output needs its own memory for every element.");
+      }
+      if (axis == 3 && stride != 1) {
+        throw LayoutError(std::string(t.name) + ": " + scores_axis_str(t, axis) + " has stride " +
+                          std::to_string(stride) + "; cuDNN reads a bias with its key axis contiguous (stride 1). " +
+                          "Pass a copy (x.contiguous()).");
+      }
+    }
   }
 
   // A small 4-byte vector read by cuDNN as dense: its shape, dtype, contiguity and alignment.
@@ -347,6 +413,22 @@ TensorView per_head_as_4d(const TensorView& values) {
   return t;
 }
 
+// (s_kv,), (s_q, s_kv), (h, s_q, s_kv) -> 4 axes with leading axes of 1 (NumPy broadcasting);
+// caller_axes -1 marks an axis the caller did not give.
+TensorView scores_as_4d(const TensorView& scores) {
+  TensorView t = scores;
+  const int missing = 4 - scores.ndim;
+  if (missing <= 0 || scores.ndim < 1) return t;
+  t.ndim = 4;
+  for (int axis = 3; axis >= 0; --axis) {
+    const int from = axis - missing;
+    t.dims[axis] = from >= 0 ? scores.dims[from] : 1;
+    t.strides[axis] = from >= 0 ? scores.strides[from] : 0;
+    t.caller_axes[axis] = static_cast<int8_t>(from >= 0 ? scores.caller_axes[from] : -1);
+  }
+  return t;
+}
+
 TensorView lengths_as_4d(const TensorView& lengths) {
   TensorView t = lengths;
   if (t.ndim == 1) {
@@ -368,6 +450,8 @@ TensorView as_4d(const TensorView& t, OperandKind kind) {
       return lengths_as_4d(t);
     case OperandKind::per_head:
       return per_head_as_4d(t);
+    case OperandKind::scores:
+      return scores_as_4d(t);
     default:
       return t;
   }
@@ -398,12 +482,16 @@ Problem validate(GraphOp op, const SlotViews& given) {
       case OperandKind::per_head:
         check.per_head(*given[s]);
         break;
+      case OperandKind::scores:
+        check.scores(*given[s]);
+        break;
     }
     as4[s] = as_4d(*given[s], kOperands[s].kind);
     t[s] = &as4[s];
   }
   for (int s = kQ + 1; s < kNumSlots; ++s) {
-    if (t[s]) check.same_device_and_dtype(*t[kQ], *t[s], kOperands[s].kind == OperandKind::attention);
+    const OperandKind kind = kOperands[s].kind;
+    if (t[s]) check.same_device_and_dtype(*t[kQ], *t[s], kind == OperandKind::attention || kind == OperandKind::scores);
   }
 
   Problem p = problem_from(*t[kQ], *t[kK], *t[kV]);  // q, k and v agree with each other
@@ -412,9 +500,19 @@ Problem validate(GraphOp op, const SlotViews& given) {
     if (!t[s]) continue;
     int64_t expected[4];
     for (int axis = 0; axis < 4; ++axis) expected[axis] = p.extent(kOperands[s].shape[axis]);
-    check.shape(*t[s], expected, kOperands[s].shape_meaning);
-    // The sinks' gradient of an empty problem is zeros (filled by the plan), not work for cuDNN.
-    if (role_in(op, s) == Role::output && t[s]->numel() != 0 && kOperands[s].kind != OperandKind::per_head) {
+    if (s == kGradBias && !t[kBias]) {
+      throw LayoutError("grad_bias is given without bias; the bias' gradient needs the bias itself.");
+    }
+    if (kOperands[s].kind == OperandKind::scores) {
+      check.scores_shape(*t[s], expected, s == kGradBias ? t[kBias] : nullptr);
+    } else {
+      check.shape(*t[s], expected, kOperands[s].shape_meaning);
+    }
+    // The sinks' or a shared bias' gradient of an empty problem is zeros (filled by the plan), not
+    // work for cuDNN.
+    const bool per_head_or_scores =
+        kOperands[s].kind == OperandKind::per_head || kOperands[s].kind == OperandKind::scores;
+    if (role_in(op, s) == Role::output && t[s]->numel() != 0 && !per_head_or_scores) {
       every_output_empty = false;
     }
   }
@@ -429,6 +527,7 @@ Problem validate(GraphOp op, const SlotViews& given) {
     if (t[s] && (kind == OperandKind::attention || kind == OperandKind::stats)) {
       check.memory(*t[s], role_in(op, s) == Role::output, kind == OperandKind::stats);
     }
+    if (t[s] && kind == OperandKind::scores) check.scores_memory(*t[s], role_in(op, s) == Role::output);
   }
   if (t[kGradSinks] && !t[kSinks]) {
     throw LayoutError("grad_sinks is given without sinks; the sinks' gradient needs the sinks themselves.");

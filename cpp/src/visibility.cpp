@@ -27,11 +27,13 @@ Visibility visible_region(const SdpaOptions& options, const Problem& p, bool has
   return v;
 }
 
-TensorView seq_slice(const TensorView& t, int64_t begin, int64_t end) {
+TensorView axis_slice(const TensorView& t, int axis, int64_t begin, int64_t end) {
   TensorView s = t;
-  s.data = t.data + static_cast<std::uintptr_t>(begin * t.strides[2] * t.itemsize());
-  s.dims[2] = end - begin;
+  s.data = t.data + static_cast<std::uintptr_t>(begin * t.strides[axis] * t.itemsize());
+  s.dims[axis] = end - begin;
   return s;
 }
+
+TensorView seq_slice(const TensorView& t, int64_t begin, int64_t end) { return axis_slice(t, 2, begin, end); }
 
 }  // namespace stridedfa

@@ -3,7 +3,7 @@
 # launch in C++ with the GIL released; the public sdpa_forward / sdpa_backward and the variants
 # adapters and tests use.
 
-cdef const char* SLOT_NAMES[13]  # the argument names, from the operand table (kNumSlots)
+cdef const char* SLOT_NAMES[15]  # the argument names, from the operand table (kNumSlots)
 cdef int _slot
 for _slot in range(<int>kNumSlots):
     SLOT_NAMES[_slot] = kOperands[_slot].name
@@ -23,15 +23,14 @@ cdef tuple int_tuple(const int64_t* values, int n, int64_t factor):
 
 
 _EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1)
-KIND_NAMES = ("attention", "stats", "lengths", "per_head")
+KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores")
 
 
 def _operands():
     """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
     one dict per operand with its name, its role in the forward and the backward (None, "input" or
-    "output"), whether each op may leave it out, its kind ("attention", "stats", "lengths" or
-    "per_head") and the
-    logical extents of its (b, h, s, d) axes. Intake, validation, the cache key and the graph
+    "output"), whether each op may leave it out, its kind ("attention", "stats", "lengths",
+    "per_head" or "scores") and the logical extents of its (b, h, s, d) axes. Intake, validation, the cache key and the graph
     builder all walk this table."""
     cdef int slot, n = kNumSlots
     cdef const OperandInfo* info
@@ -103,6 +102,7 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[6], views[7], views[8] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
         views[9], views[10] = &bwd.seqlens_q, &bwd.seqlens_kv
         views[11], views[12] = &bwd.sinks, &bwd.grad_sinks
+        views[13], views[14] = &bwd.bias, &bwd.grad_bias
     else:
         views[0], views[1], views[2] = &fwd.q, &fwd.k, &fwd.v
         views[3], views[4] = &fwd.out, &fwd.lse
@@ -110,6 +110,8 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[9], views[10] = &fwd.seqlens_q, &fwd.seqlens_kv
         views[11] = &fwd.sinks
         views[12] = NULL
+        views[13] = &fwd.bias
+        views[14] = NULL
 
 
 cdef ensure_libraries():
@@ -141,8 +143,8 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
     exactly once."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
-    cdef TensorView* views[13]
-    cdef Owned owned[13]
+    cdef TensorView* views[15]
+    cdef Owned owned[15]
     cdef CallStream st
     cdef PreparedCall call
     cdef Problem problem
@@ -191,20 +193,21 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
         release(owned, n)
 
 
-cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks):
+cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias):
     """A forward call's tensors in slot order (the operand table's): None where not given or where
     the forward has no such operand."""
-    return (q, k, v, out, lse, None, None, None, None, seqlens_q, seqlens_kv, sinks, None)
+    return (q, k, v, out, lse, None, None, None, None, seqlens_q, seqlens_kv, sinks, None, bias, None)
 
 
 cdef inline tuple backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q,
-                                 seqlens_kv, sinks, grad_sinks):
+                                 seqlens_kv, sinks, grad_sinks, bias, grad_bias):
     """A backward call's tensors in slot order."""
-    return (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks)
+    return (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks,
+            bias, grad_bias)
 
 
 def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_alignment="top_left",
-                 window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, stream=None):
+                 window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, stream=None):
     """Scaled-dot-product attention forward, written into ``out`` (and ``lse``) in place.
 
     ``out = softmax(scale * q @ k^T + mask) @ v`` for every batch and query head, computed by
@@ -260,6 +263,13 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
         sinks: optional float32 (h_q,) attention-sink logits (gpt-oss): one extra term per query
             head in every row's softmax denominator, ``P[i, j] = exp(S[i, j]) / (exp(sinks[h]) +
             sum_j exp(S[i, j]))``, attending to nothing (out is not shifted); lse includes it.
+        bias: optional additive score bias (T5-style relative positions, ALiBi, or any mask as 0 /
+            -inf), q's dtype, broadcastable to (batch, h_q, s_q, s_kv) by NumPy rules -- fewer axes
+            are leading 1s, and an axis of extent 1 (or stride 0) is shared, e.g. a key-padding
+            bias (batch, 1, 1, s_kv). Added after the scale and the softcap, before the mask:
+            ``S = softcap(scale * q @ k^T) + bias``. The key axis must be contiguous (stride 1).
+            A key that is -inf for every row of a query is masked; a row whose every key is -inf
+            is undefined (as in torch's SDPA).
         stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, q
             decides: the call runs on its producer's current stream where the DLPack C exchange
             API reports it (torch) and on CuPy's current stream for a CuPy array, else on the
@@ -282,12 +292,13 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
     """
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks), options, stream, None)
+    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias), options, stream, None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
                   causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
-                  seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False, stream=None):
+                  seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None, deterministic=False,
+                  stream=None):
     """Gradients of :func:`sdpa_forward`, written into ``grad_q``, ``grad_k``, ``grad_v`` in place.
 
     Args:
@@ -304,6 +315,9 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
             gradient, ``-sum over batch and rows of exp(sinks[h] - lse) * rowsum(grad_out * out)``.
             cuDNN sums it in an order that varies from call to call: equal to float rounding
             (~1e-6 relative), not bitwise, also with ``deterministic``.
+        bias: the forward's bias. grad_bias: optional output of bias' shape receiving its gradient
+            ``dS = P * (dP - rowsum(grad_out * out))`` summed over bias' shared axes (zero where a
+            score is masked); q's dtype, its own memory (no stride 0).
         deterministic: pick cuDNN's deterministic backward algorithm: bitwise-identical gradients
             from run to run (dK/dV are otherwise accumulated in an order that varies), at a cost in
             speed measured in benchmarks/.
@@ -313,71 +327,73 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks)
+                           sinks, grad_sinks, bias, grad_bias)
     run(True, slots, options, stream, None)
 
 
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
-             window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None):
+             window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None):
     """sdpa_forward for framework adapters: ``workspace_allocator(nbytes, device) -> (pointer,
     owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks), options, stream,
+    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias), options, stream,
         workspace_allocator)
 
 
 def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
               causal_alignment, stream, workspace_allocator, window=None, softcap=None, seqlens_q=None,
-              seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False):
+              seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False, bias=None, grad_bias=None):
     """sdpa_backward for framework adapters (see _forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks)
+                           sinks, grad_sinks, bias, grad_bias)
     run(True, slots, options, stream, workspace_allocator)
 
 
 def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None, sinks=None,
-                      scale=None, causal=False, causal_alignment="top_left", window=None, softcap=None):
+                      bias=None, scale=None, causal=False, causal_alignment="top_left", window=None, softcap=None):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
     the pointers are never dereferenced). Returns what validation established, or raises."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks), options,
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias), options,
                stream, None, VALIDATE)
 
 
 def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None, *,
-                       seqlens_q=None, seqlens_kv=None, sinks=None, grad_sinks=None, scale=None, causal=False,
+                       seqlens_q=None, seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
+                       scale=None, causal=False,
                        causal_alignment="top_left", window=None, softcap=None, deterministic=False):
     """Intake and validation of a backward call, nothing else (see _validate_forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks)
+                           sinks, grad_sinks, bias, grad_bias)
     return run(True, slots, options, stream, None, VALIDATE)
 
 
 def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, causal_alignment="top_left",
-                       window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, sm_version=90,
+                       window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, sm_version=90,
                        cudnn_version=91900):
     """The graph-cache key a forward call would use on a device with these facts (validates
     first; needs no GPU). Calls with equal keys share one cuDNN graph; () when cuDNN has nothing
     to compute (every row masked)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks), options,
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias), options,
                None, None, KEY, sm_version, cudnn_version)
 
 
 def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
                         causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
-                        seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False, sm_version=90,
+                        seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
+                        deterministic=False, sm_version=90,
                         cudnn_version=91900):
     """The graph-cache key of a backward call (see _forward_graph_key)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks)
+                           sinks, grad_sinks, bias, grad_bias)
     return run(True, slots, options, None, None, KEY, sm_version, cudnn_version)

@@ -83,6 +83,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         stats
         lengths
         per_head
+        scores
 
     cdef enum class Reach(int32_t):
         unlimited
@@ -90,7 +91,8 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         bytes_2_32
 
     cdef enum Slot:
-        kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kSinks, kGradSinks, kNumSlots
+        kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kSinks, kGradSinks, kBias,
+        kGradBias, kNumSlots
 
     cdef struct OperandInfo:
         const char* name
@@ -103,7 +105,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         const char* shape_meaning
         Reach backward_reach
 
-    const OperandInfo kOperands[13]
+    const OperandInfo kOperands[15]
 
     cdef cppclass Problem:
         int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
@@ -114,10 +116,11 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cdef cppclass ForwardArgs:
-        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks
+        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias
 
     cdef cppclass BackwardArgs:
         TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks
+        TensorView bias, grad_bias
 
     cdef cppclass PreparedCall:
         Problem problem

@@ -208,6 +208,15 @@ cdef DLManagedTensorVersioned* allocate_per_head(const DLPackExchangeAPI* api, c
     return allocate_strided(api, 1, shape, strides, float32_dtype(), q.device_id)
 
 
+cdef void contiguous_strides(const int64_t* shape, int ndim, int64_t* strides) noexcept nogil:
+    """Row-major (C-contiguous) element strides of `shape` (a score bias' gradient)."""
+    cdef int64_t inner = 1
+    cdef int i
+    for i in range(ndim - 1, -1, -1):
+        strides[i] = inner
+        inner *= shape[i] if shape[i] > 1 else 1
+
+
 cdef const DLPackExchangeAPI* allocating_api(object like) except NULL:
     cdef const DLPackExchangeAPI* api = exchange_api_of(type(like))
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:

@@ -29,7 +29,7 @@ cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& 
 
 
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
-                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None):
+                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream.
 
@@ -42,7 +42,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     """
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[6]
+    cdef Owned owned[7]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* out_tensor = NULL
@@ -62,7 +62,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
         raise TypeError(f"q ({type(q).__module__}.{type(q).__qualname__}) does not offer the DLPack C "
                         f"exchange API's allocator; pass preallocated outputs to sdpa_forward instead")
-    for i in range(6):
+    for i in range(7):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -72,6 +72,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
         intake(v, b"v", False, &st, &fwd.v, &owned[2])
         intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
+        intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
         if fwd.q.ndim != 4 or fwd.v.ndim != 4:
             name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
             raise LayoutError(f"{name} must have 4 axes (batch, heads, seq, head_dim); it has {ndim}")
@@ -109,7 +110,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 6)
+        release(owned, 7)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -132,21 +133,24 @@ cdef int intake_readable(object obj, object make_readable, CallStream* st, Tenso
 
 def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
                     bint together, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
-                    deterministic=False):
+                    deterministic=False, bias=None, bint with_grad_bias=False):
     """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
     its current stream, each with its input's strides when the input is dense, else dense in the
     input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
     allocator. With `together` (eager autograd wanting all three, which then live alike as the
     .grad of three parameters) they share one allocation (never under torch.compile's CUDA graphs,
     which require each output to start a block of their pool). grad_out is passed through make_readable (a copy)
-    only when cuDNN cannot read it. Returns (grad_q, grad_k, grad_v, grad_sinks) as the framework's
-    tensors, grad_sinks a float32 (h_q,) when sinks are given, else None."""
+    only when cuDNN cannot read it. Returns (grad_q, grad_k, grad_v, grad_sinks, grad_bias) as the
+    framework's tensors, grad_sinks a float32 (h_q,) when sinks are given, grad_bias (contiguous, of
+    bias' shape) when `with_grad_bias`, else None."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[9]
+    cdef Owned owned[10]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* grads[3]
+    cdef DLManagedTensorVersioned* bias_grad = NULL
+    cdef int64_t bias_strides[4]
     cdef TensorView* inputs[3]
     cdef TensorView* outputs[3]
     cdef const char* names[3]
@@ -159,7 +163,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     cdef const DLPackExchangeAPI* api = allocating_api(q)
-    for i in range(9):
+    for i in range(10):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     for i in range(3):
@@ -178,6 +182,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
         intake_readable(grad_out, make_readable, &st, &bwd.grad_out, &owned[5], keep_alive)
         intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[6])
         intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[8])
+        intake_optional(bias, b"bias", &st, &bwd.bias, &owned[9])
         for i in range(3):
             if inputs[i].ndim != 4:
                 raise LayoutError(f"{SLOT_NAMES[i].decode()} must have 4 axes (batch, heads, seq, head_dim); "
@@ -200,6 +205,11 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
         if sinks is not None:
             sinks_grad = allocate_per_head(api, bwd.q)
             bwd.grad_sinks = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
+        if with_grad_bias and bias is not None and bwd.bias.device_type == kDLCUDA and 1 <= bwd.bias.ndim <= 4:
+            contiguous_strides(bwd.bias.dims, bwd.bias.ndim, bias_strides)
+            bias_grad = allocate_strided(api, bwd.bias.ndim, bwd.bias.dims, bias_strides, bwd.bias.dtype,
+                                         bwd.bias.device_id)
+            bwd.grad_bias = view_from_dltensor(bias_grad.dl_tensor, False, b"grad_bias", ExportQuirk.none)
         call = prepared_backward(bwd, options)
         execute_with_framework_workspace(api, call, st.handle, bwd.q.device_id)
         result = []
@@ -210,9 +220,15 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
         if sinks_grad != NULL:
             result[3] = to_framework_object(api, sinks_grad)
             sinks_grad = NULL
+        result.append(None)
+        if bias_grad != NULL:
+            result[4] = to_framework_object(api, bias_grad)
+            bias_grad = NULL
         return tuple(result)
     finally:
-        release(owned, 9)
+        release(owned, 10)
+        if bias_grad != NULL:
+            bias_grad.deleter(bias_grad)
         for i in range(3):
             if grads[i] != NULL:
                 grads[i].deleter(grads[i])

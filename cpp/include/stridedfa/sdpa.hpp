@@ -29,8 +29,10 @@ struct ForwardArgs {
   TensorView lse;                    // optional (lse.present == false): no softmax statistics
   TensorView seqlens_q, seqlens_kv;  // optional padding lengths
   TensorView sinks;                  // optional attention sinks
+  TensorView bias;                   // optional additive score bias
   SlotViews slots() const {
-    return {&q, &k, &v, &out, &lse, nullptr, nullptr, nullptr, nullptr, &seqlens_q, &seqlens_kv, &sinks, nullptr};
+    return {&q,      &k, &v, &out, &lse, nullptr, nullptr, nullptr, nullptr, &seqlens_q, &seqlens_kv, &sinks,
+            nullptr, &bias, nullptr};
   }
 };
 
@@ -38,8 +40,10 @@ struct BackwardArgs {
   TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v;
   TensorView seqlens_q, seqlens_kv;  // optional padding lengths, as in the forward
   TensorView sinks, grad_sinks;      // optional attention sinks (as in the forward) and their gradient
+  TensorView bias, grad_bias;        // optional score bias (as in the forward) and its gradient
   SlotViews slots() const {
-    return {&q, &k, &v, &out, &lse, &grad_out, &grad_q, &grad_k, &grad_v, &seqlens_q, &seqlens_kv, &sinks, &grad_sinks};
+    return {&q,     &k,          &v,          &out,        &lse,   &grad_out, &grad_q,   &grad_k,
+            &grad_v, &seqlens_q, &seqlens_kv, &sinks, &grad_sinks, &bias,     &grad_bias};
   }
 };
 

@@ -47,6 +47,8 @@ enum Slot : int {
   kSeqLensKV,
   kSinks,
   kGradSinks,
+  kBias,
+  kGradBias,
   kNumSlots
 };
 
@@ -57,7 +59,9 @@ enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 // lengths: int32 per-batch sequence lengths, (batch,) or (batch, 1, 1, 1), contiguous, read on the
 // device only.
 // per_head: float32 one value per query head, (heads of q,), contiguous.
-enum class OperandKind : int32_t { attention = 0, stats = 1, lengths = 2, per_head = 3 };
+// scores: one value per score, the attention dtype, broadcastable to (batch, heads of q, seq of q,
+// seq of k) (NumPy rules: fewer axes are leading 1s; an axis of extent 1 or stride 0 is shared).
+enum class OperandKind : int32_t { attention = 0, stats = 1, lengths = 2, per_head = 3, scores = 4 };
 
 // The logical extents an operand's axes must have (kOne: extent 1).
 enum Extent : int32_t { kBatch = 0, kHeadsQ, kHeadsKV, kSeqQ, kSeqKV, kDimQK, kDimV, kOne };
@@ -105,6 +109,10 @@ inline constexpr OperandInfo kOperands[kNumSlots] = {
      "(heads of q,)", Reach::unlimited},
     {"grad_sinks", Role::absent, Role::output, false, true, OperandKind::per_head, {kOne, kHeadsQ, kOne, kOne},
      "sinks' shape (heads of q,)", Reach::unlimited},
+    {"bias", Role::input, Role::input, true, true, OperandKind::scores, {kBatch, kHeadsQ, kSeqQ, kSeqKV},
+     "(batch or 1, heads of q or 1, seq of q or 1, seq of k)", Reach::unlimited},
+    {"grad_bias", Role::absent, Role::output, false, true, OperandKind::scores, {kBatch, kHeadsQ, kSeqQ, kSeqKV},
+     "bias' shape", Reach::unlimited},
 };
 // clang-format on
 

@@ -26,7 +26,8 @@ struct Visibility {
 // the device, so nothing is restricted here (the caller passes has_lengths).
 Visibility visible_region(const SdpaOptions& options, const Problem& p, bool has_lengths);
 
-// t restricted to [begin, end) of its seq axis (axis 2 of a 4-axis view): a view, no copy.
+// t restricted to [begin, end) of one axis: a view, no copy. seq_slice: of its seq axis (axis 2).
+TensorView axis_slice(const TensorView& t, int axis, int64_t begin, int64_t end);
 TensorView seq_slice(const TensorView& t, int64_t begin, int64_t end);
 
 // A region of an output the graph does not write, with the 32-bit pattern it gets (zero for
@@ -44,7 +45,8 @@ struct Copy {
 inline constexpr uint32_t kNegativeInfinityBits = 0xff800000u;
 inline constexpr int kMaxCopies = 1;
 // At most 8: a region before and after the kept rows of each output with a seq axis (out and lse,
-// or dQ, dK and dV), or the few whole-output fills of padding, s = 1 and empty-batch calls.
+// or dQ, dK and dV) and the bias' gradient whole, or the few whole-output fills of padding, s = 1
+// and empty-batch calls.
 inline constexpr int kMaxFills = 8;
 
 }  // namespace stridedfa
