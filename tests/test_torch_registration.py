@@ -14,24 +14,26 @@ META = dict(device="meta", dtype=torch.bfloat16)
 
 # The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
 # no padding lengths, no sinks, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, None, None, False)
+DEFAULTS = (-1, -1, None, None, None, None, False, None)
 
 
 
 def test_operators_are_registered_with_their_schemas():
     options = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
-               "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic")
+               "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic, "
+               "Tensor? bias")
     expected = {
         "attention_forward": f"(Tensor q, Tensor k, Tensor v, {options}, bool with_lse) -> (Tensor, Tensor)",
         "attention_inference": f"(Tensor q, Tensor k, Tensor v, {options}) -> Tensor",
         "attention_inference_basic": "(Tensor q, Tensor k, Tensor v, float? scale, bool causal, "
                                      "str causal_alignment) -> Tensor",
         "attention_backward": f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, "
-                              f"{options}) -> (Tensor, Tensor, Tensor, Tensor)",
+                              f"{options}, bool with_grad_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
         "packed_attention_forward": f"(Tensor packed, int dim, str layout, Tensor? q, {options}, "
                                     f"bool with_lse) -> (Tensor, Tensor)",
         "packed_attention_backward": f"(Tensor packed, int dim, str layout, Tensor? q, Tensor out, "
-                                     f"Tensor lse, Tensor grad_out, {options}) -> (Tensor, Tensor, Tensor)",
+                                     f"Tensor lse, Tensor grad_out, {options}, bool with_grad_bias) "
+                                     f"-> (Tensor, Tensor, Tensor, Tensor)",
     }
     for name, schema in expected.items():
         op = getattr(torch.ops.stridedfa, name).default
@@ -65,15 +67,15 @@ def test_fake_backward_and_packed_strides():
     qkv, (q, k, v) = _packed_views()
     out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *DEFAULTS, True)
     grads = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, torch.empty_like(out), None, True,
-                                                   "top_left", *DEFAULTS)
+                                                   "top_left", *DEFAULTS, False)
     for grad, t in zip(grads, (q, k, v)):  # views of a packed buffer: compact, in their axis order
         assert grad.stride() == _layouts.gradient_strides(t.shape, t.stride())
         assert grad.is_contiguous() is False  # bshd order, not bhsd
     out_p, lse_p = torch.ops.stridedfa.packed_attention_forward(qkv, 2, "bshd", None, None, True,
                                                                 "top_left", *DEFAULTS, True)
     assert out_p.shape == (2, 64, 4, 64) and out_p.is_contiguous()
-    grad_packed, grad_q, _ = torch.ops.stridedfa.packed_attention_backward(
-        qkv, 2, "bshd", None, out_p, lse_p, torch.empty_like(out_p), None, True, "top_left", *DEFAULTS)
+    grad_packed, grad_q, _, _ = torch.ops.stridedfa.packed_attention_backward(
+        qkv, 2, "bshd", None, out_p, lse_p, torch.empty_like(out_p), None, True, "top_left", *DEFAULTS, False)
     assert grad_packed.shape == qkv.shape and grad_packed.stride() == qkv.stride()
     assert grad_q.numel() == 0
 
@@ -155,11 +157,13 @@ def test_fake_kernels_trace_with_symbolic_shapes():
     def step(qkv):
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
         out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *DEFAULTS, True)
-        grads = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, out, None, True, "top_left", *DEFAULTS)
+        grads = torch.ops.stridedfa.attention_backward(q, k, v, out, lse, out, None, True, "top_left", *DEFAULTS,
+                                                       False)
         out_p, lse_p = torch.ops.stridedfa.packed_attention_forward(qkv, 2, "bshd", None, None, True,
                                                                     "top_left", *DEFAULTS, True)
-        grad_p, _, _ = torch.ops.stridedfa.packed_attention_backward(qkv, 2, "bshd", None, out_p, lse_p,
-                                                                  out_p, None, True, "top_left", *DEFAULTS)
+        grad_p, _, _, _ = torch.ops.stridedfa.packed_attention_backward(qkv, 2, "bshd", None, out_p, lse_p,
+                                                                     out_p, None, True, "top_left", *DEFAULTS,
+                                                                     False)
         return (out, *grads, out_p, grad_p)
 
     qkv = torch.empty(2, 64, 3, 4, 32, **META)

@@ -71,18 +71,25 @@ void check_version_gates(const GraphSpec& spec) {
 
 // cuDNN takes a bias only with a top-left band. A bottom-right band is the top-left band shifted by
 // s_kv - s_q (the diagonal of the last query on the last key), which is what it is given then.
-void as_top_left(GraphSpec& spec, const Problem& p) {
+// With padding lengths the bottom-right diagonal moves per sequence, which no static band says.
+void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given) {
   const bool band = spec.left_bound != SdpaOptions::kUnbounded || spec.right_bound != SdpaOptions::kUnbounded;
   if (spec.alignment != CausalAlignment::bottom_right || !band) return;
+  if (lengths_given) {
+    throw UnsupportedError(
+        "a bias with a bottom-right causal mask or window and padding lengths (seqlens_q / seqlens_kv) is not "
+        "supported: cuDNN's bottom-right mask takes no bias, and with padding the diagonal moves per sequence. "
+        "Use top-left alignment, or fold the mask into the bias.");
+  }
   const int64_t shift = p.s_kv - p.s_q;
   const int64_t left = spec.left_bound == SdpaOptions::kUnbounded ? 0 : spec.left_bound - shift;
   const int64_t right = spec.right_bound == SdpaOptions::kUnbounded ? 0 : spec.right_bound + shift;
   if (left < 0 || right < 0) {
-    throw UnsupportedError("a bias with this bottom-right band is not supported: cuDNN takes a bias only with "
-                           "top-left bands, and this one would need a negative " +
-                           std::string(left < 0 ? "left" : "right") + " bound (s_q = " + std::to_string(p.s_q) +
-                           ", s_kv = " + std::to_string(p.s_kv) + "). Use top-left alignment or fold the mask " +
-                           "into the bias.");
+    throw UnsupportedError(
+        "a bias with this bottom-right band is not supported: cuDNN takes a bias only with "
+        "top-left bands, and this one would need a negative " +
+        std::string(left < 0 ? "left" : "right") + " bound (s_q = " + std::to_string(p.s_q) +
+        ", s_kv = " + std::to_string(p.s_kv) + "). Use top-left alignment or fold the mask " + "into the bias.");
   }
   spec.alignment = CausalAlignment::top_left;
   if (spec.left_bound != SdpaOptions::kUnbounded) spec.left_bound = left;
@@ -102,7 +109,9 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   spec.alignment = o.alignment;
   spec.left_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.left_bound();
   spec.right_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.right_bound();
-  if (spec.operands[kBias].present) as_top_left(spec, p);
+  if (spec.operands[kBias].present) {
+    as_top_left(spec, p, spec.operands[kSeqLensQ].present && plan.made_lengths[0] < 0);
+  }
   spec.deterministic = op == GraphOp::backward && o.deterministic;
   spec.softcap = static_cast<float>(o.softcap);
   spec.device = p.device;

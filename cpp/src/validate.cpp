@@ -127,11 +127,11 @@ class Validator {
       std::ostringstream s;
       s << t.name << ": shape " << shape_str(t) << " is not "
         << (bias ? "bias' shape " + shape_str(*bias)
-                 : "broadcastable to (batch, heads of q, seq of q, seq of k) = (" + std::to_string(expected[0]) +
-                       ", " + std::to_string(expected[1]) + ", " + std::to_string(expected[2]) + ", " +
+                 : "broadcastable to (batch, heads of q, seq of q, seq of k) = (" + std::to_string(expected[0]) + ", " +
+                       std::to_string(expected[1]) + ", " + std::to_string(expected[2]) + ", " +
                        std::to_string(expected[3]) + ")")
-        << "; " << scores_axis_str(t, axis) << " is " << t.dims[axis]
-        << ", expected " << want << (bias ? "" : " or 1") << ".";
+        << "; " << scores_axis_str(t, axis) << " is " << t.dims[axis] << ", expected " << want << (bias ? "" : " or 1")
+        << ".";
       throw LayoutError(s.str());
     }
   }

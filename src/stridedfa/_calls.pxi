@@ -30,8 +30,8 @@ def _operands():
     """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
     one dict per operand with its name, its role in the forward and the backward (None, "input" or
     "output"), whether each op may leave it out, its kind ("attention", "stats", "lengths",
-    "per_head" or "scores") and the logical extents of its (b, h, s, d) axes. Intake, validation, the cache key and the graph
-    builder all walk this table."""
+    "per_head" or "scores") and the logical extents of its (b, h, s, d) axes. Intake, validation,
+    the cache key and the graph builder all walk this table."""
     cdef int slot, n = kNumSlots
     cdef const OperandInfo* info
     rows = []

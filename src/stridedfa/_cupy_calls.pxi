@@ -81,16 +81,16 @@ cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, 
 
 
 def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks,
-                  window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None):
+                  window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None):
     """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[6]
+    cdef Owned owned[7]
     cdef CallStream st
     cdef PreparedCall call
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    for i in range(6):
+    for i in range(7):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(stream, &st)
@@ -100,12 +100,13 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
         intake(v, b"v", False, &st, &fwd.v, &owned[2])
         intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
+        intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
         out, lse = cupy_forward_outputs(q, hooks, allocation, with_lse, &fwd)
         call = prepared_forward(fwd, options)
         cupy_execute(call, st.handle, hooks, allocation)
         return out, lse
     finally:
-        release(owned, 6)
+        release(owned, 7)
 
 
 cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, BackwardArgs* bwd):
@@ -137,19 +138,20 @@ cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, Backwar
 
 
 def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
-                   hooks, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, deterministic=False):
+                   hooks, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, deterministic=False,
+                   bias=None, bint with_grad_bias=False):
     """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v, grad_sinks
-    or None)."""
+    or None, grad_bias or None: contiguous, of bias' shape, when `with_grad_bias`)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[9]
+    cdef Owned owned[10]
     cdef CallStream st
     cdef PreparedCall call
     cdef int64_t shape[1]
-    cdef int64_t strides[1]
+    cdef int64_t strides[4]
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
-    for i in range(9):
+    for i in range(10):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     keep_alive = []
@@ -164,14 +166,20 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
         intake_readable(grad_out, hooks.contiguous, &st, &bwd.grad_out, &owned[5], keep_alive)
         intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[6])
         intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[8])
+        intake_optional(bias, b"bias", &st, &bwd.bias, &owned[9])
         grads = cupy_gradients((q, k, v), hooks, allocation, &bwd)
         grad_sinks = None
         if sinks is not None:  # one float32 per query head
             shape[0], strides[0] = bwd.q.dims[1], 1
             grad_sinks = cupy_empty(hooks, allocation, 1, shape, strides, hooks.float32, float32_dtype(),
                                     bwd.q.device_id, b"grad_sinks", &bwd.grad_sinks)
+        grad_bias = None
+        if with_grad_bias and bias is not None and bwd.bias.device_type == kDLCUDA and 1 <= bwd.bias.ndim <= 4:
+            contiguous_strides(bwd.bias.dims, bwd.bias.ndim, strides)
+            grad_bias = cupy_empty(hooks, allocation, bwd.bias.ndim, bwd.bias.dims, strides, q.dtype, bwd.bias.dtype,
+                                   bwd.bias.device_id, b"grad_bias", &bwd.grad_bias)
         call = prepared_backward(bwd, options)
         cupy_execute(call, st.handle, hooks, allocation)
-        return (*grads, grad_sinks)
+        return (*grads, grad_sinks, grad_bias)
     finally:
-        release(owned, 9)
+        release(owned, 10)

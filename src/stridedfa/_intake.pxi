@@ -113,6 +113,13 @@ cdef int load_cupy_types() except -1:
     _cupy_dtypes = {numpy.dtype(numpy.float16): (2, 16), numpy.dtype(numpy.float32): (2, 32),
                     numpy.dtype(numpy.float64): (2, 64), numpy.dtype(numpy.int32): (0, 32),
                     numpy.dtype(numpy.int64): (0, 64)}
+    # CuPy's bfloat16 arrays carry ml_dtypes' NumPy dtype; without this entry they took the
+    # protocol path, ~3 us more per array (GPU run 29).
+    try:
+        import ml_dtypes
+        _cupy_dtypes[numpy.dtype(ml_dtypes.bfloat16)] = (4, 16)
+    except ImportError:
+        pass
     return 0
 
 

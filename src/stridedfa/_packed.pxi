@@ -21,15 +21,16 @@ cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
 
 
 def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
-                          bint with_lse, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None):
+                          bint with_lse, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
+                          bias=None):
     """Forward of the packed entry point, outputs allocated by packed's framework (see
     _forward_alloc). `packed` holds q, k, v (or k, v with `q` given in the same layout) along
     `dim`; its other axes are in layout order, and `to_logical[i]` is the layout axis holding the
-    core's axis i (b, h, s, d). Returns (out in layout axes, dense in q's memory order; lse or
-    None)."""
+    core's axis i (b, h, s, d); a bias is in the core's (b, h, s_q, s_kv) axes. Returns (out in
+    layout axes, dense in q's memory order; lse or None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[5]
+    cdef Owned owned[6]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, v_layout, out_layout
@@ -42,7 +43,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(5):
+    for i in range(6):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -51,6 +52,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
         check_packed(packed_view, dim, 3 if q is None else 2)
         intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[2])
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[4])
+        intake_optional(bias, b"bias", &st, &fwd.bias, &owned[5])
         if q is None:
             q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
             fwd.k = select_packed(packed_view, dim, 1, perm, b"k")
@@ -85,7 +87,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 5)
+        release(owned, 6)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -94,27 +96,29 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
 
 def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
                            causal_alignment, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
-                           deterministic=False):
+                           deterministic=False, bias=None, bint with_grad_bias=False):
     """Backward of the packed entry point: allocates one gradient buffer with packed's strides
     (dense in its axis order if packed is not dense) and, with a separate q, q's gradient (same
     rule); cuDNN writes dQ/dK/dV straight into their slices. `out` and `grad_out` are in layout
-    axes. Returns (grad_packed, grad_q or None, grad_sinks or None)."""
+    axes. Returns (grad_packed, grad_q or None, grad_sinks or None, grad_bias or None: contiguous, of
+    bias' shape, when `with_grad_bias`)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[8]
+    cdef Owned owned[9]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
     cdef DLManagedTensorVersioned* grad_packed_tensor = NULL
     cdef DLManagedTensorVersioned* grad_q_tensor = NULL
     cdef DLManagedTensorVersioned* sinks_grad = NULL
+    cdef DLManagedTensorVersioned* bias_grad = NULL
     cdef int perm[4]
     cdef int64_t strides[8]
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(8):
+    for i in range(9):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -123,6 +127,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
         check_packed(packed_view, dim, 3 if q is None else 2)
         intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[5])
         intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[7])
+        intake_optional(bias, b"bias", &st, &bwd.bias, &owned[8])
         intake(out, b"out", False, &st, &out_layout, &owned[1])
         intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[2])
         intake(lse, b"lse", False, &st, &bwd.lse, &owned[3])
@@ -157,20 +162,30 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
         if sinks is not None:
             sinks_grad = allocate_per_head(api, bwd.q)
             bwd.grad_sinks = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
+        if with_grad_bias and bias is not None and bwd.bias.device_type == kDLCUDA and 1 <= bwd.bias.ndim <= 4:
+            contiguous_strides(bwd.bias.dims, bwd.bias.ndim, strides)
+            bias_grad = allocate_strided(api, bwd.bias.ndim, bwd.bias.dims, strides, bwd.bias.dtype,
+                                         bwd.bias.device_id)
+            bwd.grad_bias = view_from_dltensor(bias_grad.dl_tensor, False, b"grad_bias", ExportQuirk.none)
         call = prepared_backward(bwd, options)
         execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
         grad_packed = to_framework_object(api, grad_packed_tensor)
         grad_packed_tensor = NULL
-        grad_q = grad_sinks = None
+        grad_q = grad_sinks = grad_bias = None
         if grad_q_tensor != NULL:
             grad_q = to_framework_object(api, grad_q_tensor)
             grad_q_tensor = NULL
         if sinks_grad != NULL:
             grad_sinks = to_framework_object(api, sinks_grad)
             sinks_grad = NULL
-        return grad_packed, grad_q, grad_sinks
+        if bias_grad != NULL:
+            grad_bias = to_framework_object(api, bias_grad)
+            bias_grad = NULL
+        return grad_packed, grad_q, grad_sinks, grad_bias
     finally:
-        release(owned, 8)
+        release(owned, 9)
+        if bias_grad != NULL:
+            bias_grad.deleter(bias_grad)
         if grad_packed_tensor != NULL:
             grad_packed_tensor.deleter(grad_packed_tensor)
         if grad_q_tensor != NULL:

@@ -87,20 +87,27 @@ def _backward_kernel(op, impl, tensor_args):
     return kernel
 
 
-# Every operator takes the options in one order (`opts` below: 10 values), spelled in its schema
+# Every operator takes the options in one order (`opts` below: 11 values), spelled in its schema
 # as _OPTIONS; window bounds are -1 where unbounded (a schema int cannot be None). The lengths are
-# options 6 and 7, the sinks (the one differentiable option) option 8.
+# options 6 and 7; the sinks (option 8) and the bias (option 10) are differentiable.
 _OPTIONS = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
-            "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic")
-_N_OPTIONS = 10
+            "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic, "
+            "Tensor? bias")
+_N_OPTIONS = 11
 _LENGTHS = (6, 7)
 _SINKS = 8
-_TENSOR_OPTIONS = (*_LENGTHS, _SINKS)
+_BIAS = 10
+_TENSOR_OPTIONS = (*_LENGTHS, _SINKS, _BIAS)
 
 
-def _option_grads(grad_sinks):
+def _option_grads(grad_sinks, grad_bias):
     """The gradients of the options and of the flag after them (with_lse / return_lse)."""
-    return (None,) * _SINKS + (grad_sinks,) + (None,) * (_N_OPTIONS - _SINKS)
+    return (None,) * _SINKS + (grad_sinks, None, grad_bias, None)
+
+
+def _grad_or_none(grad, option):
+    """An operator's gradient output for a differentiable option: None where it was not given."""
+    return grad if option is not None else None
 
 
 def _attention_forward_impl(q, k, v, *args):  # args: the options, then with_lse
@@ -154,9 +161,9 @@ _lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
 
 # The same forward for calls that use none of the variants' options (plain and causal attention):
 # the dispatcher boxes every argument into Python on each call, so the call torch.compile'd code
-# and dispatch modes make most often takes three options, not ten.
+# and dispatch modes make most often takes three options, not eleven.
 _BASIC_OPTIONS = "float? scale, bool causal, str causal_alignment"
-_VARIANT_DEFAULTS = (-1, -1, None, None, None, None, False)  # the other options at their defaults
+_VARIANT_DEFAULTS = (-1, -1, None, None, None, None, False, None)  # the other options at their defaults
 
 
 def _attention_inference_basic_impl(q, k, v, scale, causal, causal_alignment):
@@ -182,32 +189,35 @@ def _attention_inference_basic_autograd(q, k, v, scale, causal, causal_alignment
 _lib.impl("attention_inference_basic", _attention_inference_basic_autograd, "Autograd")
 
 
-def _attention_backward_impl(q, k, v, out, lse, grad_out, *opts, together=False):
-    """(grad_q, grad_k, grad_v, grad_sinks: (h_q,) float32, or empty without sinks)."""
-    sinks = opts[_SINKS]
+def _attention_backward_impl(q, k, v, out, lse, grad_out, *args, together=False):
+    """(grad_q, grad_k, grad_v, grad_sinks: (h_q,) float32 or empty without sinks, grad_bias: of
+    bias' shape, contiguous, or empty unless args' last flag (with_grad_bias) asks for it)."""
+    opts, with_grad_bias = args[:_N_OPTIONS], args[_N_OPTIONS] and args[_BIAS] is not None
     if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
-        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic = opts
-        grad_q, grad_k, grad_v, grad_sinks = _core._backward_alloc(
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias = opts
+        grad_q, grad_k, grad_v, grad_sinks, grad_bias = _core._backward_alloc(
             q, k, v, out, lse, grad_out, scale, causal, alignment, _contiguous, together, _window(left, right),
-            softcap, seqlens_q, seqlens_kv, sinks, deterministic)
-        return grad_q, grad_k, grad_v, (grad_sinks if grad_sinks is not None else _no_lse(q))
+            softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, with_grad_bias)
+        return (grad_q, grad_k, grad_v, grad_sinks if grad_sinks is not None else _no_lse(q),
+                grad_bias if grad_bias is not None else _no_lse(q))
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
-    grad_sinks = _sinks_gradient_like(sinks, q)
+    grad_sinks = _sinks_gradient_like(opts[_SINKS], q)
+    grad_bias = _bias_gradient_like(opts[_BIAS], with_grad_bias, q)
     _core_backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k,
-                   grad_v, opts, _stream(q), None if sinks is None else grad_sinks)
-    return grad_q, grad_k, grad_v, grad_sinks
+                   grad_v, opts, _stream(q), None if opts[_SINKS] is None else grad_sinks,
+                   grad_bias if with_grad_bias else None)
+    return grad_q, grad_k, grad_v, grad_sinks, grad_bias
 
 
-def _attention_backward_fake(q, k, v, out, lse, grad_out, *opts):
-    sinks = opts[_SINKS]
-    return (_gradient_like(q), _gradient_like(k), _gradient_like(v),
-            _sinks_gradient_like(sinks, q))
+def _attention_backward_fake(q, k, v, out, lse, grad_out, *args):
+    return (_gradient_like(q), _gradient_like(k), _gradient_like(v), _sinks_gradient_like(args[_SINKS], q),
+            _bias_gradient_like(args[_BIAS], args[_N_OPTIONS], q))
 
 
 _attention_backward = _define(
     "attention_backward",
-    f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
-    "-> (Tensor, Tensor, Tensor, Tensor)", _attention_backward_impl, _attention_backward_fake)
+    f"(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}, bool with_grad_bias) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)", _attention_backward_impl, _attention_backward_fake)
 # Its tensors: q, k, v, out, lse, grad_out and the tensor options.
 _lib.impl("attention_backward", _backward_kernel(_attention_backward, _attention_backward_impl,
                                                  (0, 1, 2, 3, 4, 5, *(6 + i for i in _TENSOR_OPTIONS))), "Autograd")
@@ -233,8 +243,11 @@ class _AttentionFunction(torch.autograd.Function):
                                "required grad when it ran), so it kept no statistics to differentiate "
                                "with")
         q, k, v, out, lse = ctx.saved_tensors
-        grad_q, grad_k, grad_v, grad_sinks = _attention_backward(q, k, v, out, lse, grad_out, *ctx.options)
-        return grad_q, grad_k, grad_v, *_option_grads(grad_sinks if ctx.options[_SINKS] is not None else None)
+        opts = ctx.options
+        grad_q, grad_k, grad_v, grad_sinks, grad_bias = _attention_backward(
+            q, k, v, out, lse, grad_out, *opts, ctx.needs_input_grad[3 + _BIAS])
+        return (grad_q, grad_k, grad_v, *_option_grads(_grad_or_none(grad_sinks, opts[_SINKS]),
+                                                       _grad_or_none(grad_bias, opts[_BIAS])))
 
 
 class _EagerAttention(torch.autograd.Function):
@@ -243,16 +256,16 @@ class _EagerAttention(torch.autograd.Function):
     when all three are wanted. Returns out, or (out, lse) with return_lse (lse not differentiable).
 
     Host time is the point of this class (a training step that is host-bound must not lose to
-    torch's C++ autograd node): apply takes the sinks (the one differentiable option) and the
-    options as one tuple, and lse is saved on ctx rather than as a saved tensor (it is never
+    torch's C++ autograd node): apply takes the sinks and the bias (the differentiable options) and
+    the options as one tuple, and lse is saved on ctx rather than as a saved tensor (it is never
     modified in place, and only an output needs the version check) and is an output only when
     asked for."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, opts, return_lse):
-        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, _ = opts
+    def forward(ctx, q, k, v, sinks, bias, opts, return_lse):
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, _, _ = opts
         out, lse = _forward_alloc(q, k, v, scale, causal, alignment, True, True, _window(left, right), softcap,
-                                  seqlens_q, seqlens_kv, sinks)
+                                  seqlens_q, seqlens_kv, sinks, bias)
         ctx.save_for_backward(q, k, v, out)
         ctx.lse = lse
         ctx.options = opts
@@ -264,18 +277,20 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, *_grad_lse):
         q, k, v, out = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        opts = ctx.options
         if _is_grad_enabled():  # create_graph=True: through the operator, which refuses a double backward
-            grads = _attention_backward(q, k, v, out, ctx.lse, grad_out, *ctx.options)
+            grads = _attention_backward(q, k, v, out, ctx.lse, grad_out, *opts, needs[4])
         else:
-            needs = ctx.needs_input_grad
-            grads = _attention_backward_impl(q, k, v, out, ctx.lse, grad_out, *ctx.options,
+            grads = _attention_backward_impl(q, k, v, out, ctx.lse, grad_out, *opts, needs[4],
                                              together=needs[0] and needs[1] and needs[2])
-        grad_q, grad_k, grad_v, grad_sinks = grads
-        return grad_q, grad_k, grad_v, (grad_sinks if ctx.options[_SINKS] is not None else None), None, None
+        grad_q, grad_k, grad_v, grad_sinks, grad_bias = grads
+        return (grad_q, grad_k, grad_v, _grad_or_none(grad_sinks, opts[_SINKS]),
+                _grad_or_none(grad_bias, opts[_BIAS]), None, None)
 
 
 def _attention_forward_autograd(q, k, v, *args):
-    if _requires_grad(q, k, v, args[_SINKS]):
+    if _requires_grad(q, k, v, args[_SINKS], args[_BIAS]):
         return _AttentionFunction.apply(q, k, v, *args)
     return _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
                            (q, k, v, *(args[i] for i in _TENSOR_OPTIONS)))
@@ -285,12 +300,12 @@ _lib.impl("attention_forward", _attention_forward_autograd, "Autograd")
 
 
 def _packed_forward_impl(packed, dim, layout, q, *args):  # args: the options, then with_lse
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = args[:_N_OPTIONS]
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias = args[:_N_OPTIONS]
     with_lse = args[_N_OPTIONS]
     if _HAS_EXCHANGE_API:  # views, allocation and launch in one C call
         out_l, lse = _core._packed_forward_alloc(packed, dim, _to_logical(layout), q, scale, causal, alignment,
                                                  with_lse, _window(left, right), softcap, seqlens_q, seqlens_kv,
-                                                 sinks)
+                                                 sinks, bias)
         return out_l, (lse if with_lse else _no_lse(packed))
     q_l, k_l, v_l = _unpack(packed, dim, q)
     out_l = _empty_packed_output(q_l, v_l)
@@ -313,44 +328,47 @@ _packed_attention_forward = _define(
     _packed_forward_impl, _packed_forward_fake)
 
 
-def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *opts):
-    """(grad_packed, grad_q or empty, grad_sinks or empty)."""
+def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *args):
+    """(grad_packed, grad_q or empty, grad_sinks or empty, grad_bias or empty: see
+    _attention_backward_impl)."""
+    opts, with_grad_bias = args[:_N_OPTIONS], args[_N_OPTIONS] and args[_BIAS] is not None
     sinks = opts[_SINKS]
     if _HAS_EXCHANGE_API:
-        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic = opts
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias = opts
         to_logical = _to_logical(layout)
         logical = grad_out.permute(to_logical)
         readable = _readable(logical)
         if readable is not logical:  # copied: hand the copy over in layout axes
             grad_out = readable.permute([to_logical.index(axis) for axis in range(4)])
-        grad_packed, grad_q, grad_sinks = _core._packed_backward_alloc(
+        grad_packed, grad_q, grad_sinks, grad_bias = _core._packed_backward_alloc(
             packed, dim, to_logical, q, out, lse, grad_out, scale, causal, alignment, _window(left, right),
-            softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+            softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, with_grad_bias)
         return (grad_packed, grad_q if grad_q is not None else _no_lse(packed),
-                grad_sinks if grad_sinks is not None else _no_lse(packed))
+                grad_sinks if grad_sinks is not None else _no_lse(packed),
+                grad_bias if grad_bias is not None else _no_lse(packed))
     grad_packed = _gradient_like(packed)
     grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
     grad_sinks = _sinks_gradient_like(sinks, packed)
+    grad_bias = _bias_gradient_like(opts[_BIAS], with_grad_bias, packed)
     q_l, k_l, v_l = _unpack(packed, dim, q)
     dq_l, dk_l, dv_l = _unpack(grad_packed, dim, grad_q if q is not None else None)
     to_logical = _to_logical(layout)
     _core_backward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)), _raw(v_l.permute(to_logical)),
                    _raw(out.permute(to_logical)), _readable(grad_out.permute(to_logical)), _raw(lse),
                    dq_l.permute(to_logical), dk_l.permute(to_logical), dv_l.permute(to_logical), opts,
-                   _stream(packed), None if sinks is None else grad_sinks)
-    return grad_packed, grad_q, grad_sinks
+                   _stream(packed), None if sinks is None else grad_sinks, grad_bias if with_grad_bias else None)
+    return grad_packed, grad_q, grad_sinks, grad_bias
 
 
-def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, *opts):
-    sinks = opts[_SINKS]
+def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, *args):
     return (_gradient_like(packed), _gradient_like(q) if q is not None else _no_lse(packed),
-            _sinks_gradient_like(sinks, packed))
+            _sinks_gradient_like(args[_SINKS], packed), _bias_gradient_like(args[_BIAS], args[_N_OPTIONS], packed))
 
 
 _packed_attention_backward = _define(
     "packed_attention_backward",
-    f"(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}) "
-    "-> (Tensor, Tensor, Tensor)", _packed_backward_impl, _packed_backward_fake)
+    f"(Tensor packed, int dim, str layout, Tensor? q, Tensor out, Tensor lse, Tensor grad_out, {_OPTIONS}, "
+    "bool with_grad_bias) -> (Tensor, Tensor, Tensor, Tensor)", _packed_backward_impl, _packed_backward_fake)
 # Its tensors: packed, q, out, lse, grad_out and the tensor options.
 _lib.impl("packed_attention_backward", _backward_kernel(_packed_attention_backward, _packed_backward_impl,
                                                         (0, 3, 4, 5, 6, *(7 + i for i in _TENSOR_OPTIONS))),
@@ -381,18 +399,18 @@ class _PackedAttentionFunction(torch.autograd.Function):
                                "differentiate with")
         packed, q, out, lse = ctx.saved_tensors
         dim, layout, opts = ctx.options
-        args = (packed, dim, layout, q, out, lse, grad_out, *opts)
+        args = (packed, dim, layout, q, out, lse, grad_out, *opts, ctx.needs_input_grad[5 + _BIAS])
         if ctx.eager and not _is_grad_enabled():
-            grad_packed, grad_q, grad_sinks = _packed_backward_impl(*args)
+            grad_packed, grad_q, grad_sinks, grad_bias = _packed_backward_impl(*args)
         else:
-            grad_packed, grad_q, grad_sinks = _packed_attention_backward(*args)
+            grad_packed, grad_q, grad_sinks, grad_bias = _packed_attention_backward(*args)
         return (None, grad_packed, None, None, grad_q if q is not None else None,
-                *_option_grads(grad_sinks if opts[_SINKS] is not None else None))
+                *_option_grads(_grad_or_none(grad_sinks, opts[_SINKS]), _grad_or_none(grad_bias, opts[_BIAS])))
 
 
 def _packed_forward_autograd(packed, dim, layout, q, *args):
     op_args = (packed, dim, layout, q, *args)
-    if _requires_grad(packed, q, args[_SINKS]):
+    if _requires_grad(packed, q, args[_SINKS], args[_BIAS]):
         return _PackedAttentionFunction.apply(False, *op_args)
     return _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
                            (packed, q, *(args[i] for i in _TENSOR_OPTIONS)))
@@ -436,10 +454,10 @@ def _plain_eager(q, k, v) -> bool:
 
 
 def _forward(q, k, v, opts, with_lse, together=False):
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias = opts
     if _HAS_EXCHANGE_API:
         return _forward_alloc(q, k, v, scale, causal, alignment, with_lse, together, _window(left, right),
-                              softcap, seqlens_q, seqlens_kv, sinks)
+                              softcap, seqlens_q, seqlens_kv, sinks, bias)
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
     lse = _empty_lse(q) if with_lse else None
@@ -449,17 +467,20 @@ def _forward(q, k, v, opts, with_lse, together=False):
 
 def _core_forward(q, k, v, out, lse, opts, stream):
     """The core's forward through __dlpack__ (torch < 2.10)."""
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _ = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias = opts
     _core._forward(q, k, v, out, lse, scale, causal, alignment, stream, _workspace, _window(left, right),
-                   softcap, seqlens_q, seqlens_kv, None if sinks is None else _raw(sinks))
+                   softcap, seqlens_q, seqlens_kv, None if sinks is None else _raw(sinks),
+                   None if bias is None else _raw(bias))
 
 
-def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream, grad_sinks=None):
+def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream, grad_sinks=None,
+                   grad_bias=None):
     """The core's backward through __dlpack__ (torch < 2.10)."""
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias = opts
     _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, alignment, stream,
                     _workspace, _window(left, right), softcap, seqlens_q, seqlens_kv,
-                    None if sinks is None else _raw(sinks), grad_sinks, deterministic)
+                    None if sinks is None else _raw(sinks), grad_sinks, deterministic,
+                    None if bias is None else _raw(bias), grad_bias)
 
 
 def _bounds(window) -> tuple[int, int]:
@@ -496,6 +517,12 @@ def _empty_lse(q):
 def _sinks_gradient_like(sinks, like):
     """The sinks' gradient buffer, or an empty placeholder (an operator returns a tensor) without sinks."""
     return _no_lse(like) if sinks is None else sinks.new_empty(sinks.shape)
+
+
+def _bias_gradient_like(bias, wanted, like):
+    """The bias' gradient buffer (contiguous, bias' shape, as the core allocates it), or an empty
+    placeholder when there is no bias or its gradient is not wanted."""
+    return bias.new_empty(bias.shape) if bias is not None and wanted else _no_lse(like)
 
 
 def _no_lse(like):

@@ -44,7 +44,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
               causal_alignment: str = "top_left", window: tuple[int | None, int | None] | None = None,
               softcap: float | None = None, seqlens_q: torch.Tensor | None = None,
               seqlens_kv: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-              deterministic: bool = False, return_lse: bool = False):
+              bias: torch.Tensor | None = None, deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, differentiable.
 
     ``softmax(scale * q @ k^T + mask) @ v`` with the axes of
@@ -72,6 +72,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
             torch.compile). Padded query rows get out = 0, lse = -inf, zero gradients.
         sinks: float32 (h_q,) CUDA tensor of attention-sink logits (gpt-oss): an extra term per
             query head in each row's softmax denominator that attends to nothing; differentiable.
+        bias: additive score bias in q's dtype, broadcastable to (batch, h_q, s_q, s_kv) (torch's
+            float ``attn_mask``; T5 relative positions; a boolean mask ``m`` as
+            ``torch.zeros_like(m, dtype=q.dtype).masked_fill(~m, float("-inf"))``): scores are
+            ``softcap(scale * q @ k^T) + bias`` before the masks. Extent-1 (or stride-0, expanded)
+            axes are shared without a copy; the key axis must be contiguous. Differentiable: its
+            gradient is computed only when the bias requires grad. See
+            :func:`stridedfa.sdpa_forward`.
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-identical
             gradients run to run, slower: see benchmarks/).
         return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each row's scaled,
@@ -98,19 +105,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         causal = _causal(causal, is_causal)
     # Grad mode first: under no_grad (inference) the three attribute reads are skipped.
     needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                         or (sinks is not None and sinks.requires_grad))
+                                         or (sinks is not None and sinks.requires_grad)
+                                         or (bias is not None and bias.requires_grad))
     if not needs_grad and _plain_eager(q, k, v):  # one C call; the core parses window itself
         out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, return_lse, False, window, softcap,
-                                  seqlens_q, seqlens_kv, sinks)
+                                  seqlens_q, seqlens_kv, sinks, bias)
         return (out, lse) if return_lse else out
     left, right = (-1, -1) if window is None else _bounds(window)
-    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
+            bias)
     if needs_grad and _plain_eager(q, k, v):
-        return _eager_attention(q, k, v, sinks, opts, return_lse)
+        return _eager_attention(q, k, v, sinks, bias, opts, return_lse)
     if needs_grad or return_lse:
         out, lse = _attention_forward(q, k, v, *opts, True)
         return (out, lse) if return_lse else out
-    if window is None and softcap is None and seqlens_q is None and seqlens_kv is None and sinks is None:
+    if (window is None and softcap is None and seqlens_q is None and seqlens_kv is None and sinks is None
+            and bias is None):
         return _attention_inference_basic(q, k, v, scale, causal, causal_alignment)
     return _attention_inference(q, k, v, *opts)
 
@@ -120,7 +130,8 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
                      is_causal: bool | None = None, causal_alignment: str = "top_left",
                      window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
                      seqlens_q: torch.Tensor | None = None, seqlens_kv: torch.Tensor | None = None,
-                     sinks: torch.Tensor | None = None, deterministic: bool = False, return_lse: bool = False):
+                     sinks: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                     deterministic: bool = False, return_lse: bool = False):
     """Attention on a packed projection, read in place and differentiated into one packed gradient.
 
     ``packed`` holds q, k and v interleaved along axis ``dim`` (extent 3), or k and v (extent 2)
@@ -140,6 +151,8 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
         q: with an extent-2 ``packed`` (k/v only): the queries, 4-D in the same ``layout``.
         scale, causal, is_causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, sinks,
         deterministic, return_lse: as in :func:`attention`.
+        bias: as in :func:`attention`, in the logical (batch, h_q, s_q, s_kv) axes whatever the
+            layout.
 
     Returns:
         out, or (out, lse) with ``return_lse``: the output with the axes of ``layout`` (e.g.
@@ -155,9 +168,11 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     causal = _causal(causal, is_causal)
     dim = _check_packed(packed, dim, layout, q)
     left, right = (-1, -1) if window is None else _bounds(window)
-    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic)
+    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
+            bias)
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad)
-                                              or (sinks is not None and sinks.requires_grad))
+                                              or (sinks is not None and sinks.requires_grad)
+                                              or (bias is not None and bias.requires_grad))
     if _plain_eager(packed, packed, packed if q is None else q):
         if needs_grad:
             out, lse = _eager_packed_attention(True, packed, dim, layout, q, *opts, True)

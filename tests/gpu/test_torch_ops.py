@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 # The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
 # no padding lengths, no sinks, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, None, None, False)
+DEFAULTS = (-1, -1, None, None, None, None, False, None)
 
 B, H, S, D = 2, 4, 128, 64
 
@@ -75,19 +75,27 @@ def test_opcheck_forward_and_backward(kind, seed):
     grad_out = torch.randn_like(out)
     torch.library.opcheck(torch.ops.stridedfa.attention_backward.default,
                           (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), grad_out,
-                           None, True, "top_left", *DEFAULTS))
+                           None, True, "top_left", *DEFAULTS, False))
 
 
 def _option_sets(b=B, s=S):
     lengths = (torch.tensor([s, s // 2 + 3][:b], device=DEVICE, dtype=torch.int32),) * 2
     sinks = torch.randn(H, device=DEVICE).requires_grad_()
-    return {"window": (16, 0, None, None, None, None, False), "window_both": (8, 24, None, None, None, None, False),
-            "softcap": (-1, -1, 30.0, None, None, None, False), "padding": (-1, -1, None, *lengths, None, False),
-            "sinks": (-1, -1, None, None, None, sinks, False),
-            "deterministic": (-1, -1, None, None, None, None, True), "all": (31, 0, 50.0, *lengths, sinks, True)}
+    bias = torch.randn(1, H, s, s, device=DEVICE, dtype=torch.bfloat16).requires_grad_()
+    key_bias = torch.randn(b, 1, 1, s, device=DEVICE, dtype=torch.bfloat16)  # shared rows and heads
+    return {"window": (16, 0, None, None, None, None, False, None),
+            "window_both": (8, 24, None, None, None, None, False, None),
+            "softcap": (-1, -1, 30.0, None, None, None, False, None),
+            "padding": (-1, -1, None, *lengths, None, False, None),
+            "sinks": (-1, -1, None, None, None, sinks, False, None),
+            "deterministic": (-1, -1, None, None, None, None, True, None),
+            "bias": (-1, -1, None, None, None, None, False, bias),
+            "key_bias": (-1, -1, None, None, None, None, False, key_bias),
+            "all": (31, 0, 50.0, *lengths, sinks, True, bias)}
 
 
-@pytest.mark.parametrize("name", ["window", "window_both", "softcap", "padding", "sinks", "deterministic", "all"])
+@pytest.mark.parametrize("name", ["window", "window_both", "softcap", "padding", "sinks", "deterministic", "bias",
+                                  "key_bias", "all"])
 def test_opcheck_every_option(name, seed):
     """Each option through the operators: fake kernels, schema, autograd registration."""
     q, k, v = _inputs("packed", seed, requires_grad=True)
@@ -99,7 +107,8 @@ def test_opcheck_every_option(name, seed):
     out, lse = torch.ops.stridedfa.attention_forward(q, k, v, None, True, "top_left", *extra, True)
     torch.library.opcheck(torch.ops.stridedfa.attention_backward.default,
                           (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), torch.randn_like(out),
-                           None, True, "top_left", *(x.detach() if isinstance(x, torch.Tensor) else x for x in extra)))
+                           None, True, "top_left", *(x.detach() if isinstance(x, torch.Tensor) else x for x in extra),
+                           extra[-1] is not None))
     packed = torch.randn(B, S, 3, H, D, device=DEVICE, dtype=torch.bfloat16).requires_grad_()
     torch.library.opcheck(torch.ops.stridedfa.packed_attention_forward.default,
                           (packed, 2, "bshd", None, None, True, "top_left", *extra, True))
@@ -117,7 +126,7 @@ def test_opcheck_packed(layout, dim, seed):
                                                             "top_left", *DEFAULTS, True)
     torch.library.opcheck(torch.ops.stridedfa.packed_attention_backward.default,
                           (packed.detach(), dim, layout, None, out.detach(), lse.detach(),
-                           torch.randn_like(out), None, True, "top_left", *DEFAULTS))
+                           torch.randn_like(out), None, True, "top_left", *DEFAULTS, False))
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "transposed", "packed"])

@@ -31,8 +31,8 @@ struct ForwardArgs {
   TensorView sinks;                  // optional attention sinks
   TensorView bias;                   // optional additive score bias
   SlotViews slots() const {
-    return {&q,      &k, &v, &out, &lse, nullptr, nullptr, nullptr, nullptr, &seqlens_q, &seqlens_kv, &sinks,
-            nullptr, &bias, nullptr};
+    return {&q,      &k,         &v,          &out,   &lse,    nullptr, nullptr, nullptr,
+            nullptr, &seqlens_q, &seqlens_kv, &sinks, nullptr, &bias,   nullptr};
   }
 };
 
@@ -42,7 +42,7 @@ struct BackwardArgs {
   TensorView sinks, grad_sinks;      // optional attention sinks (as in the forward) and their gradient
   TensorView bias, grad_bias;        // optional score bias (as in the forward) and its gradient
   SlotViews slots() const {
-    return {&q,     &k,          &v,          &out,        &lse,   &grad_out, &grad_q,   &grad_k,
+    return {&q,      &k,         &v,          &out,   &lse,        &grad_out, &grad_q,   &grad_k,
             &grad_v, &seqlens_q, &seqlens_kv, &sinks, &grad_sinks, &bias,     &grad_bias};
   }
 };

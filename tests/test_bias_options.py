@@ -1,0 +1,143 @@
+"""The additive score bias on the CPU (no GPU): which shapes and strides validation accepts (NumPy
+broadcasting to (b, h_q, s_q, s_kv)), how grad_bias must look, and what cuDNN is told (read from
+the graph key: shared seq axes as stride 0, bottom-right bands as shifted top-left bands)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import stridedfa
+from helpers.fake_dlpack import FakeTensor
+from stridedfa import _core
+
+B, H, D, S_Q, S_KV = 2, 4, 64, 32, 48
+SLOTS = {row["name"]: row["slot"] for row in _core._operands()}
+_addresses = itertools.count(1)
+
+
+def t(shape, dtype="bfloat16", strides=None):
+    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_addresses) * (1 << 30))
+
+
+def forward(s_q=S_Q, s_kv=S_KV, **options):
+    return dict(q=t((B, H, s_q, D)), k=t((B, H, s_kv, D)), v=t((B, H, s_kv, D)), out=t((B, H, s_q, D)),
+                **options)
+
+
+def backward(s_q=S_Q, s_kv=S_KV, **options):
+    q, k, v = t((B, H, s_q, D)), t((B, H, s_kv, D)), t((B, H, s_kv, D))
+    return dict(q=q, k=k, v=v, out=t(q.shape), grad_out=t(q.shape), lse=t((B, H, s_q), "float32"),
+                grad_q=t(q.shape), grad_k=t(k.shape), grad_v=t(v.shape), **options)
+
+
+def key(s_q=S_Q, s_kv=S_KV, **options):
+    return _core._forward_graph_key(**forward(s_q, s_kv), **options, cudnn_version=92600)
+
+
+def described(graph_key, name):
+    """(dims, strides) of one operand as the key gives it to cuDNN: op and dtype, then per slot a
+    present flag followed, when present, by 4 dims and 4 strides."""
+    i = 2
+    for slot in range(len(SLOTS)):
+        present = graph_key[i]
+        if slot == SLOTS[name]:
+            assert present, name
+            return tuple(graph_key[i + 1:i + 5]), tuple(graph_key[i + 5:i + 9])
+        i += 9 if present else 1
+    raise AssertionError(name)
+
+
+def mask_options(graph_key):
+    """(causal, alignment, left bound, right bound) as cuDNN is given them (after the operands and
+    the scale's bits)."""
+    i = 2
+    for _ in range(len(SLOTS)):
+        i += 9 if graph_key[i] else 1
+    return tuple(graph_key[i + 1:i + 5])
+
+
+@pytest.mark.parametrize("shape", [(B, H, S_Q, S_KV), (1, H, S_Q, S_KV), (B, 1, S_Q, S_KV), (1, 1, S_Q, S_KV),
+                                   (B, 1, 1, S_KV), (H, S_Q, S_KV), (S_Q, S_KV), (S_KV,)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_broadcastable_biases_are_accepted(shape):
+    problem = _core._validate_forward(**forward(), bias=t(shape))
+    assert problem["s_kv"] == S_KV
+    _core._validate_backward(**backward(), bias=t(shape), grad_bias=t(shape))
+
+
+@pytest.mark.parametrize("shape, message", [
+    ((B, H, S_Q, S_KV + 8), r"^bias: shape .* not broadcastable .*axis 3 \(seq of k\) is 56, expected 48 or 1"),
+    ((3, H, S_Q, S_KV), r"^bias: .*axis 0 \(batch\) is 3, expected 2 or 1"),
+    ((S_Q + 1, S_KV), r"^bias: .*axis 0 \(seq of q\) is 33, expected 32 or 1"),
+    ((1, B, H, S_Q, S_KV), r"^bias: expected up to 4 axes"),
+])
+def test_biases_of_other_shapes_are_refused_naming_the_axis(shape, message):
+    with pytest.raises(stridedfa.LayoutError, match=message):
+        _core._validate_forward(**forward(), bias=t(shape))
+
+
+def test_a_bias_has_the_attention_dtype():
+    with pytest.raises(stridedfa.LayoutError, match=r"^bias: dtype float32 .*attention dtype"):
+        _core._validate_forward(**forward(), bias=t((S_Q, S_KV), "float32"))
+    with pytest.raises(stridedfa.LayoutError, match=r"^bias: dtype float16 differs from q's bfloat16"):
+        _core._validate_forward(**forward(), bias=t((S_Q, S_KV), "float16"))
+
+
+def test_bias_strides_shared_axes_may_be_zero_the_key_axis_must_be_contiguous():
+    expanded = t((B, H, S_Q, S_KV), strides=(S_KV, 0, 0, 1))  # a (b, 1, 1, s_kv) bias expanded
+    _core._validate_forward(**forward(), bias=expanded)
+    sliced = t((B, H, S_Q, S_KV), strides=(H * S_Q * 64, S_Q * 64, 64, 1))  # rows of a wider buffer
+    _core._validate_forward(**forward(), bias=sliced)
+    with pytest.raises(stridedfa.LayoutError, match=r"^bias: axis 1 \(seq of k\) has stride 2; .*contiguous"):
+        _core._validate_forward(**forward(), bias=t((S_Q, S_KV), strides=(2 * S_KV, 2)))
+    with pytest.raises(stridedfa.LayoutError, match=r"^bias: axis 0 \(seq of q\) has negative stride"):
+        _core._validate_forward(**forward(), bias=t((S_Q, S_KV), strides=(-S_KV, 1)))
+
+
+def test_grad_bias_has_bias_shape_and_its_own_memory():
+    bias = t((1, H, S_Q, S_KV))
+    with pytest.raises(stridedfa.LayoutError, match=r"^grad_bias: shape \(2, 4, 32, 48\) is not bias' shape"):
+        _core._validate_backward(**backward(), bias=bias, grad_bias=t((B, H, S_Q, S_KV)))
+    with pytest.raises(stridedfa.LayoutError, match=r"^grad_bias: axis 1 \(heads\) has stride 0"):
+        _core._validate_backward(**backward(), bias=bias,
+                                 grad_bias=t((1, H, S_Q, S_KV), strides=(H * S_Q * S_KV, 0, S_KV, 1)))
+    with pytest.raises(stridedfa.LayoutError, match=r"^grad_bias is given without bias"):
+        _core._validate_backward(**backward(), grad_bias=bias)
+    with pytest.raises(stridedfa.LayoutError, match=r"^grad_bias .*overlaps bias|^grad_bias overlaps"):
+        _core._validate_backward(**backward(), bias=bias, grad_bias=bias)
+
+
+def test_the_bias_is_part_of_the_graph_key_with_shared_seq_axes_as_stride_zero():
+    assert key(bias=t((B, H, S_Q, S_KV))) != key()
+    assert key(bias=t((B, H, S_Q, S_KV))) != key(bias=t((1, H, S_Q, S_KV)))
+    dims, strides = described(key(bias=t((B, 1, 1, S_KV))), "bias")
+    assert dims == (B, 1, S_Q, S_KV) and strides[2:] == (0, 1)  # rows shared: stride 0; heads: cuDNN's broadcast
+    dims, strides = described(key(bias=t((S_Q, S_KV))), "bias")
+    assert dims == (1, 1, S_Q, S_KV) and strides[2:] == (S_KV, 1)
+
+
+def test_with_a_bias_bottom_right_bands_reach_cudnn_as_shifted_top_left_bands():
+    causal, alignment, left, right = mask_options(key(causal=True, causal_alignment="bottom_right",
+                                                      bias=t((S_Q, S_KV))))
+    assert (causal, alignment, left, right) == (1, 0, -1, S_KV - S_Q)  # top-left, right bound s_kv - s_q
+    _, alignment, left, right = mask_options(key(window=(20, 0), causal_alignment="bottom_right",
+                                                 bias=t((S_Q, S_KV))))
+    assert (alignment, left, right) == (0, 20 - (S_KV - S_Q), S_KV - S_Q)
+    # without a bias the alignment stays as given
+    assert mask_options(key(causal=True, causal_alignment="bottom_right"))[1] == 1
+    # keys no row sees are cut first, so the shifted band always starts at or left of the diagonal
+    _, alignment, left, right = mask_options(key(window=(4, 0), causal_alignment="bottom_right",
+                                                 bias=t((S_Q, S_KV))))
+    assert (alignment, left, right) == (0, 0, 4)
+    # with padding lengths the diagonal moves per sequence: no static band says it
+    lengths = dict(seqlens_q=t((B,), "int32"), seqlens_kv=t((B,), "int32"))
+    with pytest.raises(stridedfa.UnsupportedError, match="padding lengths"):
+        key(causal=True, causal_alignment="bottom_right", bias=t((S_Q, S_KV)), **lengths)
+
+
+def test_a_bias_cut_with_the_rows_and_keys_no_row_sees():
+    # top-left causal with s_kv > s_q: keys past the last row are cut, the bias' key axis with them
+    dims, _ = described(key(s_q=32, s_kv=512, causal=True, bias=t((32, 512))), "bias")
+    assert dims == (1, 1, 32, 32)
