@@ -111,8 +111,15 @@ class Case:
         if self.rng.random() < 0.15 and s_q > 1 and not self._has_rows_without_keys(b, s_q, s_kv):
             self.sinks = 2.0 * torch.randn(h_q, generator=self.gen, device="cuda")
             self.ref_options["sinks"] = self.sinks
+        self.bias = self.grad_bias = None
+        bottom_right_padded = self.options["causal_alignment"] == "bottom_right" and lengths
+        if self.rng.random() < 0.15 and not bottom_right_padded:  # cuDNN's bottom-right mask takes no bias
+            self.bias, bias_label = fuzz.draw_bias(self.rng, self.gen, (b, h_q, s_q, s_kv), self.dtype)
+            self.ref_options["bias"] = self.bias
         label = fuzz.variant_label(window, lengths, deterministic, softcap)
         self.label += f", variant {label}{', sinks' if self.sinks is not None else ''}"
+        if self.bias is not None:
+            self.label += f", bias {bias_label}"
 
     def _has_rows_without_keys(self, b, s_q, s_kv):
         o = self.ref_options
@@ -122,12 +129,17 @@ class Case:
         return bool((~mask[:, 0].any(dim=-1) & valid).any())
 
     def _sink_args(self, backward):
-        if self.sinks is None:
-            return {}
-        if not backward:
-            return {"sinks": self.sinks}
-        self.grad_sinks = torch.full_like(self.sinks, float("nan"))
-        return {"sinks": self.sinks, "grad_sinks": self.grad_sinks}
+        args = {}
+        if self.sinks is not None:
+            args["sinks"] = self.sinks
+            if backward:
+                self.grad_sinks = args["grad_sinks"] = torch.full_like(self.sinks, float("nan"))
+        if self.bias is not None:
+            args["bias"] = self.bias
+            if backward:  # contiguous, of bias' shape (as the adapters allocate it), poisoned
+                self.grad_bias = args["grad_bias"] = torch.full(self.bias.shape, float("nan"), device="cuda",
+                                                                dtype=self.dtype)
+        return args
 
     def _lse(self, b, h, s):
         strides = [h * s, s, 1]
@@ -172,9 +184,15 @@ class Case:
         refs = {}
         if with_backward:
             refs = dict(zip(("dq", "dk", "dv"), ref_grads))
-            if self.sinks is not None:  # the sinks' gradient, against the reference's fourth
-                metrics["grad_sinks max error"] = fuzz.max_error(self.grad_sinks, ref_grads[3])
-                metrics["grad_sinks scale"] = ref_grads[3].abs().max()
+            extra = list(ref_grads[3:])  # the sinks' gradient, then the bias', as given
+            if self.sinks is not None:
+                ref = extra.pop(0)
+                metrics["grad_sinks max error"] = fuzz.max_error(self.grad_sinks, ref)
+                metrics["grad_sinks scale"] = ref.abs().max()
+            if self.bias is not None:
+                ref = extra.pop(0)
+                metrics["grad_bias max error"] = fuzz.max_error(self.grad_bias, ref)
+                metrics["grad_bias scale"] = ref.abs().max()
             for name, ref in refs.items():
                 metrics[f"{name} max error"] = fuzz.max_error(t[name], ref)
                 metrics[f"{name} scale"] = ref.abs().max()
@@ -195,10 +213,11 @@ class Case:
             if not err <= tol.grad_rel * scale:  # NaN fails too
                 problems.append(f"{name} max error {err:.3e} > {tol.grad_rel} * max(max|ref|, 1) = "
                                 f"{tol.grad_rel * scale:.3e}")
-        if "grad_sinks max error" in got:
-            err, scale = got["grad_sinks max error"], max(got["grad_sinks scale"], 1.0)
-            if not err <= tol.grad_rel * scale:  # NaN (unwritten) fails too
-                problems.append(f"grad_sinks max error {err:.3e} > {tol.grad_rel * scale:.3e}")
+        for name in ("grad_sinks", "grad_bias"):
+            if f"{name} max error" in got:
+                err, scale = got[f"{name} max error"], max(got[f"{name} scale"], 1.0)
+                if not err <= tol.grad_rel * scale:  # NaN (unwritten) fails too
+                    problems.append(f"{name} max error {err:.3e} > {tol.grad_rel * scale:.3e}")
         return problems
 
 

@@ -204,6 +204,29 @@ def variant_of(rng: random.Random, b: int, s_q: int, s_kv: int, options: dict):
     return window, lengths, rng.random() < 0.15, softcap
 
 
+# Bias shapes (NumPy-broadcast to (b, h_q, s_q, s_kv)) and layouts the fuzz draws: full, per head,
+# key padding, 2-D; dense, an expanded view (stride 0 on shared axes), rows of a wider buffer.
+BIAS_SHAPES = ("full", "heads", "key_padding", "2d")
+BIAS_LAYOUTS = ("dense", "expanded", "wide_rows")
+
+
+def draw_bias(rng: random.Random, gen: torch.Generator, full: tuple, dtype):
+    """(bias tensor, label): a random shape from BIAS_SHAPES in a random layout from BIAS_LAYOUTS,
+    values ~ N(0, 1)."""
+    b, h, s_q, s_kv = full
+    kind, layout = rng.choice(BIAS_SHAPES), rng.choice(BIAS_LAYOUTS)
+    shape = {"full": (b, h, s_q, s_kv), "heads": (1, h, s_q, s_kv), "key_padding": (b, 1, 1, s_kv),
+             "2d": (s_q, s_kv)}[kind]
+    if layout == "expanded" and kind in ("heads", "key_padding"):  # a view of full shape with stride 0
+        small = torch.randn(shape, generator=gen, device="cuda").to(dtype)
+        return small.expand(full), f"{kind} expanded"
+    if layout == "wide_rows":  # the key axis inside rows of a wider buffer (row stride s_kv + pad)
+        pad = rng.choice((8, 24, 1))
+        wide = torch.randn((*shape[:-1], s_kv + pad), generator=gen, device="cuda").to(dtype)
+        return wide[..., :s_kv], f"{kind} rows of {s_kv + pad}"
+    return torch.randn(shape, generator=gen, device="cuda").to(dtype), f"{kind} dense"
+
+
 def variant_label(window, lengths, deterministic, softcap=None) -> str:
     parts = ([f"window={window}"] if window is not None else []) + [f"{n}={v}" for n, v in lengths.items()]
     parts += [f"softcap={softcap}"] if softcap is not None else []

@@ -58,7 +58,7 @@ def visible(b, s_q, s_kv, causal, alignment, window=None, seqlens_q=None, seqlen
 
 
 def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, seqlens_kv=None, softcap=None,
-               sinks=None):
+               sinks=None, bias=None):
     h_q, h_kv = q.shape[1], k.shape[1]
     if h_q % h_kv:
         raise ValueError(f"h_q={h_q} is not a multiple of h_kv={h_kv}")
@@ -68,6 +68,8 @@ def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, s
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:  # after the cap, broadcast from its own shape
+        scores = scores + bias
     if sinks is not None:
         return _with_sinks(scores, v, sinks, causal, alignment, window, seqlens_q, seqlens_kv)
     if not (causal or window is not None or seqlens_q is not None or seqlens_kv is not None):
@@ -100,14 +102,15 @@ def _with_sinks(scores, v, sinks, causal, alignment, window, seqlens_q, seqlens_
 
 
 def torch_reference(q, k, v, scale=None, causal=False, alignment="top_left", window=None,
-                    seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, *,
+                    seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, bias=None, *,
                     compute_dtype=torch.float64):
     """Attention forward: ``(out, lse)`` as float32, lse shaped (b, h_q, s_q), natural log."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     with torch.no_grad():
         out, lse = _attention(*(t.detach().to(compute_dtype) for t in (q, k, v)),
                               scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap,
-                              None if sinks is None else sinks.detach().to(compute_dtype))
+                              None if sinks is None else sinks.detach().to(compute_dtype),
+                              None if bias is None else bias.detach().to(compute_dtype))
     return out.float(), lse.float()
 
 
@@ -124,16 +127,22 @@ def torch_reference_grads(q, k, v, grad_out, scale=None, causal=False, alignment
 
 
 def torch_reference_all(q, k, v, grad_out, scale=None, causal=False, alignment="top_left", window=None,
-                        seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, *,
+                        seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, bias=None, *,
                         compute_dtype=torch.float64):
-    """Forward and backward in one pass: ``(out, lse, (grad_q, grad_k, grad_v[, grad_sinks]))`` as
-    float32 (grad_sinks when sinks are given)."""
+    """Forward and backward in one pass: ``(out, lse, (grad_q, grad_k, grad_v[, grad_sinks][,
+    grad_bias]))`` as float32 (grad_sinks when sinks are given, grad_bias of bias' shape when a bias
+    is)."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     leaves = [t.detach().to(compute_dtype).requires_grad_() for t in (q, k, v)]
+    sink_leaf = bias_leaf = None
     if sinks is not None:
-        leaves.append(sinks.detach().to(compute_dtype).requires_grad_())
+        sink_leaf = sinks.detach().to(compute_dtype).requires_grad_()
+        leaves.append(sink_leaf)
+    if bias is not None:
+        bias_leaf = bias.detach().to(compute_dtype).requires_grad_()
+        leaves.append(bias_leaf)
     with torch.enable_grad():
         out, lse = _attention(*leaves[:3], scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap,
-                              leaves[3] if sinks is not None else None)
+                              sink_leaf, bias_leaf)
         grads = torch.autograd.grad(out, leaves, grad_out.detach().to(compute_dtype))
     return out.detach().float(), lse.detach().float(), tuple(g.float() for g in grads)
