@@ -13,7 +13,7 @@ autograd. Contenders, all in one process and one run:
   operator through the dispatcher, as compiled graphs and dispatch modes call it for attention
   without variant options)
 * ``diagnostic_torch_op_all_options`` ``torch.ops.stridedfa.attention_inference``, the operator
-  with every variant option in its schema (at defaults): what boxing eleven options costs per call
+  with every variant option in its schema (at defaults): what boxing twelve options costs per call
 * ``stridedfa_generic`` ``stridedfa.sdpa_forward`` with torch tensors and a preallocated out
   (the framework-neutral DLPack path)
 * ``stridedfa_cupy``    ``stridedfa.cupy.attention`` on CuPy arrays (if CuPy and the adapter exist)
@@ -176,8 +176,8 @@ def contenders(torch, sfa):
     op = torch.ops.stridedfa.attention_inference_basic
     op_all_options = torch.ops.stridedfa.attention_inference
     # The operator's options after causal_alignment (stridedfa.torch._OPTIONS): no window, softcap,
-    # padding lengths, sinks or bias; non-deterministic.
-    OPERATOR_DEFAULTS = (-1, -1, None, None, None, None, False, None)  # noqa: N806
+    # padding lengths, sinks, bias or ALiBi; non-deterministic.
+    OPERATOR_DEFAULTS = (-1, -1, None, None, None, None, False, None, None)  # noqa: N806
     forward = sfa.sdpa_forward
     validate = sfa._core._validate_forward
     forward_alloc = sfa._core._forward_alloc

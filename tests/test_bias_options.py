@@ -141,3 +141,44 @@ def test_a_bias_cut_with_the_rows_and_keys_no_row_sees():
     # top-left causal with s_kv > s_q: keys past the last row are cut, the bias' key axis with them
     dims, _ = described(key(s_q=32, s_kv=512, causal=True, bias=t((32, 512))), "bias")
     assert dims == (1, 1, 32, 32)
+
+
+# --- ALiBi -------------------------------------------------------------------------------------
+
+
+def alibi_terms(graph_key):
+    """(alibi offset, per sequence) as cuDNN's score modifier is given them: after the mask
+    options, the deterministic flag and the softcap's bits."""
+    i = 2
+    for _ in range(len(SLOTS)):
+        i += 9 if graph_key[i] else 1
+    return tuple(graph_key[i + 7:i + 9])
+
+
+def test_alibi_slopes_are_float32_per_query_head():
+    _core._validate_forward(**forward(), alibi_slopes=t((H,), "float32"))
+    with pytest.raises(stridedfa.LayoutError, match=r"^alibi_slopes: expected shape \(heads of q,\)"):
+        _core._validate_forward(**forward(), alibi_slopes=t((B, H), "float32"))
+    with pytest.raises(stridedfa.LayoutError, match=r"^alibi_slopes: dtype bfloat16 .*float32"):
+        _core._validate_forward(**forward(), alibi_slopes=t((H,), "bfloat16"))
+
+
+@pytest.mark.parametrize("s_q, s_kv, options, expected", [
+    (S_Q, S_KV, {}, (0, 0)),                                                      # top-left: i - j
+    (S_Q, S_KV, {"causal_alignment": "bottom_right"}, (S_KV - S_Q, 0)),          # i + s_kv - s_q - j
+    (32, 512, {"causal": True}, (0, 0)),                                          # keys past row 31 cut
+    (256, 48, {"causal": True, "causal_alignment": "bottom_right"}, (0, 0)),      # 208 rows cut: i' = i - 208
+    (S_Q, S_KV, {"window": (4, 0), "causal_alignment": "bottom_right"}, (4, 0)),  # 12 keys cut: j' = j - 12
+])
+def test_alibi_distance_is_measured_in_the_indices_cudnn_sees(s_q, s_kv, options, expected):
+    slopes = t((H,), "float32")
+    graph_key = key(s_q, s_kv, alibi_slopes=slopes, **options)
+    assert alibi_terms(graph_key) == expected
+    assert graph_key != key(s_q, s_kv, **options)
+
+
+def test_alibi_with_padding_bottom_right_reads_the_offset_per_sequence():
+    lengths = dict(seqlens_q=t((B,), "int32"), seqlens_kv=t((B,), "int32"))
+    graph_key = key(alibi_slopes=t((H,), "float32"), causal_alignment="bottom_right", **lengths)
+    assert alibi_terms(graph_key) == (0, 1)
+    assert alibi_terms(key(alibi_slopes=t((H,), "float32"), **lengths)) == (0, 0)  # top-left: none

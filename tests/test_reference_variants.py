@@ -61,7 +61,8 @@ def naive(q, k, v, *, scale=None, causal=False, align="top_left", window=None,
                     if bias is not None:
                         x += bias[bi, h, i, j]
                     if alibi is not None:
-                        x += alibi[h] * (j - i)
+                        off = lkv - lq if align == "bottom_right" else 0
+                        x -= alibi[h] * abs(i + off - j)
                     logits.append(x)
                 extra = [] if sinks is None else [float(sinks[h])]
                 if not logits + extra:
@@ -470,21 +471,21 @@ def test_bias_direct_formula_and_minus_inf():
 
 
 # ------------------------------------------------------------------- ALiBi
-def test_alibi_matches_naive_and_is_top_left():
+def test_alibi_matches_naive_in_either_alignment_with_or_without_causal():
     q, k, v, g = problem(19, b=1, h_q=2, h_kv=1, s_q=3, s_kv=5)
     slopes = np.array([0.5, 0.125])
     for align in ("top_left", "bottom_right"):
-        check_forward(q, k, v, alibi_slopes=slopes, causal=True,
-                      causal_alignment=align)
-        check_grads(q, k, v, g, alibi_slopes=slopes, causal=True,
-                    causal_alignment=align)
-    # Same as an explicit bias slope_h * (j - i).
-    j_minus_i = np.arange(5)[None, :] - np.arange(3)[:, None]
-    bias = slopes[:, None, None] * j_minus_i
-    a = fwd(q, k, v, alibi_slopes=slopes, causal=True,
-            causal_alignment="bottom_right", **F64)
-    e = fwd(q, k, v, bias=bias, causal=True, causal_alignment="bottom_right",
+        for causal in (False, True):
+            check_forward(q, k, v, alibi_slopes=slopes, causal=causal,
+                          causal_alignment=align)
+            check_grads(q, k, v, g, alibi_slopes=slopes, causal=causal,
+                        causal_alignment=align)
+    # Bottom-right it is FlashAttention's bias -slope_h * |i + s_kv - s_q - j|.
+    distance = np.abs(np.arange(3)[:, None] + 2 - np.arange(5)[None, :])
+    bias = -slopes[:, None, None] * distance
+    a = fwd(q, k, v, alibi_slopes=slopes, causal_alignment="bottom_right",
             **F64)
+    e = fwd(q, k, v, bias=bias, causal_alignment="bottom_right", **F64)
     for x, y in zip(a, e):
         np.testing.assert_allclose(x, y, rtol=1e-14)
 
@@ -599,7 +600,6 @@ def test_return_convention():
     (dict(sinks=np.array([0.0, np.nan])), r"sinks must not be NaN"),
     (dict(bias=np.zeros((2, 3, 4, 5))), r"bias shape .* does not broadcast"),
     (dict(bias=np.zeros((1, 2, 2, 4, 5))), r"bias shape .* does not"),
-    (dict(alibi_slopes=np.ones(2)), r"alibi_slopes requires causal"),
     (dict(alibi_slopes=np.ones(3), causal=True),
      r"alibi_slopes must have shape"),
     (dict(dropout_p=0.1), r"dropout_p > 0 needs dropout_mask"),

@@ -14,14 +14,14 @@ META = dict(device="meta", dtype=torch.bfloat16)
 
 # The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
 # no padding lengths, no sinks, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, None, None, False, None)
+DEFAULTS = (-1, -1, None, None, None, None, False, None, None)
 
 
 
 def test_operators_are_registered_with_their_schemas():
     options = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
                "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic, "
-               "Tensor? bias")
+               "Tensor? bias, Tensor? alibi_slopes")
     expected = {
         "attention_forward": f"(Tensor q, Tensor k, Tensor v, {options}, bool with_lse) -> (Tensor, Tensor)",
         "attention_inference": f"(Tensor q, Tensor k, Tensor v, {options}) -> Tensor",

@@ -76,6 +76,8 @@ TensorView scores_restricted(const TensorView& t, const Visibility& seen, const 
 void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* operands, int64_t cudnn_version,
                  Plan& plan) {
   const Problem full = plan.problem;
+  plan.row_begin = std::min(seen.row_begin, full.s_q);
+  plan.key_begin = std::min(seen.key_begin, full.s_kv);
   plan.problem.s_q = std::max<int64_t>(seen.row_end - seen.row_begin, 0);
   plan.problem.s_kv = std::max<int64_t>(seen.key_end - seen.key_begin, 0);
   plan.nothing_for_cudnn = seen.empty();
@@ -114,10 +116,11 @@ void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* op
 // the weight (P = 1 whatever the scores), so dQ = dK = 0 and dV = dO. With grouped heads dV sums
 // dO over each group: the g query heads sharing a kv head are then described as g query rows of
 // one head (a view: their seq axis is the heads' stride), which cuDNN's backward runs.
-// A bias changes nothing with one key (P = 1), and its gradient is zero (filled by plan_call).
+// A bias or ALiBi changes nothing with one key (P = 1); the bias' gradient is zero (filled by
+// plan_call).
 void one_query_one_key_backward(Plan& plan) {
   Problem& p = plan.problem;
-  plan.slots[kBias] = plan.slots[kGradBias] = nullptr;
+  plan.slots[kBias] = plan.slots[kGradBias] = plan.slots[kAlibiSlopes] = nullptr;
   if (plan.slots[kSinks]) {
     throw UnsupportedError(
         "the backward with s_q = s_kv = 1 and attention sinks is not supported (cuDNN refuses "
@@ -149,6 +152,8 @@ void one_query_one_key_backward(Plan& plan) {
 void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
                int64_t cudnn_version, Plan& plan) {
   plan.problem = problem;
+  plan.full_s_q = problem.s_q;
+  plan.full_s_kv = problem.s_kv;
   const bool has_lengths = operands[kSeqLensQ] || operands[kSeqLensKV];
   const Visibility seen = visible_region(options, problem, has_lengths);
   std::copy(operands, operands + kNumSlots, plan.slots);

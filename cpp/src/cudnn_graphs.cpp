@@ -121,34 +121,78 @@ void set_mask(fe::graph::Graph& graph, Attributes& attributes, const GraphSpec& 
   }
 }
 
-// Softcap (scores -> c tanh(scores / c)) is a score modifier, and cuDNN then applies none of its
-// built-in masks: the same band and padding masks are built into the modifier after the cap, from
-// cudnn-frontend's own mask subgraphs. The backward recomputes the scores through the same
-// modifier and takes the cap's derivative in its bprop (one Softcap object holds what both share).
+// ALiBi as pointwise nodes: score - slope_h * |i - j + offset| (+ seqlens_kv[b] - seqlens_q[b]
+// per sequence), the indices those of the scores cuDNN computes.
+std::shared_ptr<Tensor_attributes> add_alibi(const std::shared_ptr<fe::graph::Graph>& sub,
+                                             std::shared_ptr<Tensor_attributes> score,
+                                             const std::shared_ptr<Tensor_attributes>& slopes, int64_t offset,
+                                             const std::shared_ptr<Tensor_attributes>& seq_q,
+                                             const std::shared_ptr<Tensor_attributes>& seq_kv) {
+  using fe::graph::Pointwise_attributes;
+  using Mode = fe::PointwiseMode_t;
+  auto int_op = [&](auto a, auto b, Mode mode, const char* name) {
+    auto r = sub->pointwise(
+        a, b, Pointwise_attributes().set_name(name).set_mode(mode).set_compute_data_type(fe::DataType_t::INT32));
+    r->set_data_type(fe::DataType_t::INT32);
+    return r;
+  };
+  auto index = [&](int64_t axis, const char* name) {
+    auto r = sub->pointwise(score, Pointwise_attributes()
+                                       .set_name(name)
+                                       .set_mode(Mode::GEN_INDEX)
+                                       .set_axis(axis)
+                                       .set_compute_data_type(fe::DataType_t::INT32));
+    r->set_data_type(fe::DataType_t::INT32);
+    return r;
+  };
+  auto distance = int_op(index(2, "alibi_row"), index(3, "alibi_col"), Mode::SUB, "alibi_row_minus_col");
+  if (offset != 0) {
+    distance =
+        int_op(distance, std::make_shared<Tensor_attributes>(static_cast<int32_t>(offset)), Mode::ADD, "alibi_offset");
+  }
+  if (seq_q) distance = int_op(int_op(distance, seq_kv, Mode::ADD, "alibi_plus_kv"), seq_q, Mode::SUB, "alibi_minus_q");
+  auto magnitude = sub->pointwise(
+      distance,
+      Pointwise_attributes().set_name("alibi_abs").set_mode(Mode::ABS).set_compute_data_type(fe::DataType_t::FLOAT));
+  auto term = sub->pointwise(magnitude, slopes, Pointwise_attributes().set_name("alibi_slope").set_mode(Mode::MUL));
+  return sub->pointwise(score, term, Pointwise_attributes().set_name("alibi_sub").set_mode(Mode::SUB));
+}
+
+// Softcap (scores -> c tanh(scores / c)) and ALiBi are score modifiers, and cuDNN then applies none
+// of its built-in masks: the same band and padding masks are built into the modifier after them,
+// from cudnn-frontend's own mask subgraphs. The backward recomputes the scores through the same
+// modifier and takes the cap's derivative in its bprop (one Softcap object holds what both share);
+// ALiBi, a constant added, needs none.
 template <class Attributes>
-void set_softcap_and_mask(fe::graph::Graph& graph, Attributes& attributes, const GraphSpec& spec,
-                          std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap) {
+void set_score_modifier(fe::graph::Graph& graph, Attributes& attributes, const GraphSpec& spec,
+                        std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap) {
   namespace mods = fe::graph::attn::score_modifiers;
-  std::shared_ptr<Tensor_attributes> seq_q, seq_kv;
+  std::shared_ptr<Tensor_attributes> seq_q, seq_kv, slopes;
   if (spec.operands[kSeqLensQ].present) {
     seq_q = graph.tensor(describe(spec, kSeqLensQ));
     seq_kv = graph.tensor(describe(spec, kSeqLensKV));
     attributes.set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
   }
+  if (spec.operands[kAlibiSlopes].present) slopes = graph.tensor(describe(spec, kAlibiSlopes));
   std::optional<int64_t> left, right;
   if (spec.left_bound != SdpaOptions::kUnbounded) left = spec.left_bound + 1;
   if (spec.right_bound != SdpaOptions::kUnbounded) right = spec.right_bound;
   const auto alignment = diagonal(spec.alignment);
   const float cap = spec.softcap;
   const int64_t s_q = spec.operands[kQ].dims[2], s_kv = spec.operands[kK].dims[2];
+  const int64_t alibi_offset = spec.alibi_offset;
+  const bool per_sequence = spec.alibi_per_sequence;
   attributes.set_score_mod([=](std::shared_ptr<fe::graph::Graph> sub, std::shared_ptr<Tensor_attributes> score) {
-    auto capped = softcap->forward(sub, score, std::make_shared<Tensor_attributes>(cap));
-    if (seq_q) capped = mods::padding_mask(sub, capped, seq_kv, seq_q);
-    if (left || right) {
-      capped =
-          mods::sliding_window_mask(sub, capped, alignment, left, right, s_q, s_kv, seq_q, seq_kv, nullptr, nullptr);
+    if (softcap) score = softcap->forward(sub, score, std::make_shared<Tensor_attributes>(cap));
+    if (slopes) {
+      score =
+          add_alibi(sub, score, slopes, alibi_offset, per_sequence ? seq_q : nullptr, per_sequence ? seq_kv : nullptr);
     }
-    return capped;
+    if (seq_q) score = mods::padding_mask(sub, score, seq_kv, seq_q);
+    if (left || right) {
+      score = mods::sliding_window_mask(sub, score, alignment, left, right, s_q, s_kv, seq_q, seq_kv, nullptr, nullptr);
+    }
+    return score;
   });
 }
 
@@ -159,8 +203,9 @@ void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   const bool stats = spec.operands[kLse].present;
   auto attributes =
       fe::graph::SDPA_attributes().set_name("sdpa_forward").set_generate_stats(stats).set_attn_scale(spec.scale);
-  if (spec.softcap > 0) {
-    set_softcap_and_mask(graph, attributes, spec, std::make_shared<fe::graph::attn::score_modifiers::Softcap>());
+  if (spec.softcap > 0 || spec.operands[kAlibiSlopes].present) {
+    set_score_modifier(graph, attributes, spec,
+                       spec.softcap > 0 ? std::make_shared<fe::graph::attn::score_modifiers::Softcap>() : nullptr);
   } else {
     set_mask(graph, attributes, spec);
   }
@@ -179,13 +224,17 @@ void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
   auto d_o = graph.tensor(describe(spec, kGradO));
   auto lse = graph.tensor(describe(spec, kLse));
   auto attributes = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(spec.scale);
-  if (spec.softcap > 0) {
-    auto softcap = std::make_shared<fe::graph::attn::score_modifiers::Softcap>();
-    set_softcap_and_mask(graph, attributes, spec, softcap);
+  if (spec.softcap > 0 || spec.operands[kAlibiSlopes].present) {
+    std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap;
+    if (spec.softcap > 0) softcap = std::make_shared<fe::graph::attn::score_modifiers::Softcap>();
+    set_score_modifier(graph, attributes, spec, softcap);
     const float cap = spec.softcap;
-    attributes.set_score_mod_bprop([=](std::shared_ptr<fe::graph::Graph> sub, std::shared_ptr<Tensor_attributes> grad) {
-      return softcap->backward(sub, grad, std::make_shared<Tensor_attributes>(cap));
-    });
+    if (softcap) {
+      attributes.set_score_mod_bprop(
+          [=](std::shared_ptr<fe::graph::Graph> sub, std::shared_ptr<Tensor_attributes> grad) {
+            return softcap->backward(sub, grad, std::make_shared<Tensor_attributes>(cap));
+          });
+    }
   } else {
     set_mask(graph, attributes, spec);
   }

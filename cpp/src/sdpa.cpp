@@ -96,6 +96,19 @@ void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given) {
   if (spec.right_bound != SdpaOptions::kUnbounded) spec.right_bound = right;
 }
 
+// ALiBi's distance i + off - j (off: the alignment's diagonal offset, FlashAttention's
+// i + s_kv - s_q - j bottom-right) in the row and key indices of the sub-problem cuDNN is given:
+// shifted by the rows and keys the plan cut off; with the caller's padding lengths, bottom-right,
+// the offset is per sequence (read on the device). cuDNN's own ALiBi has fixed slopes and needs a
+// causal top-left mask, so stridedfa builds the term itself as a score modifier.
+void set_alibi(GraphSpec& spec, const Plan& plan, const SdpaOptions& o) {
+  const bool bottom_right = o.alignment == CausalAlignment::bottom_right;
+  const bool lengths_given = plan.slots[kSeqLensQ] && plan.made_lengths[0] < 0;
+  spec.alibi_per_sequence = bottom_right && lengths_given;
+  const int64_t full_offset = bottom_right && !lengths_given ? plan.full_s_kv - plan.full_s_q : 0;
+  spec.alibi_offset = plan.row_begin - plan.key_begin + full_offset;
+}
+
 GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t sm_version, int64_t cudnn_version) {
   const Problem& p = plan.problem;
   GraphSpec spec;
@@ -114,6 +127,7 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   }
   spec.deterministic = op == GraphOp::backward && o.deterministic;
   spec.softcap = static_cast<float>(o.softcap);
+  if (spec.operands[kAlibiSlopes].present) set_alibi(spec, plan, o);
   spec.device = p.device;
   spec.sm_version = sm_version;
   spec.cudnn_version = cudnn_version;
@@ -208,6 +222,8 @@ int GraphSpec::write_key(int64_t* out) const {
   int32_t softcap_bits;
   std::memcpy(&softcap_bits, &softcap, sizeof softcap_bits);
   out[n++] = softcap_bits;
+  out[n++] = alibi_offset;
+  out[n++] = alibi_per_sequence;
   out[n++] = device;
   out[n++] = sm_version;
   out[n++] = cudnn_version;

@@ -98,10 +98,10 @@ class Validator {
     vector(t, shape_ok, "(batch,) of per-sequence lengths", int32, "sequence lengths are int32 (torch: x.int())");
   }
 
-  // Per-head values (attention sinks and their gradient): float32 (h_q,).
+  // Per-head values (attention sinks and their gradient, ALiBi slopes): float32 (h_q,).
   void per_head(const TensorView& t) {
     vector(t, t.ndim == 1, "(heads of q,), one value per query head", is_float32(t.dtype),
-           "attention sinks are float32 (torch: x.float())");
+           "per-head values (attention sinks, ALiBi slopes) are float32 (torch: x.float())");
   }
 
   // An additive score bias or its gradient: up to 4 axes (fewer are leading axes of 1).

@@ -3,7 +3,7 @@
 # launch in C++ with the GIL released; the public sdpa_forward / sdpa_backward and the variants
 # adapters and tests use.
 
-cdef const char* SLOT_NAMES[15]  # the argument names, from the operand table (kNumSlots)
+cdef const char* SLOT_NAMES[kNumSlots]  # the argument names, from the operand table
 cdef int _slot
 for _slot in range(<int>kNumSlots):
     SLOT_NAMES[_slot] = kOperands[_slot].name
@@ -103,6 +103,7 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[9], views[10] = &bwd.seqlens_q, &bwd.seqlens_kv
         views[11], views[12] = &bwd.sinks, &bwd.grad_sinks
         views[13], views[14] = &bwd.bias, &bwd.grad_bias
+        views[15] = &bwd.alibi_slopes
     else:
         views[0], views[1], views[2] = &fwd.q, &fwd.k, &fwd.v
         views[3], views[4] = &fwd.out, &fwd.lse
@@ -112,6 +113,7 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[12] = NULL
         views[13] = &fwd.bias
         views[14] = NULL
+        views[15] = &fwd.alibi_slopes
 
 
 cdef ensure_libraries():
@@ -143,8 +145,8 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
     exactly once."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
-    cdef TensorView* views[15]
-    cdef Owned owned[15]
+    cdef TensorView* views[kNumSlots]
+    cdef Owned owned[kNumSlots]
     cdef CallStream st
     cdef PreparedCall call
     cdef Problem problem
@@ -193,21 +195,23 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
         release(owned, n)
 
 
-cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias):
+cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes):
     """A forward call's tensors in slot order (the operand table's): None where not given or where
     the forward has no such operand."""
-    return (q, k, v, out, lse, None, None, None, None, seqlens_q, seqlens_kv, sinks, None, bias, None)
+    return (q, k, v, out, lse, None, None, None, None, seqlens_q, seqlens_kv, sinks, None, bias, None,
+            alibi_slopes)
 
 
 cdef inline tuple backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q,
-                                 seqlens_kv, sinks, grad_sinks, bias, grad_bias):
+                                 seqlens_kv, sinks, grad_sinks, bias, grad_bias, alibi_slopes):
     """A backward call's tensors in slot order."""
     return (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks,
-            bias, grad_bias)
+            bias, grad_bias, alibi_slopes)
 
 
 def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_alignment="top_left",
-                 window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, stream=None):
+                 window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None,
+                 stream=None):
     """Scaled-dot-product attention forward, written into ``out`` (and ``lse``) in place.
 
     ``out = softmax(scale * q @ k^T + mask) @ v`` for every batch and query head, computed by
@@ -270,6 +274,11 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
             ``S = softcap(scale * q @ k^T) + bias``. The key axis must be contiguous (stride 1).
             A key that is -inf for every row of a query is masked; a row whose every key is -inf
             is undefined (as in torch's SDPA).
+        alibi_slopes: optional float32 (h_q,) ALiBi slopes (BLOOM, MPT; FlashAttention's
+            ``alibi_slopes``): ``S[i, j] -= alibi_slopes[h] * |i + off - j|`` after the softcap,
+            ``off`` the alignment's diagonal offset (0 top-left; s_kv - s_q bottom-right, per
+            sequence with padding lengths: FlashAttention's definition with ``"bottom_right"``).
+            Any slopes, with or without causal. Not differentiable.
         stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, q
             decides: the call runs on its producer's current stream where the DLPack C exchange
             API reports it (torch) and on CuPy's current stream for a CuPy array, else on the
@@ -292,12 +301,14 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
     """
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias), options, stream, None)
+    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes), options, stream,
+        None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
                   causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
-                  seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None, deterministic=False,
+                  seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None, alibi_slopes=None,
+                  deterministic=False,
                   stream=None):
     """Gradients of :func:`sdpa_forward`, written into ``grad_q``, ``grad_k``, ``grad_v`` in place.
 
@@ -315,6 +326,7 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
             gradient, ``-sum over batch and rows of exp(sinks[h] - lse) * rowsum(grad_out * out)``.
             cuDNN sums it in an order that varies from call to call: equal to float rounding
             (~1e-6 relative), not bitwise, also with ``deterministic``.
+        alibi_slopes: the forward's slopes.
         bias: the forward's bias. grad_bias: optional output of bias' shape receiving its gradient
             ``dS = P * (dP - rowsum(grad_out * out))`` summed over bias' shared axes (zero where a
             score is masked); q's dtype, its own memory (no stride 0).
@@ -327,73 +339,79 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes)
     run(True, slots, options, stream, None)
 
 
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
-             window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None):
+             window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
+             alibi_slopes=None):
     """sdpa_forward for framework adapters: ``workspace_allocator(nbytes, device) -> (pointer,
     owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias), options, stream,
+    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes), options, stream,
         workspace_allocator)
 
 
 def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
               causal_alignment, stream, workspace_allocator, window=None, softcap=None, seqlens_q=None,
-              seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False, bias=None, grad_bias=None):
+              seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False, bias=None, grad_bias=None,
+              alibi_slopes=None):
     """sdpa_backward for framework adapters (see _forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes)
     run(True, slots, options, stream, workspace_allocator)
 
 
 def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None, sinks=None,
-                      bias=None, scale=None, causal=False, causal_alignment="top_left", window=None, softcap=None):
+                      bias=None, alibi_slopes=None, scale=None, causal=False, causal_alignment="top_left",
+                      window=None, softcap=None):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
     the pointers are never dereferenced). Returns what validation established, or raises."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias), options,
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes), options,
                stream, None, VALIDATE)
 
 
 def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None, *,
                        seqlens_q=None, seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
+                       alibi_slopes=None,
                        scale=None, causal=False,
                        causal_alignment="top_left", window=None, softcap=None, deterministic=False):
     """Intake and validation of a backward call, nothing else (see _validate_forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes)
     return run(True, slots, options, stream, None, VALIDATE)
 
 
 def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, causal_alignment="top_left",
-                       window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, sm_version=90,
+                       window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
+                       alibi_slopes=None, sm_version=90,
                        cudnn_version=91900):
     """The graph-cache key a forward call would use on a device with these facts (validates
     first; needs no GPU). Calls with equal keys share one cuDNN graph; () when cuDNN has nothing
     to compute (every row masked)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias), options,
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes), options,
                None, None, KEY, sm_version, cudnn_version)
 
 
 def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
                         causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
                         seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
+                        alibi_slopes=None,
                         deterministic=False, sm_version=90,
                         cudnn_version=91900):
     """The graph-cache key of a backward call (see _forward_graph_key)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes)
     return run(True, slots, options, None, None, KEY, sm_version, cudnn_version)

@@ -92,7 +92,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
     cdef enum Slot:
         kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kSinks, kGradSinks, kBias,
-        kGradBias, kNumSlots
+        kGradBias, kAlibiSlopes, kNumSlots
 
     cdef struct OperandInfo:
         const char* name
@@ -105,7 +105,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         const char* shape_meaning
         Reach backward_reach
 
-    const OperandInfo kOperands[15]
+    const OperandInfo kOperands[16]
 
     cdef cppclass Problem:
         int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
@@ -116,11 +116,11 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cdef cppclass ForwardArgs:
-        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias
+        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes
 
     cdef cppclass BackwardArgs:
         TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks
-        TensorView bias, grad_bias
+        TensorView bias, grad_bias, alibi_slopes
 
     cdef cppclass PreparedCall:
         Problem problem

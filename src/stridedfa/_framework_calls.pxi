@@ -29,7 +29,8 @@ cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& 
 
 
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
-                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None):
+                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
+                   alibi_slopes=None):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream.
 
@@ -42,7 +43,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     """
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[7]
+    cdef Owned owned[8]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* out_tensor = NULL
@@ -62,7 +63,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
         raise TypeError(f"q ({type(q).__module__}.{type(q).__qualname__}) does not offer the DLPack C "
                         f"exchange API's allocator; pass preallocated outputs to sdpa_forward instead")
-    for i in range(7):
+    for i in range(8):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -73,6 +74,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
         intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
         intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[7])
         if fwd.q.ndim != 4 or fwd.v.ndim != 4:
             name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
             raise LayoutError(f"{name} must have 4 axes (batch, heads, seq, head_dim); it has {ndim}")
@@ -110,7 +112,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 7)
+        release(owned, 8)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -133,7 +135,7 @@ cdef int intake_readable(object obj, object make_readable, CallStream* st, Tenso
 
 def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
                     bint together, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
-                    deterministic=False, bias=None, bint with_grad_bias=False):
+                    deterministic=False, bias=None, bint with_grad_bias=False, alibi_slopes=None):
     """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
     its current stream, each with its input's strides when the input is dense, else dense in the
     input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
@@ -145,7 +147,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     bias' shape) when `with_grad_bias`, else None."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[10]
+    cdef Owned owned[11]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* grads[3]
@@ -163,7 +165,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     cdef const DLPackExchangeAPI* api = allocating_api(q)
-    for i in range(10):
+    for i in range(11):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     for i in range(3):
@@ -183,6 +185,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
         intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[6])
         intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[8])
         intake_optional(bias, b"bias", &st, &bwd.bias, &owned[9])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.alibi_slopes, &owned[10])
         for i in range(3):
             if inputs[i].ndim != 4:
                 raise LayoutError(f"{SLOT_NAMES[i].decode()} must have 4 axes (batch, heads, seq, head_dim); "
@@ -226,7 +229,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
             bias_grad = NULL
         return tuple(result)
     finally:
-        release(owned, 10)
+        release(owned, 11)
         if bias_grad != NULL:
             bias_grad.deleter(bias_grad)
         for i in range(3):

@@ -3,21 +3,21 @@
 
 
 def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, stream, window=None, softcap=None,
-                       seqlens_q=None, seqlens_kv=None, sinks=None, bias=None):
+                       seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None):
     """stridedfa.attention for producers without an adapter: outputs are DeviceBuffers allocated on
     the call's stream (the explicit one, else the one intake settles on: the producer's current work
     stream where it exports the DLPack C exchange API, else the legacy default stream); each input
     is read once; cuDNN's workspace comes from the core's pool."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[7]
+    cdef Owned owned[8]
     cdef CallStream st
     cdef PreparedCall call
     cdef int64_t shape[4]
     cdef int64_t strides[4]
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    for i in range(7):
+    for i in range(8):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(stream, &st)
@@ -28,6 +28,7 @@ def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, str
         intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
         intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[7])
         if fwd.q.ndim != 4 or fwd.v.ndim != 4:
             raise LayoutError(f"q and v must be 4-D (batch, heads, seq, head_dim); got {fwd.q.ndim}-D q and "
                               f"{fwd.v.ndim}-D v")
@@ -49,4 +50,4 @@ def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, str
             execute(call, st.handle, NULL)
         return (out, lse) if return_lse else out
     finally:
-        release(owned, 7)
+        release(owned, 8)

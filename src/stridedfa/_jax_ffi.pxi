@@ -129,7 +129,7 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     cdef BackwardArgs bwd
     cdef Problem problem
     cdef SdpaOptions options
-    cdef TensorView* views[13]
+    cdef TensorView* views[kNumSlots]
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views, lengths)
@@ -150,7 +150,7 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     cdef BackwardArgs bwd
     cdef SdpaOptions options
     cdef vector[int64_t] key
-    cdef TensorView* views[13]
+    cdef TensorView* views[kNumSlots]
     cdef int sm = sm_version
     cdef int64_t cudnn = cudnn_version
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)

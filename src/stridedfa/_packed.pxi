@@ -22,7 +22,7 @@ cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
 
 def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
                           bint with_lse, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
-                          bias=None):
+                          bias=None, alibi_slopes=None):
     """Forward of the packed entry point, outputs allocated by packed's framework (see
     _forward_alloc). `packed` holds q, k, v (or k, v with `q` given in the same layout) along
     `dim`; its other axes are in layout order, and `to_logical[i]` is the layout axis holding the
@@ -30,7 +30,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     layout axes, dense in q's memory order; lse or None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[6]
+    cdef Owned owned[7]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, v_layout, out_layout
@@ -43,7 +43,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(6):
+    for i in range(7):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -53,6 +53,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
         intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[2])
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[4])
         intake_optional(bias, b"bias", &st, &fwd.bias, &owned[5])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[6])
         if q is None:
             q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
             fwd.k = select_packed(packed_view, dim, 1, perm, b"k")
@@ -87,7 +88,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 6)
+        release(owned, 7)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -96,7 +97,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
 
 def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
                            causal_alignment, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
-                           deterministic=False, bias=None, bint with_grad_bias=False):
+                           deterministic=False, bias=None, bint with_grad_bias=False, alibi_slopes=None):
     """Backward of the packed entry point: allocates one gradient buffer with packed's strides
     (dense in its axis order if packed is not dense) and, with a separate q, q's gradient (same
     rule); cuDNN writes dQ/dK/dV straight into their slices. `out` and `grad_out` are in layout
@@ -104,7 +105,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     bias' shape, when `with_grad_bias`)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[9]
+    cdef Owned owned[10]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
@@ -118,7 +119,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(9):
+    for i in range(10):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -128,6 +129,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
         intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[5])
         intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[7])
         intake_optional(bias, b"bias", &st, &bwd.bias, &owned[8])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.alibi_slopes, &owned[9])
         intake(out, b"out", False, &st, &out_layout, &owned[1])
         intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[2])
         intake(lse, b"lse", False, &st, &bwd.lse, &owned[3])
@@ -183,7 +185,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             bias_grad = NULL
         return grad_packed, grad_q, grad_sinks, grad_bias
     finally:
-        release(owned, 9)
+        release(owned, 10)
         if bias_grad != NULL:
             bias_grad.deleter(bias_grad)
         if grad_packed_tensor != NULL:

@@ -44,7 +44,8 @@ _HOOKS = types.SimpleNamespace(alloc=cupy.cuda.alloc, new_array=cupy.ndarray,
 
 def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
               causal_alignment: str = "top_left", window=None, softcap: float | None = None,
-              seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, return_lse: bool = False, stream=None):
+              seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None, return_lse: bool = False,
+              stream=None):
     """Scaled-dot-product attention forward with cuDNN's fused kernels, on CuPy arrays.
 
     ``softmax(scale * q @ k^T + mask) @ v`` per batch and query head.
@@ -69,6 +70,8 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
         bias: additive score bias in q's dtype, broadcastable to (batch, h_q, s_q, s_kv) (extent-1
             or stride-0 axes are shared without a copy; key axis contiguous): scores are
             ``softcap(scale * q @ k^T) + bias`` before the masks (see :func:`stridedfa.sdpa_forward`).
+        alibi_slopes: float32 (h_q,) ALiBi slopes: ``scores -= alibi_slopes[h] * |i + off - j|`` (see
+            :func:`stridedfa.sdpa_forward`).
         return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each score row,
             which :func:`attention_backward` needs (-inf for rows that see no key).
         stream: run on this stream instead of CuPy's current one: a ``cupy.cuda.Stream``, any
@@ -93,14 +96,15 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
         raise TypeError(_not_cupy("attention", q))
     handle, allocation = _call(stream, q.data.device_id)
     out, lse = _core._cupy_forward(q, k, v, scale, causal, causal_alignment, return_lse, handle,
-                                   allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv, sinks, bias)
+                                   allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv, sinks, bias,
+                                   alibi_slopes)
     return (out, lse) if return_lse else out
 
 
 def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = None,
                        causal: bool = False, causal_alignment: str = "top_left", window=None,
                        softcap: float | None = None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-                       bias_grad: bool = True, deterministic: bool = False, stream=None):
+                       bias_grad: bool = True, alibi_slopes=None, deterministic: bool = False, stream=None):
     """Gradients of :func:`attention`: returns ``(grad_q, grad_k, grad_v)``, then the sinks'
     gradient (float32 (h_q,)) when ``sinks`` are given, then the bias' gradient (contiguous, of
     bias' shape, summed over its shared axes) when ``bias`` is given and ``bias_grad``.
@@ -109,8 +113,8 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
         q, k, v: the forward's inputs; out, lse: what ``attention(..., return_lse=True)`` returned.
         grad_out: (batch, h_q, s_q, d_v) gradient of the loss with respect to ``out``. A layout
             cuDNN cannot read (e.g. a broadcast array with stride 0) is copied first.
-        scale, causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, sinks, bias: the
-            forward's values.
+        scale, causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, sinks, bias,
+            alibi_slopes: the forward's values.
         bias_grad: compute the bias' gradient; pass False for a constant bias (a mask) to skip it.
         deterministic: cuDNN's deterministic backward (bitwise-identical gradients run to run).
         stream: as in :func:`attention`.
@@ -129,7 +133,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
     handle, allocation = _call(stream, q.data.device_id)
     grads = _core._cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle,
                                  allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
-                                 bias, bias_grad)
+                                 bias, bias_grad, alibi_slopes)
     result: tuple = grads[:3]
     if sinks is not None:
         result += (grads[3],)

@@ -45,9 +45,11 @@ so a row that sees no key has ``out = 0``, ``lse = sink_h``; padded query
 rows stay ``lse = -inf`` (no sink there).
 
 Bias: ``bias`` broadcastable to (b, h_q, s_q, s_kv), added after softcap.
-ALiBi is cuDNN's, top-left whatever the alignment, and needs ``causal``::
+ALiBi (FlashAttention's definition with ``"bottom_right"``; any slopes, with
+or without ``causal``), ``off`` the alignment's offset (per batch with
+padding lengths)::
 
-    alibi[h, i, j] = alibi_slopes[h] * (j - i)
+    alibi[b, h, i, j] = -alibi_slopes[h] * |i + off_b - j|
 
 Dropout: the reference draws no random numbers; it applies a given 0/1
 ``dropout_mask`` (broadcastable to (b, h_q, s_q, s_kv))::
@@ -270,11 +272,14 @@ def _prepare(q: Any, k: Any, v: Any, *, scale: float | None, causal: bool,
     if bias is not None:
         pb.bias = gqa(_full(bias, full, dt, "bias"))
     if alibi_slopes is not None:
-        if not causal:
-            raise ValueError("alibi_slopes requires causal=True (as cuDNN)")
         slopes = _per_head(alibi_slopes, h_q, dt, "alibi_slopes")
-        dist = (np.arange(s_kv)[None, :] - np.arange(s_q)[:, None]).astype(dt)
-        alibi = slopes.reshape(1, h_kv, g, 1, 1) * dist
+        off = np.zeros(b, dtype=np.int64)
+        if causal_alignment == "bottom_right":
+            off = (_lengths(seqlens_kv, s_kv, b, "seqlens_kv")
+                   - _lengths(seqlens_q, s_q, b, "seqlens_q"))
+        dist = np.abs(np.arange(s_q)[None, :, None] + off[:, None, None]
+                      - np.arange(s_kv)[None, None, :]).astype(dt)
+        alibi = -slopes.reshape(1, h_kv, g, 1, 1) * dist[:, None, None]
         pb.bias = alibi if pb.bias is None else pb.bias + alibi
     dropout_p = float(dropout_p)
     if not 0 <= dropout_p < 1:

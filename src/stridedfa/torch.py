@@ -44,7 +44,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
               causal_alignment: str = "top_left", window: tuple[int | None, int | None] | None = None,
               softcap: float | None = None, seqlens_q: torch.Tensor | None = None,
               seqlens_kv: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-              bias: torch.Tensor | None = None, deterministic: bool = False, return_lse: bool = False):
+              bias: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
+              deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, differentiable.
 
     ``softmax(scale * q @ k^T + mask) @ v`` with the axes of
@@ -79,6 +80,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
             axes are shared without a copy; the key axis must be contiguous. Differentiable: its
             gradient is computed only when the bias requires grad. See
             :func:`stridedfa.sdpa_forward`.
+        alibi_slopes: float32 (h_q,) CUDA tensor of ALiBi slopes (BLOOM, MPT; FlashAttention's
+            ``alibi_slopes``): ``scores -= alibi_slopes[h] * |i + off - j|``, off the diagonal
+            offset of ``causal_alignment`` (FlashAttention's definition with ``"bottom_right"``);
+            any slopes, with or without causal; not differentiable.
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-identical
             gradients run to run, slower: see benchmarks/).
         return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each row's scaled,
@@ -109,18 +114,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
                                          or (bias is not None and bias.requires_grad))
     if not needs_grad and _plain_eager(q, k, v):  # one C call; the core parses window itself
         out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, return_lse, False, window, softcap,
-                                  seqlens_q, seqlens_kv, sinks, bias)
+                                  seqlens_q, seqlens_kv, sinks, bias, alibi_slopes)
         return (out, lse) if return_lse else out
     left, right = (-1, -1) if window is None else _bounds(window)
     opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
-            bias)
+            bias, alibi_slopes)
     if needs_grad and _plain_eager(q, k, v):
         return _eager_attention(q, k, v, sinks, bias, opts, return_lse)
     if needs_grad or return_lse:
         out, lse = _attention_forward(q, k, v, *opts, True)
         return (out, lse) if return_lse else out
     if (window is None and softcap is None and seqlens_q is None and seqlens_kv is None and sinks is None
-            and bias is None):
+            and bias is None and alibi_slopes is None):
         return _attention_inference_basic(q, k, v, scale, causal, causal_alignment)
     return _attention_inference(q, k, v, *opts)
 
@@ -131,7 +136,8 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
                      window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
                      seqlens_q: torch.Tensor | None = None, seqlens_kv: torch.Tensor | None = None,
                      sinks: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                     deterministic: bool = False, return_lse: bool = False):
+                     alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                     return_lse: bool = False):
     """Attention on a packed projection, read in place and differentiated into one packed gradient.
 
     ``packed`` holds q, k and v interleaved along axis ``dim`` (extent 3), or k and v (extent 2)
@@ -150,7 +156,7 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
         layout: the order of the remaining four axes, e.g. ``"bshd"`` or ``"bhsd"``.
         q: with an extent-2 ``packed`` (k/v only): the queries, 4-D in the same ``layout``.
         scale, causal, is_causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, sinks,
-        deterministic, return_lse: as in :func:`attention`.
+        alibi_slopes, deterministic, return_lse: as in :func:`attention`.
         bias: as in :func:`attention`, in the logical (batch, h_q, s_q, s_kv) axes whatever the
             layout.
 
@@ -169,7 +175,7 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     dim = _check_packed(packed, dim, layout, q)
     left, right = (-1, -1) if window is None else _bounds(window)
     opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
-            bias)
+            bias, alibi_slopes)
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad)
                                               or (sinks is not None and sinks.requires_grad)
                                               or (bias is not None and bias.requires_grad))

@@ -116,10 +116,16 @@ class Case:
         if self.rng.random() < 0.15 and not bottom_right_padded:  # cuDNN's bottom-right mask takes no bias
             self.bias, bias_label = fuzz.draw_bias(self.rng, self.gen, (b, h_q, s_q, s_kv), self.dtype)
             self.ref_options["bias"] = self.bias
+        self.alibi_slopes = None
+        if self.rng.random() < 0.1:  # any positive slopes, one per query head
+            self.alibi_slopes = 0.5 * torch.rand(h_q, generator=self.gen, device="cuda")
+            self.ref_options["alibi_slopes"] = self.alibi_slopes
         label = fuzz.variant_label(window, lengths, deterministic, softcap)
         self.label += f", variant {label}{', sinks' if self.sinks is not None else ''}"
         if self.bias is not None:
             self.label += f", bias {bias_label}"
+        if self.alibi_slopes is not None:
+            self.label += ", alibi"
 
     def _has_rows_without_keys(self, b, s_q, s_kv):
         o = self.ref_options
@@ -134,6 +140,8 @@ class Case:
             args["sinks"] = self.sinks
             if backward:
                 self.grad_sinks = args["grad_sinks"] = torch.full_like(self.sinks, float("nan"))
+        if self.alibi_slopes is not None:
+            args["alibi_slopes"] = self.alibi_slopes
         if self.bias is not None:
             args["bias"] = self.bias
             if backward:  # contiguous, of bias' shape (as the adapters allocate it), poisoned

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 # The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
 # no padding lengths, no sinks, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, None, None, False, None)
+DEFAULTS = (-1, -1, None, None, None, None, False, None, None)
 
 B, H, S, D = 2, 4, 128, 64
 
@@ -83,19 +83,21 @@ def _option_sets(b=B, s=S):
     sinks = torch.randn(H, device=DEVICE).requires_grad_()
     bias = torch.randn(1, H, s, s, device=DEVICE, dtype=torch.bfloat16).requires_grad_()
     key_bias = torch.randn(b, 1, 1, s, device=DEVICE, dtype=torch.bfloat16)  # shared rows and heads
-    return {"window": (16, 0, None, None, None, None, False, None),
-            "window_both": (8, 24, None, None, None, None, False, None),
-            "softcap": (-1, -1, 30.0, None, None, None, False, None),
-            "padding": (-1, -1, None, *lengths, None, False, None),
-            "sinks": (-1, -1, None, None, None, sinks, False, None),
-            "deterministic": (-1, -1, None, None, None, None, True, None),
-            "bias": (-1, -1, None, None, None, None, False, bias),
-            "key_bias": (-1, -1, None, None, None, None, False, key_bias),
-            "all": (31, 0, 50.0, *lengths, sinks, True, bias)}
+    slopes = torch.rand(H, device=DEVICE)
+    return {"window": (16, 0, None, None, None, None, False, None, None),
+            "window_both": (8, 24, None, None, None, None, False, None, None),
+            "softcap": (-1, -1, 30.0, None, None, None, False, None, None),
+            "padding": (-1, -1, None, *lengths, None, False, None, None),
+            "sinks": (-1, -1, None, None, None, sinks, False, None, None),
+            "deterministic": (-1, -1, None, None, None, None, True, None, None),
+            "bias": (-1, -1, None, None, None, None, False, bias, None),
+            "key_bias": (-1, -1, None, None, None, None, False, key_bias, None),
+            "alibi": (-1, -1, None, None, None, None, False, None, slopes),
+            "all": (31, 0, 50.0, *lengths, sinks, True, bias, slopes)}
 
 
 @pytest.mark.parametrize("name", ["window", "window_both", "softcap", "padding", "sinks", "deterministic", "bias",
-                                  "key_bias", "all"])
+                                  "key_bias", "alibi", "all"])
 def test_opcheck_every_option(name, seed):
     """Each option through the operators: fake kernels, schema, autograd registration."""
     q, k, v = _inputs("packed", seed, requires_grad=True)
@@ -108,7 +110,7 @@ def test_opcheck_every_option(name, seed):
     torch.library.opcheck(torch.ops.stridedfa.attention_backward.default,
                           (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), torch.randn_like(out),
                            None, True, "top_left", *(x.detach() if isinstance(x, torch.Tensor) else x for x in extra),
-                           extra[-1] is not None))
+                           extra[-2] is not None))
     packed = torch.randn(B, S, 3, H, D, device=DEVICE, dtype=torch.bfloat16).requires_grad_()
     torch.library.opcheck(torch.ops.stridedfa.packed_attention_forward.default,
                           (packed, 2, "bshd", None, None, True, "top_left", *extra, True))

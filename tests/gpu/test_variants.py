@@ -51,7 +51,7 @@ def _np(t):
 
 def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat16, layout="bhsd",
              causal=False, alignment="top_left", window=None, seqlens=None, deterministic=False,
-             softcap=None, sinks=False, seed=0):
+             softcap=None, sinks=False, alibi=False, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = _inputs(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen)
     out = _poisoned(torch.empty(b, h_q, s_q, d, device="cuda", dtype=dtype))
@@ -64,6 +64,8 @@ def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat1
     sink = {}
     if sinks:  # logits around the scores' own scale, some high enough to take most of the weight
         sink = dict(sinks=2.0 * torch.randn(h_q, generator=gen, device="cuda"))
+    if alibi:  # BLOOM's geometric slopes 2^(-8 (h + 1) / h_q), mixed in order
+        sink["alibi_slopes"] = (2.0 ** (-8.0 * torch.arange(1, h_q + 1, device="cuda") / h_q)).flip(0)
     stridedfa.sdpa_forward(q, k, v, out, lse=lse, **options, **lengths, **sink)
     grad_out = torch.randn(out.shape, generator=gen, device="cuda").to(dtype)
     dq, dk, dv = (_poisoned(torch.empty(t.shape, device="cuda", dtype=dtype)) for t in (q, k, v))
@@ -75,7 +77,7 @@ def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat1
     ref_lengths = {} if seqlens is None else dict(
         seqlens_q=np.array(seqlens[0] if seqlens[0] is not None else [s_q] * b),
         seqlens_kv=np.array(seqlens[1] if seqlens[1] is not None else [s_kv] * b))
-    ref_sink = {"sinks": _np(sink["sinks"])} if sinks else {}
+    ref_sink = {name: _np(x) for name, x in sink.items()}
     ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, **options,
                                               **ref_lengths, **ref_sink)
     ref_dq, ref_dk, ref_dv, extra = reference.sdpa_backward(_np(q), _np(k), _np(v), _np(grad_out),
@@ -193,6 +195,31 @@ SOFTCAP = [
 def test_softcap(case, seed):
     """Caps of 2 to 10 against scores of unit spread: tanh bends many of them (Gemma 2 uses 50 on
     larger logits)."""
+    run_case(seed=seed, **case)
+
+
+ALIBI = [
+    pytest.param(dict(alibi=True), id="alibi-bidirectional"),
+    pytest.param(dict(alibi=True, causal=True), id="alibi-causal-bloom"),
+    pytest.param(dict(alibi=True, causal=True, alignment="bottom_right", s_q=64, s_kv=192),
+                 id="alibi-causal_br-sq64_skv192-flash_attn"),
+    pytest.param(dict(alibi=True, causal=True, alignment="bottom_right", s_q=192, s_kv=64),
+                 id="alibi-causal_br-sq192_skv64-rows_cut"),
+    pytest.param(dict(alibi=True, window=(20, 5), alignment="bottom_right", s_q=64, s_kv=192),
+                 id="alibi-window_br-keys_cut"),
+    pytest.param(dict(alibi=True, causal=True, alignment="bottom_right", seqlens=([100, 37], [128, 90])),
+                 id="alibi-causal_br-padding-offset_per_sequence"),
+    pytest.param(dict(alibi=True, softcap=5.0, causal=True), id="alibi-softcap5-causal"),
+    pytest.param(dict(alibi=True, layout="packed", h_q=4, h_kv=4, dtype=torch.float16, causal=True),
+                 id="alibi-packed-fp16"),
+    pytest.param(dict(alibi=True, sinks=True, causal=True), id="alibi-sinks-causal"),
+]
+
+
+@pytest.mark.parametrize("case", ALIBI)
+def test_alibi(case, seed):
+    """ALiBi slopes as the score modifier stridedfa builds: -slope_h * |i + off - j| in the caller's
+    indices whatever rows and keys the plan cuts off (and per sequence with padding)."""
     run_case(seed=seed, **case)
 
 

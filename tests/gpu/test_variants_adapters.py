@@ -31,13 +31,20 @@ CASES = {
     "deterministic": dict(causal=True, deterministic=True),
     "softcap_gemma2": dict(softcap=2.0, causal=True, window=(47, None)),
     "sinks": dict(sinks=True, causal=True, window=(31, None)),
+    "alibi": dict(alibi=True, causal=True, causal_alignment="bottom_right"),
+    "key_bias": dict(key_bias=True),  # a constant (batch, 1, 1, s) bias: a padding mask's values, no dbias
 }
 
 
 def _options(case, device="cuda"):
-    options = {k: v for k, v in CASES[case].items() if k not in ("lengths", "sinks")}
+    options = {k: v for k, v in CASES[case].items() if k not in ("lengths", "sinks", "alibi", "key_bias")}
     if CASES[case].get("sinks"):
         options["sinks"] = torch.linspace(-1.0, 2.0, H, device=device)
+    if CASES[case].get("alibi"):
+        options["alibi_slopes"] = 2.0 ** (-8.0 * torch.arange(1, H + 1, device=device) / H)
+    if CASES[case].get("key_bias"):
+        gen = torch.Generator(device=device).manual_seed(5)
+        options["bias"] = torch.randn(B, 1, 1, S, device=device, generator=gen).to(torch.bfloat16)
     if CASES[case].get("lengths"):
         lengths = torch.tensor(LENGTHS, device=device, dtype=torch.int32)
         options.update(seqlens_q=lengths, seqlens_kv=lengths)
@@ -89,9 +96,9 @@ def test_torch_attention_eager_autograd_equals_generic(case, seed):
         torch.testing.assert_close(options["sinks"].grad, want[5], rtol=1e-5, atol=1e-6)
     # against the reference too (float64)
     ref = {k_: v_ for k_, v_ in options.items() if k_ not in ("deterministic",)}
-    for name in ("seqlens_q", "seqlens_kv", "sinks"):
-        if name in ref:
-            ref[name] = ref[name].detach().cpu().numpy()
+    for name, value in ref.items():
+        if isinstance(value, torch.Tensor):
+            ref[name] = value.detach().float().cpu().numpy()
     np_q, np_k, np_v, np_do = (t.detach().double().cpu().numpy() for t in (q, k, v, grad_out))
     r_dq, r_dk, r_dv = reference.sdpa_backward(np_q, np_k, np_v, np_do, dtype=np.float64,
                                                causal_alignment=ref.pop("causal_alignment", "top_left"), **ref)
@@ -113,7 +120,8 @@ def test_torch_packed_attention_equals_generic(case, seed):
         assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2", "sinks"])
+@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2", "sinks", "alibi",
+                                  "key_bias"])
 def test_torch_compile_fullgraph_and_cuda_graphs(case, seed):
     options = _options(case)
 
@@ -174,10 +182,13 @@ def test_dispatcher_with_torch_and_generic_producers(case, seed):
     assert torch.equal(via_dispatch, sfa_torch.attention(q, k, v, **options))
 
 
-@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2", "sinks"])
+@pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2", "sinks", "alibi",
+                                  "key_bias"])
 def test_cupy_attention_equals_generic(case, seed):
     cp = pytest.importorskip("cupy")
     options = _options(case)
+    if "bias" in options:  # the attention dtype here: float16
+        options["bias"] = options["bias"].half()
     qkv = _packed(seed).to(torch.float16)
     q, k, v = _views(qkv)
     cq, ck, cv = (cp.from_dlpack(t) for t in (q, k, v))

@@ -58,7 +58,7 @@ def visible(b, s_q, s_kv, causal, alignment, window=None, seqlens_q=None, seqlen
 
 
 def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, seqlens_kv=None, softcap=None,
-               sinks=None, bias=None):
+               sinks=None, bias=None, alibi_slopes=None):
     h_q, h_kv = q.shape[1], k.shape[1]
     if h_q % h_kv:
         raise ValueError(f"h_q={h_q} is not a multiple of h_kv={h_kv}")
@@ -70,6 +70,9 @@ def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, s
         scores = softcap * torch.tanh(scores / softcap)
     if bias is not None:  # after the cap, broadcast from its own shape
         scores = scores + bias
+    if alibi_slopes is not None:
+        scores = scores - alibi_slopes.to(scores.dtype)[None, :, None, None] * _alibi_distance(
+            q.shape[0], q.shape[2], k.shape[2], alignment, seqlens_q, seqlens_kv, scores)
     if sinks is not None:
         return _with_sinks(scores, v, sinks, causal, alignment, window, seqlens_q, seqlens_kv)
     if not (causal or window is not None or seqlens_q is not None or seqlens_kv is not None):
@@ -83,6 +86,18 @@ def _attention(q, k, v, scale, causal, alignment, window=None, seqlens_q=None, s
     probs = torch.softmax(scores, dim=-1) * (~empty)
     lse = torch.logsumexp(scores, dim=-1).masked_fill(empty[..., 0], float("-inf"))
     return torch.matmul(probs, v), lse
+
+
+def _alibi_distance(b, s_q, s_kv, alignment, seqlens_q, seqlens_kv, like):
+    """|i + off - j| as (b, 1, s_q, s_kv): off = 0 top-left, the per-sequence s_kv - s_q bottom-right."""
+    off = torch.zeros(b, device=like.device, dtype=like.dtype)
+    if alignment == "bottom_right":
+        def length(given, full):
+            return given.to(like) if given is not None else torch.full((b,), full, device=like.device, dtype=like.dtype)
+        off = length(seqlens_kv, s_kv) - length(seqlens_q, s_q)
+    i = torch.arange(s_q, device=like.device, dtype=like.dtype)[None, :, None]
+    j = torch.arange(s_kv, device=like.device, dtype=like.dtype)[None, None, :]
+    return (i + off[:, None, None] - j).abs()[:, None]
 
 
 def _with_sinks(scores, v, sinks, causal, alignment, window, seqlens_q, seqlens_kv):
@@ -102,7 +117,7 @@ def _with_sinks(scores, v, sinks, causal, alignment, window, seqlens_q, seqlens_
 
 
 def torch_reference(q, k, v, scale=None, causal=False, alignment="top_left", window=None,
-                    seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, bias=None, *,
+                    seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, bias=None, alibi_slopes=None, *,
                     compute_dtype=torch.float64):
     """Attention forward: ``(out, lse)`` as float32, lse shaped (b, h_q, s_q), natural log."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
@@ -110,7 +125,8 @@ def torch_reference(q, k, v, scale=None, causal=False, alignment="top_left", win
         out, lse = _attention(*(t.detach().to(compute_dtype) for t in (q, k, v)),
                               scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap,
                               None if sinks is None else sinks.detach().to(compute_dtype),
-                              None if bias is None else bias.detach().to(compute_dtype))
+                              None if bias is None else bias.detach().to(compute_dtype),
+                              None if alibi_slopes is None else alibi_slopes.detach().to(compute_dtype))
     return out.float(), lse.float()
 
 
@@ -127,8 +143,8 @@ def torch_reference_grads(q, k, v, grad_out, scale=None, causal=False, alignment
 
 
 def torch_reference_all(q, k, v, grad_out, scale=None, causal=False, alignment="top_left", window=None,
-                        seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, bias=None, *,
-                        compute_dtype=torch.float64):
+                        seqlens_q=None, seqlens_kv=None, softcap=None, sinks=None, bias=None, alibi_slopes=None,
+                        *, compute_dtype=torch.float64):
     """Forward and backward in one pass: ``(out, lse, (grad_q, grad_k, grad_v[, grad_sinks][,
     grad_bias]))`` as float32 (grad_sinks when sinks are given, grad_bias of bias' shape when a bias
     is)."""
@@ -143,6 +159,7 @@ def torch_reference_all(q, k, v, grad_out, scale=None, causal=False, alignment="
         leaves.append(bias_leaf)
     with torch.enable_grad():
         out, lse = _attention(*leaves[:3], scale, causal, alignment, window, seqlens_q, seqlens_kv, softcap,
-                              sink_leaf, bias_leaf)
+                              sink_leaf, bias_leaf,
+                              None if alibi_slopes is None else alibi_slopes.detach().to(compute_dtype))
         grads = torch.autograd.grad(out, leaves, grad_out.detach().to(compute_dtype))
     return out.detach().float(), lse.detach().float(), tuple(g.float() for g in grads)

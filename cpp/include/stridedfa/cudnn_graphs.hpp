@@ -30,13 +30,17 @@ struct GraphSpec {
   int64_t right_bound = SdpaOptions::kUnbounded;  // 0 for causal
   bool deterministic = false;                     // backward only
   float softcap = 0.0f;                           // > 0: scores -> softcap * tanh(scores / softcap)
+  // ALiBi (with operands[kAlibiSlopes]): scores -= slope_h * |i - j + alibi_offset| in the indices
+  // cuDNN sees, plus seqlens_kv[b] - seqlens_q[b] when alibi_per_sequence (bottom-right, padded).
+  int64_t alibi_offset = 0;
+  bool alibi_per_sequence = false;
   int32_t device = 0;
   int32_t sm_version = 0;
   int64_t cudnn_version = 0;
 
   // Every field as integers: equal keys, equal graphs. write_key fills `out` (kMaxKeyLength
   // entries) without allocating and returns the length.
-  static constexpr int kMaxKeyLength = 12 + kNumSlots * 9;
+  static constexpr int kMaxKeyLength = 14 + kNumSlots * 9;
   int write_key(int64_t* out) const;
   std::vector<int64_t> key() const;
 };

@@ -30,9 +30,10 @@ struct ForwardArgs {
   TensorView seqlens_q, seqlens_kv;  // optional padding lengths
   TensorView sinks;                  // optional attention sinks
   TensorView bias;                   // optional additive score bias
+  TensorView alibi_slopes;           // optional ALiBi slopes, one per query head
   SlotViews slots() const {
     return {&q,      &k,         &v,          &out,   &lse,    nullptr, nullptr, nullptr,
-            nullptr, &seqlens_q, &seqlens_kv, &sinks, nullptr, &bias,   nullptr};
+            nullptr, &seqlens_q, &seqlens_kv, &sinks, nullptr, &bias,   nullptr, &alibi_slopes};
   }
 };
 
@@ -41,9 +42,10 @@ struct BackwardArgs {
   TensorView seqlens_q, seqlens_kv;  // optional padding lengths, as in the forward
   TensorView sinks, grad_sinks;      // optional attention sinks (as in the forward) and their gradient
   TensorView bias, grad_bias;        // optional score bias (as in the forward) and its gradient
+  TensorView alibi_slopes;           // optional ALiBi slopes, as in the forward
   SlotViews slots() const {
-    return {&q,      &k,         &v,          &out,   &lse,        &grad_out, &grad_q,   &grad_k,
-            &grad_v, &seqlens_q, &seqlens_kv, &sinks, &grad_sinks, &bias,     &grad_bias};
+    return {&q,      &k,         &v,          &out,   &lse,        &grad_out, &grad_q,    &grad_k,
+            &grad_v, &seqlens_q, &seqlens_kv, &sinks, &grad_sinks, &bias,     &grad_bias, &alibi_slopes};
   }
 };
 

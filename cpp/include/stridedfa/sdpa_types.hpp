@@ -49,6 +49,7 @@ enum Slot : int {
   kGradSinks,
   kBias,
   kGradBias,
+  kAlibiSlopes,
   kNumSlots
 };
 
@@ -113,6 +114,8 @@ inline constexpr OperandInfo kOperands[kNumSlots] = {
      "(batch or 1, heads of q or 1, seq of q or 1, seq of k)", Reach::unlimited},
     {"grad_bias", Role::absent, Role::output, false, true, OperandKind::scores, {kBatch, kHeadsQ, kSeqQ, kSeqKV},
      "bias' shape", Reach::unlimited},
+    {"alibi_slopes", Role::input, Role::input, true, true, OperandKind::per_head, {kOne, kHeadsQ, kOne, kOne},
+     "(heads of q,)", Reach::unlimited},
 };
 // clang-format on
 
