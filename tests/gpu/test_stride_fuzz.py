@@ -284,7 +284,7 @@ def _fake_over(view, strides=None, **kwargs):
 MUTATIONS = ("misaligned_pointer", "misaligned_stride", "strided_head_dim", "negative_stride",
              "zero_stride", "absurd_stride", "output_overlaps_input", "outputs_overlap",
              "wrong_dtype", "mixed_dtypes", "cpu_operand", "wrong_shape", "read_only_output",
-             "wrong_lse", "bad_lengths")
+             "wrong_lse", "bad_lengths", "bad_bias")
 
 
 def mutate(case: Case, kind: str, phase: str, rng: random.Random, keep: list) -> tuple[str, str]:
@@ -364,6 +364,29 @@ def mutate(case: Case, kind: str, phase: str, rng: random.Random, keep: list) ->
         else:
             lengths = lengths.cpu()
         case.lengths = dict(case.lengths, **{name: lengths})
+        base = None
+    elif kind == "bad_bias":  # a score bias cuDNN cannot read or that does not fit the problem
+        name = "bias"
+        b, h_q, s_q, _ = t["q"].shape
+        s_kv = t["k"].shape[2]
+        full = (b, h_q, s_q, s_kv)
+        defect = rng.choice(("key_stride", "negative_stride", "float32", "shape", "cpu"))
+        if defect == "key_stride" and s_kv > 1:  # every other key of a wider buffer
+            bias = torch.randn((b, h_q, s_q, 2 * s_kv), device="cuda").to(case.dtype)[..., ::2]
+        elif defect == "negative_stride" and s_q > 1:  # rows walked backwards over the same bytes
+            rows, base = _own_buffer_view(full, _dense(full), case.dtype)
+            flipped = list(rows.stride())
+            flipped[2] = -flipped[2]
+            bias = _fake_over(rows, flipped)
+            bias.data = rows.data_ptr() + (s_q - 1) * rows.stride(2) * rows.element_size()
+            keep.append(base)
+        elif defect == "float32":
+            bias = torch.randn(full, device="cuda")
+        elif defect == "cpu":
+            bias = torch.randn(full).to(case.dtype)
+        else:
+            bias = torch.randn((b, h_q, s_q, s_kv + 1), device="cuda").to(case.dtype)
+        case.bias = bias
         base = None
     else:  # "wrong_lse", and mutations the drawn tensor cannot take
         name, kind = "lse", "wrong_lse"
