@@ -59,12 +59,21 @@ def mask_options(graph_key):
 
 
 @pytest.mark.parametrize("shape", [(B, H, S_Q, S_KV), (1, H, S_Q, S_KV), (B, 1, S_Q, S_KV), (1, 1, S_Q, S_KV),
-                                   (B, 1, 1, S_KV), (H, S_Q, S_KV), (S_Q, S_KV), (S_KV,)],
+                                   (H, S_Q, S_KV), (S_Q, S_KV)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_broadcastable_biases_are_accepted(shape):
+def test_biases_shared_over_batch_and_heads_are_accepted(shape):
     problem = _core._validate_forward(**forward(), bias=t(shape))
     assert problem["s_kv"] == S_KV
     _core._validate_backward(**backward(), bias=t(shape), grad_bias=t(shape))
+
+
+@pytest.mark.parametrize("shape, strides", [((B, 1, 1, S_KV), None), ((S_KV,), None),
+                                            ((B, H, S_Q, S_KV), (S_KV, 0, 0, 1))],  # (b, 1, 1, s_kv) expanded
+                         ids=["key_mask", "1d", "expanded_over_rows"])
+def test_biases_shared_over_query_rows_are_refused_with_the_fix(shape, strides):
+    # cuDNN 9.19 misreads a bias whose rows are shared (GPU run 30): refused before anything runs
+    with pytest.raises(stridedfa.UnsupportedError, match=r"^bias: .*\(seq of q\) is shared.*expand\(-1, -1, s_q, -1\)"):
+        _core._validate_forward(**forward(), bias=t(shape, strides=strides))
 
 
 @pytest.mark.parametrize("shape, message", [
@@ -85,8 +94,8 @@ def test_a_bias_has_the_attention_dtype():
         _core._validate_forward(**forward(), bias=t((S_Q, S_KV), "float16"))
 
 
-def test_bias_strides_shared_axes_may_be_zero_the_key_axis_must_be_contiguous():
-    expanded = t((B, H, S_Q, S_KV), strides=(S_KV, 0, 0, 1))  # a (b, 1, 1, s_kv) bias expanded
+def test_bias_strides_batch_and_heads_may_be_zero_the_key_axis_must_be_contiguous():
+    expanded = t((B, H, S_Q, S_KV), strides=(S_Q * S_KV, 0, S_KV, 1))  # a (b, 1, s_q, s_kv) bias expanded
     _core._validate_forward(**forward(), bias=expanded)
     sliced = t((B, H, S_Q, S_KV), strides=(H * S_Q * 64, S_Q * 64, 64, 1))  # rows of a wider buffer
     _core._validate_forward(**forward(), bias=sliced)
@@ -94,6 +103,9 @@ def test_bias_strides_shared_axes_may_be_zero_the_key_axis_must_be_contiguous():
         _core._validate_forward(**forward(), bias=t((S_Q, S_KV), strides=(2 * S_KV, 2)))
     with pytest.raises(stridedfa.LayoutError, match=r"^bias: axis 0 \(seq of q\) has negative stride"):
         _core._validate_forward(**forward(), bias=t((S_Q, S_KV), strides=(-S_KV, 1)))
+    off = FakeTensor((S_Q, S_KV), None, "bfloat16", data=0x100000000000 + next(_addresses) * (1 << 30) + 2)
+    with pytest.raises(stridedfa.LayoutError, match=r"^bias: data pointer .* 2 bytes past a 16-byte boundary"):
+        _core._validate_forward(**forward(), bias=off)
 
 
 def test_grad_bias_has_bias_shape_and_its_own_memory():
@@ -109,11 +121,9 @@ def test_grad_bias_has_bias_shape_and_its_own_memory():
         _core._validate_backward(**backward(), bias=bias, grad_bias=bias)
 
 
-def test_the_bias_is_part_of_the_graph_key_with_shared_seq_axes_as_stride_zero():
+def test_the_bias_is_part_of_the_graph_key_with_shared_axes_as_cudnn_broadcasts_them():
     assert key(bias=t((B, H, S_Q, S_KV))) != key()
     assert key(bias=t((B, H, S_Q, S_KV))) != key(bias=t((1, H, S_Q, S_KV)))
-    dims, strides = described(key(bias=t((B, 1, 1, S_KV))), "bias")
-    assert dims == (B, 1, S_Q, S_KV) and strides[2:] == (0, 1)  # rows shared: stride 0; heads: cuDNN's broadcast
     dims, strides = described(key(bias=t((S_Q, S_KV))), "bias")
     assert dims == (1, 1, S_Q, S_KV) and strides[2:] == (S_KV, 1)
 
@@ -127,10 +137,13 @@ def test_with_a_bias_bottom_right_bands_reach_cudnn_as_shifted_top_left_bands():
     assert (alignment, left, right) == (0, 20 - (S_KV - S_Q), S_KV - S_Q)
     # without a bias the alignment stays as given
     assert mask_options(key(causal=True, causal_alignment="bottom_right"))[1] == 1
-    # keys no row sees are cut first, so the shifted band always starts at or left of the diagonal
-    _, alignment, left, right = mask_options(key(window=(4, 0), causal_alignment="bottom_right",
+    # keys no row sees are cut first (here keys 0-7), so the shifted band starts at the diagonal
+    _, alignment, left, right = mask_options(key(window=(8, 0), causal_alignment="bottom_right",
                                                  bias=t((S_Q, S_KV))))
-    assert (alignment, left, right) == (0, 0, 4)
+    assert (alignment, left, right) == (0, 0, 8)
+    # a cut at key 12 would start the bias 24 bytes in: off a 16-byte boundary, refused by name
+    with pytest.raises(stridedfa.UnsupportedError, match="^bias: the mask leaves rows or keys out .*16-byte"):
+        key(window=(4, 0), causal_alignment="bottom_right", bias=t((S_Q, S_KV)))
     # with padding lengths the diagonal moves per sequence: no static band says it
     lengths = dict(seqlens_q=t((B,), "int32"), seqlens_kv=t((B,), "int32"))
     with pytest.raises(stridedfa.UnsupportedError, match="padding lengths"):
@@ -169,7 +182,7 @@ def test_alibi_slopes_are_float32_per_query_head():
     (32, 512, {"causal": True}, (0, 0)),                                          # keys past row 31 cut
     (256, 48, {"causal": True, "causal_alignment": "bottom_right"}, (0, 0)),      # 208 rows cut: i' = i - 208
     (S_Q, S_KV, {"window": (4, 0), "causal_alignment": "bottom_right"}, (4, 0)),  # 12 keys cut: j' = j - 12
-])
+])  # (ALiBi needs no aligned cut: its slopes are per head, not per key)
 def test_alibi_distance_is_measured_in_the_indices_cudnn_sees(s_q, s_kv, options, expected):
     slopes = t((H,), "float32")
     graph_key = key(s_q, s_kv, alibi_slopes=slopes, **options)
@@ -177,8 +190,9 @@ def test_alibi_distance_is_measured_in_the_indices_cudnn_sees(s_q, s_kv, options
     assert graph_key != key(s_q, s_kv, **options)
 
 
-def test_alibi_with_padding_bottom_right_reads_the_offset_per_sequence():
+def test_alibi_with_padding_bottom_right_is_refused_top_left_needs_no_offset():
     lengths = dict(seqlens_q=t((B,), "int32"), seqlens_kv=t((B,), "int32"))
-    graph_key = key(alibi_slopes=t((H,), "float32"), causal_alignment="bottom_right", **lengths)
-    assert alibi_terms(graph_key) == (0, 1)
-    assert alibi_terms(key(alibi_slopes=t((H,), "float32"), **lengths)) == (0, 0)  # top-left: none
+    # cuDNN gave wrong numbers with the per-sequence offset (GPU run 30): refused until that is solved
+    with pytest.raises(stridedfa.UnsupportedError, match="ALiBi with bottom-right alignment and padding"):
+        key(alibi_slopes=t((H,), "float32"), causal_alignment="bottom_right", **lengths)
+    assert alibi_terms(key(alibi_slopes=t((H,), "float32"), **lengths)) == (0, 0)  # top-left: no offset

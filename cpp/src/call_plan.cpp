@@ -49,20 +49,6 @@ void add_fill(Plan& plan, const TensorView& region, int slot) {
   plan.fills[plan.n_fills++] = {region, kOperands[slot].kind == OperandKind::stats ? kNegativeInfinityBits : 0u};
 }
 
-// The bias as cuDNN reads it: a shared (extent-1) seq axis is spelled as the full axis with stride
-// 0; shared batch and head axes stay extent 1, which cuDNN broadcasts itself. Its gradient keeps
-// its shape: cuDNN sums dP over every axis where it is 1.
-void expand_bias(Plan& plan) {
-  TensorView& bias = set_view(plan, kBias, *plan.slots[kBias]);
-  const int64_t full[2] = {plan.problem.s_q, plan.problem.s_kv};
-  for (int axis = 2; axis < 4; ++axis) {
-    if (bias.dims[axis] == 1 && full[axis - 2] != 1) {
-      bias.dims[axis] = full[axis - 2];
-      bias.strides[axis] = 0;
-    }
-  }
-}
-
 // A score operand (bias, grad_bias) restricted to the rows and keys in `seen`, on the axes it has
 // in full (a gradient summed over rows keeps its single row).
 TensorView scores_restricted(const TensorView& t, const Visibility& seen, const Problem& full) {
@@ -95,9 +81,17 @@ void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* op
     }
     set_view(plan, s, seq_slice(*operands[s], b, e));
   }
-  // grad_bias is zero-filled whole before the launch (plan_call): only the views change here.
+  // grad_bias is zero-filled whole before the launch (plan_call): only the views change here. A
+  // slice that starts off a 16-byte boundary would fault cuDNN's loads: refused instead.
   for (int s : {kBias, kGradBias}) {
-    if (plan.slots[s]) set_view(plan, s, scores_restricted(*plan.slots[s], seen, full));
+    if (!plan.slots[s]) continue;
+    const TensorView& cut = set_view(plan, s, scores_restricted(*plan.slots[s], seen, full));
+    if (cut.data % 16 != 0) {
+      throw UnsupportedError(std::string(kOperands[s].name) + ": the mask leaves rows or keys out (rows " +
+                             std::to_string(seen.row_begin) + ".., keys " + std::to_string(seen.key_begin) +
+                             "..), and the part of the bias cuDNN would read then starts off a 16-byte boundary. "
+                             "Give the bias rows of a multiple of 8 elements, or fold this mask into the bias.");
+    }
   }
   // A row slice of the caller's statistics may be misaligned (rows of 4 bytes) or, before cuDNN
   // 9.12 (forward) / 9.26 (backward), not packed enough for cuDNN: it then goes through a packed,
@@ -116,11 +110,11 @@ void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* op
 // the weight (P = 1 whatever the scores), so dQ = dK = 0 and dV = dO. With grouped heads dV sums
 // dO over each group: the g query heads sharing a kv head are then described as g query rows of
 // one head (a view: their seq axis is the heads' stride), which cuDNN's backward runs.
-// A bias or ALiBi changes nothing with one key (P = 1); the bias' gradient is zero (filled by
-// plan_call).
+// With one key the bias' gradient is zero (filled by plan_call), and ALiBi's distance is 0. The bias
+// stays: cuDNN computes P = exp(S - lse) from the forward's lse, which includes it.
 void one_query_one_key_backward(Plan& plan) {
   Problem& p = plan.problem;
-  plan.slots[kBias] = plan.slots[kGradBias] = plan.slots[kAlibiSlopes] = nullptr;
+  plan.slots[kGradBias] = plan.slots[kAlibiSlopes] = nullptr;
   if (plan.slots[kSinks]) {
     throw UnsupportedError(
         "the backward with s_q = s_kv = 1 and attention sinks is not supported (cuDNN refuses "
@@ -137,6 +131,12 @@ void one_query_one_key_backward(Plan& plan) {
   for (int s = 0; s < kNumSlots; ++s) {
     if (!plan.slots[s] || kOperands[s].shape[1] != kHeadsQ) continue;
     TensorView& t = set_view(plan, s, *plan.slots[s]);
+    if (s == kBias && t.dims[1] == 1) {  // the folded rows would share it: cuDNN misreads that
+      throw UnsupportedError(
+          "the backward with s_q = s_kv = 1, grouped heads and a bias shared by the heads is not supported "
+          "(cuDNN runs it only with the group's query heads as rows, which would then share the bias); pass the "
+          "bias with one value per query head, e.g. bias.expand(-1, h_q, -1, -1).contiguous().");
+    }
     t.strides[2] = t.strides[1];
     t.strides[1] *= group;
     t.dims[1] = p.h_kv;
@@ -160,7 +160,6 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   if (problem.nothing_to_do) return;
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);
-  if (operands[kBias]) expand_bias(plan);
   if (has_lengths) {
     // Padded rows are not written by cuDNN's forward: their statistics get -inf first.
     if (op == GraphOp::forward && operands[kLse]) add_fill(plan, *operands[kLse], kLse);

@@ -250,6 +250,12 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0) api().SetDevice(previous_);
 }
 
+void bind_device_context(int32_t device) {
+  // cudaSetDevice initialises the primary context and makes it current (CUDA >= 12), also when the
+  // device is already the current one.
+  check_cuda(loaded_api().SetDevice(device), "cudaSetDevice");
+}
+
 void* cudnn_handle_for(int32_t device, std::uintptr_t stream) {
   const Api& a = loaded_api();
   auto& slots = thread_handles.by_device;

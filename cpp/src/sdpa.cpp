@@ -104,9 +104,39 @@ void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given) {
 void set_alibi(GraphSpec& spec, const Plan& plan, const SdpaOptions& o) {
   const bool bottom_right = o.alignment == CausalAlignment::bottom_right;
   const bool lengths_given = plan.slots[kSeqLensQ] && plan.made_lengths[0] < 0;
+  if (bottom_right && lengths_given) {  // GPU run 30: the per-sequence offset gave wrong numbers
+    throw UnsupportedError(
+        "ALiBi with bottom-right alignment and padding lengths (a distance offset per sequence) is not "
+        "supported yet; use top-left alignment with padding, or bottom-right without padding lengths.");
+  }
   spec.alibi_per_sequence = bottom_right && lengths_given;
   const int64_t full_offset = bottom_right && !lengths_given ? plan.full_s_kv - plan.full_s_q : 0;
   spec.alibi_offset = plan.row_begin - plan.key_begin + full_offset;
+}
+
+// What cuDNN 9.19 computes wrongly or refuses without saying why, refused here by name (GPU run
+// 30): dbias under a score modifier (softcap, ALiBi) comes back wrong, and cuDNN writes dbias only
+// as a packed tensor.
+void check_bias_gradient(const GraphSpec& spec) {
+  const OperandDesc& g = spec.operands[kGradBias];
+  if (!g.present) return;
+  if (spec.softcap > 0 || spec.operands[kAlibiSlopes].present) {
+    throw UnsupportedError(std::string("the bias' gradient with ") + (spec.softcap > 0 ? "a softcap" : "ALiBi") +
+                           " is not supported (cuDNN 9.19 computes it wrongly under a score modifier); leave "
+                           "grad_bias out (a bias that does not require grad).");
+  }
+  int64_t inner = 1;
+  for (int i = 3; i >= 0; --i) {
+    if (g.dims[i] != 1 && g.strides[i] != inner) {
+      throw UnsupportedError(
+          "grad_bias: cuDNN writes the bias' gradient only as a packed (row-major) tensor; its "
+          "strides as cuDNN would see them are " +
+          strides_of(g, 4) +
+          " (the mask cuts rows or keys, or the buffer is strided). Pass a contiguous "
+          "grad_bias, or a mask under which every row and key takes part.");
+    }
+    inner *= g.dims[i];
+  }
 }
 
 GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t sm_version, int64_t cudnn_version) {
@@ -132,6 +162,7 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   spec.sm_version = sm_version;
   spec.cudnn_version = cudnn_version;
   check_version_gates(spec);
+  check_bias_gradient(spec);
   return spec;
 }
 
@@ -319,6 +350,8 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
         region.dims[0] = b;
         region.strides[0] = 1;
         region.dtype = {kDLInt, 32, 1};
+        region.device_type = kDLCUDA;
+        region.device_id = call.problem.device;
         region.data = reinterpret_cast<std::uintptr_t>(lengths) + std::uintptr_t(side * b * 4);
         fill_strided(region, static_cast<uint32_t>(call.made_lengths_value[side]), stream);
         ptrs[call.made_lengths_ptr[side]] = reinterpret_cast<void*>(region.data);

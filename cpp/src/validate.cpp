@@ -12,9 +12,11 @@
 //   - Every output empty: nothing to do. Extent-1 axes may carry any stride.
 //   - Options: a finite scale, window bounds of 0 or more (validate_options).
 //   - Padding lengths: int32 (batch,) vectors on the call's device; sinks float32 (h_q,).
-//   - bias: the attention dtype, broadcastable to (b, h_q, s_q, s_kv) (an axis of extent 1 or stride
-//     0 is shared), its key axis contiguous; grad_bias has bias' shape (cuDNN sums over the shared
-//     axes) and its own memory.
+//   - bias: the attention dtype, broadcastable to (b, h_q, s_q, s_kv) with batch and heads shared or
+//     not (extent 1 or stride 0) but a row per query and a column per key (cuDNN 9.19 reads a bias
+//     shared over rows wrongly, GPU run 30), key axis contiguous, pointer 16-byte aligned (a
+//     misaligned one faults: "misaligned address"); grad_bias has bias' shape (cuDNN sums over the
+//     shared axes), its own memory, and is packed.
 //   - The backward's operands within 2^32 elements, out and grad_out within 4 GiB, of their data
 //     pointers (cuDNN's 32-bit offsets; wrong gradients beyond).
 #include <algorithm>
@@ -136,9 +138,20 @@ class Validator {
     }
   }
 
-  // The bias is read with its key axis contiguous; other axes may be shared (stride 0).
-  void scores_memory(const TensorView& t, bool is_output) {
+  // The bias is read with its key axis contiguous and one row per query; batch and heads may be
+  // shared (stride 0). `full` is (s_q, s_kv).
+  void scores_memory(const TensorView& t, bool is_output, const int64_t (&full)[2]) {
     if (t.numel() == 0) return;
+    for (int axis = 2; axis < 4; ++axis) {
+      const bool shared = t.dims[axis] != full[axis - 2] || t.strides[axis] == 0;
+      if (full[axis - 2] > 1 && shared) {
+        throw UnsupportedError(std::string(t.name) + ": " + scores_axis_str(t, axis) + " is shared (extent " +
+                               std::to_string(t.dims[axis]) + ", stride " + std::to_string(t.strides[axis]) +
+                               "); cuDNN reads a bias only with its own row for every query and column for every "
+                               "key: shapes (batch or 1, heads or 1, seq of q, seq of k). Materialise it, e.g. " +
+                               "bias.expand(-1, -1, s_q, -1).contiguous() for a (batch, 1, 1, s_kv) key mask.");
+      }
+    }
     for (int axis = 0; axis < 4; ++axis) {
       const int64_t extent = t.dims[axis], stride = t.strides[axis];
       if (extent == 1) continue;
@@ -156,6 +169,13 @@ class Validator {
                           std::to_string(stride) + "; cuDNN reads a bias with its key axis contiguous (stride 1). " +
                           "Pass a copy (x.contiguous()).");
       }
+    }
+    if (t.data % kAlignment != 0) {
+      std::ostringstream s;
+      s << t.name << ": data pointer 0x" << std::hex << t.data << std::dec << " is " << t.data % kAlignment
+        << " bytes past a " << kAlignment << "-byte boundary; cuDNN reads a bias with 16-byte loads (a misaligned "
+        << "one faults the GPU). Pass a copy (x.contiguous()) or slice at a multiple of 8 elements.";
+      throw LayoutError(s.str());
     }
   }
 
@@ -527,7 +547,10 @@ Problem validate(GraphOp op, const SlotViews& given) {
     if (t[s] && (kind == OperandKind::attention || kind == OperandKind::stats)) {
       check.memory(*t[s], role_in(op, s) == Role::output, kind == OperandKind::stats);
     }
-    if (t[s] && kind == OperandKind::scores) check.scores_memory(*t[s], role_in(op, s) == Role::output);
+    if (t[s] && kind == OperandKind::scores) {
+      const int64_t seqs[2] = {p.s_q, p.s_kv};
+      check.scores_memory(*t[s], role_in(op, s) == Role::output, seqs);
+    }
   }
   if (t[kGradSinks] && !t[kSinks]) {
     throw LayoutError("grad_sinks is given without sinks; the sinks' gradient needs the sinks themselves.");

@@ -498,7 +498,9 @@ OPTIONS = [
     pytest.param(dict(causal=True, dtype=torch.float16), id="causal_tl-fp16"),
     pytest.param(dict(causal=True, alignment="bottom_right", s_q=64, s_kv=192), id="causal_br-sq64_skv192"),
     pytest.param(
-        dict(causal=True, alignment="bottom_right", s_q=192, s_kv=64), id="causal_br-sq192_skv64-rows_without_keys"
+        # the rows cut off leave grad_bias a non-packed view, which cuDNN does not write: refused
+        dict(causal=True, alignment="bottom_right", s_q=192, s_kv=64, refusal_ok=True),
+        id="causal_br-sq192_skv64-rows_without_keys",
     ),
     pytest.param(dict(window=(16, 0)), id="window16_0"),
     pytest.param(dict(seqlens=([128, 77], [128, 77])), id="padding-77"),
@@ -508,7 +510,9 @@ OPTIONS = [
         id="padding-causal_br-per_sequence_offsets",
     ),
     # scale 3 makes the scores' spread ~24, so a cap of 30 bends them.
-    pytest.param(dict(softcap=30.0, scale=3.0, causal=True), id="softcap30-causal"),
+    # cuDNN's dbias under a score modifier is wrong (run 30): the gradient is refused, the forward runs
+    pytest.param(dict(softcap=30.0, scale=3.0, causal=True, refusal_ok=True), id="softcap30-causal"),
+    pytest.param(dict(softcap=30.0, scale=3.0, causal=True, with_grad_bias=False), id="softcap30-causal-no_dbias"),
     pytest.param(dict(causal=True, deterministic=True), id="deterministic-causal"),
     pytest.param(dict(with_grad_bias=False), id="grad_bias_omitted"),
     pytest.param(
@@ -656,11 +660,11 @@ def test_invalid_grad_bias_raises_layout_error_and_writes_nothing(layout, make, 
 
 
 def _torch_inputs(layout, seed, *, qkv_grad=True, bias_grad=True, dtype=torch.bfloat16):
-    """q, k, v, the bias leaf ((b, h_q, s, s) for "full", else (b, 1, 1, s)) and grad_out."""
+    """q, k, v, the bias leaf ((b, h_q, s, s) for "full", else a (b, 1, s, s) mask) and grad_out."""
     gen = _generator(seed)
     q = _randn(gen, B, H_Q, S, D, dtype=dtype).requires_grad_(qkv_grad)
     k, v = (_randn(gen, B, H_KV, S, D, dtype=dtype).requires_grad_(qkv_grad) for _ in range(2))
-    leaf_shape = (B, H_Q, S, S) if layout == "full" else (B, 1, 1, S)
+    leaf_shape = (B, H_Q, S, S) if layout == "full" else (B, 1, S, S)
     leaf = _randn(gen, *leaf_shape, dtype=dtype).requires_grad_(bias_grad)
     grad_out = _randn(gen, B, H_Q, S, D, dtype=dtype)
     return q, k, v, leaf, grad_out
@@ -675,8 +679,8 @@ def _bias_from_leaf(layout, leaf):
 TORCH_CASES = [
     pytest.param(dict(layout="full"), id="full_leaf"),
     pytest.param(dict(layout="full", causal=True), id="full_leaf-causal"),
-    pytest.param(dict(layout="keys"), id="b_1_1_s_leaf"),
-    pytest.param(dict(layout="keys_expanded"), id="b_1_1_s_leaf-expanded_in_the_loss"),
+    pytest.param(dict(layout="keys"), id="b_1_s_s_leaf"),
+    pytest.param(dict(layout="keys_expanded"), id="b_1_s_s_leaf-expanded_in_the_loss"),
     pytest.param(dict(layout="full", qkv_grad=False), id="full_leaf-only_the_bias_requires_grad"),
     pytest.param(dict(layout="full", bias_grad=False), id="full-bias_not_requiring_grad"),
 ]

@@ -82,7 +82,7 @@ def _option_sets(b=B, s=S):
     lengths = (torch.tensor([s, s // 2 + 3][:b], device=DEVICE, dtype=torch.int32),) * 2
     sinks = torch.randn(H, device=DEVICE).requires_grad_()
     bias = torch.randn(1, H, s, s, device=DEVICE, dtype=torch.bfloat16).requires_grad_()
-    key_bias = torch.randn(b, 1, 1, s, device=DEVICE, dtype=torch.bfloat16)  # shared rows and heads
+    mask_bias = torch.randn(b, 1, s, s, device=DEVICE, dtype=torch.bfloat16)  # shared heads, no gradient
     slopes = torch.rand(H, device=DEVICE)
     return {"window": (16, 0, None, None, None, None, False, None, None),
             "window_both": (8, 24, None, None, None, None, False, None, None),
@@ -91,13 +91,13 @@ def _option_sets(b=B, s=S):
             "sinks": (-1, -1, None, None, None, sinks, False, None, None),
             "deterministic": (-1, -1, None, None, None, None, True, None, None),
             "bias": (-1, -1, None, None, None, None, False, bias, None),
-            "key_bias": (-1, -1, None, None, None, None, False, key_bias, None),
+            "mask_bias": (-1, -1, None, None, None, None, False, mask_bias, None),
             "alibi": (-1, -1, None, None, None, None, False, None, slopes),
-            "all": (31, 0, 50.0, *lengths, sinks, True, bias, slopes)}
+            "all": (31, 0, 50.0, *lengths, sinks, True, mask_bias, slopes)}
 
 
 @pytest.mark.parametrize("name", ["window", "window_both", "softcap", "padding", "sinks", "deterministic", "bias",
-                                  "key_bias", "alibi", "all"])
+                                  "mask_bias", "alibi", "all"])
 def test_opcheck_every_option(name, seed):
     """Each option through the operators: fake kernels, schema, autograd registration."""
     q, k, v = _inputs("packed", seed, requires_grad=True)
@@ -110,7 +110,7 @@ def test_opcheck_every_option(name, seed):
     torch.library.opcheck(torch.ops.stridedfa.attention_backward.default,
                           (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), torch.randn_like(out),
                            None, True, "top_left", *(x.detach() if isinstance(x, torch.Tensor) else x for x in extra),
-                           extra[-2] is not None))
+                           name == "bias"))  # the bias' gradient: not under a softcap or ALiBi
     packed = torch.randn(B, S, 3, H, D, device=DEVICE, dtype=torch.bfloat16).requires_grad_()
     torch.library.opcheck(torch.ops.stridedfa.packed_attention_forward.default,
                           (packed, 2, "bshd", None, None, True, "top_left", *extra, True))

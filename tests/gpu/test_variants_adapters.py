@@ -32,19 +32,19 @@ CASES = {
     "softcap_gemma2": dict(softcap=2.0, causal=True, window=(47, None)),
     "sinks": dict(sinks=True, causal=True, window=(31, None)),
     "alibi": dict(alibi=True, causal=True, causal_alignment="bottom_right"),
-    "key_bias": dict(key_bias=True),  # a constant (batch, 1, 1, s) bias: a padding mask's values, no dbias
+    "mask_bias": dict(mask_bias=True),  # a constant (batch, 1, s, s) bias, as transformers' masks: no dbias
 }
 
 
 def _options(case, device="cuda"):
-    options = {k: v for k, v in CASES[case].items() if k not in ("lengths", "sinks", "alibi", "key_bias")}
+    options = {k: v for k, v in CASES[case].items() if k not in ("lengths", "sinks", "alibi", "mask_bias")}
     if CASES[case].get("sinks"):
         options["sinks"] = torch.linspace(-1.0, 2.0, H, device=device)
     if CASES[case].get("alibi"):
         options["alibi_slopes"] = 2.0 ** (-8.0 * torch.arange(1, H + 1, device=device) / H)
-    if CASES[case].get("key_bias"):
+    if CASES[case].get("mask_bias"):
         gen = torch.Generator(device=device).manual_seed(5)
-        options["bias"] = torch.randn(B, 1, 1, S, device=device, generator=gen).to(torch.bfloat16)
+        options["bias"] = torch.randn(B, 1, S, S, device=device, generator=gen).to(torch.bfloat16)
     if CASES[case].get("lengths"):
         lengths = torch.tensor(LENGTHS, device=device, dtype=torch.int32)
         options.update(seqlens_q=lengths, seqlens_kv=lengths)
@@ -98,7 +98,7 @@ def test_torch_attention_eager_autograd_equals_generic(case, seed):
     ref = {k_: v_ for k_, v_ in options.items() if k_ not in ("deterministic",)}
     for name, value in ref.items():
         if isinstance(value, torch.Tensor):
-            ref[name] = value.detach().float().cpu().numpy()
+            ref[name] = (value.detach().float() if value.is_floating_point() else value).cpu().numpy()
     np_q, np_k, np_v, np_do = (t.detach().double().cpu().numpy() for t in (q, k, v, grad_out))
     r_dq, r_dk, r_dv = reference.sdpa_backward(np_q, np_k, np_v, np_do, dtype=np.float64,
                                                causal_alignment=ref.pop("causal_alignment", "top_left"), **ref)
@@ -121,7 +121,7 @@ def test_torch_packed_attention_equals_generic(case, seed):
 
 
 @pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2", "sinks", "alibi",
-                                  "key_bias"])
+                                  "mask_bias"])
 def test_torch_compile_fullgraph_and_cuda_graphs(case, seed):
     options = _options(case)
 
@@ -183,7 +183,7 @@ def test_dispatcher_with_torch_and_generic_producers(case, seed):
 
 
 @pytest.mark.parametrize("case", ["window", "padding_causal", "deterministic", "softcap_gemma2", "sinks", "alibi",
-                                  "key_bias"])
+                                  "mask_bias"])
 def test_cupy_attention_equals_generic(case, seed):
     cp = pytest.importorskip("cupy")
     options = _options(case)

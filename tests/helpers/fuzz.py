@@ -205,8 +205,9 @@ def variant_of(rng: random.Random, b: int, s_q: int, s_kv: int, options: dict):
 
 
 # Bias shapes (NumPy-broadcast to (b, h_q, s_q, s_kv)) and layouts the fuzz draws: full, per head,
-# key padding, 2-D; dense, an expanded view (stride 0 on shared axes), rows of a wider buffer.
-BIAS_SHAPES = ("full", "heads", "key_padding", "2d")
+# per batch (transformers' masks), 2-D; dense, an expanded view (stride 0 on shared axes), rows of a
+# wider buffer. (A bias shared over query rows is refused: cuDNN misreads it.)
+BIAS_SHAPES = ("full", "heads", "batch_mask", "2d")
 BIAS_LAYOUTS = ("dense", "expanded", "wide_rows")
 
 
@@ -215,9 +216,9 @@ def draw_bias(rng: random.Random, gen: torch.Generator, full: tuple, dtype):
     values ~ N(0, 1)."""
     b, h, s_q, s_kv = full
     kind, layout = rng.choice(BIAS_SHAPES), rng.choice(BIAS_LAYOUTS)
-    shape = {"full": (b, h, s_q, s_kv), "heads": (1, h, s_q, s_kv), "key_padding": (b, 1, 1, s_kv),
+    shape = {"full": (b, h, s_q, s_kv), "heads": (1, h, s_q, s_kv), "batch_mask": (b, 1, s_q, s_kv),
              "2d": (s_q, s_kv)}[kind]
-    if layout == "expanded" and kind in ("heads", "key_padding"):  # a view of full shape with stride 0
+    if layout == "expanded" and kind in ("heads", "batch_mask"):  # a view of full shape with stride 0
         small = torch.randn(shape, generator=gen, device="cuda").to(dtype)
         return small.expand(full), f"{kind} expanded"
     if layout == "wide_rows":  # the key axis inside rows of a wider buffer (row stride s_kv + pad)

@@ -44,6 +44,11 @@ class DeviceGuard {
 // `stream`; cudnnSetStream costs microseconds even when nothing changes, so it runs only on change.
 void* cudnn_handle_for(int32_t device, std::uintptr_t stream);
 
+// Makes `device`'s primary context current on this thread, as driver-API calls need (the runtime
+// binds it lazily: torch's autograd threads can run with the device set and no context current,
+// where cuMemsetD2D*Async fails with CUDA_ERROR_INVALID_CONTEXT, GPU run 30).
+void bind_device_context(int32_t device);
+
 // Stream-ordered memory from stridedfa's own pool of `device` (the current device), which keeps up
 // to STRIDEDFA_POOL_RETAIN_BYTES (default 512 MiB) of freed memory mapped across synchronisations.
 // Workspaces of calls that pass none:
