@@ -173,6 +173,114 @@ def test_core_validation_of_handler_views_is_typed():
         _core._jax_validate(False, 0, (qs, qs, qs, qs, (B, H_Q, S_Q)), "int8")
 
 
+# --- The score bias: its views, validation and graph keys (no JAX needed) --------------------------
+
+BIAS_SHAPES = [(B, H_Q, S_Q, S_KV), (1, H_Q, S_Q, S_KV), (B, 1, 1, S_KV), (S_Q, S_KV), (S_KV,), (H_Q, 1, S_KV)]
+JAX_FORWARD = ((B, S_Q, H_Q, D), (B, S_KV, H_KV, D), (B, S_KV, H_KV, D), (B, S_Q, H_Q, D), (B, H_Q, S_Q))
+JAX_BACKWARD = JAX_FORWARD[:5] + (JAX_FORWARD[0], JAX_FORWARD[0], JAX_FORWARD[1], JAX_FORWARD[2])
+
+
+def _bias(shape, slot=13, dtype="bfloat16"):
+    return _fake(shape, row_major(shape), dtype, slot)
+
+
+@pytest.mark.parametrize("bias_shape", BIAS_SHAPES, ids=str)
+def test_bias_graph_keys_equal_other_callers(bias_shape):
+    """A JAX call with a bias of its own rank (the core broadcasts it) keys the graph of an
+    sdpa_forward / sdpa_backward call with a dense bias of that shape; the bias is in the key."""
+    q, k, v = _bshd_view(B, H_Q, S_Q, D, slot=0), _bshd_view(B, H_KV, S_KV, D, slot=1), \
+        _bshd_view(B, H_KV, S_KV, D, slot=2)
+    out, grad_out = _bshd_view(B, H_Q, S_Q, D, slot=3), _bshd_view(B, H_Q, S_Q, D, slot=5)
+    lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4)
+    grads = (_bshd_view(B, H_Q, S_Q, D, slot=6), _bshd_view(B, H_KV, S_KV, D, slot=7),
+             _bshd_view(B, H_KV, S_KV, D, slot=8))
+    bias = (bias_shape, "bfloat16")
+    forward = _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", causal=True, bias=bias)
+    assert forward == _core._forward_graph_key(q, k, v, out, lse, causal=True, bias=_bias(bias_shape))
+    assert forward != _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", causal=True)
+    backward = _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", causal=True, bias=bias)
+    assert backward == _core._backward_graph_key(q, k, v, out, grad_out, lse, *grads, causal=True,
+                                                 bias=_bias(bias_shape), grad_bias=_bias(bias_shape, 14))
+    assert backward != _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", causal=True)
+    # A bias that is not differentiated: the backward reads it and computes no grad_bias.
+    constant = _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", causal=True, bias=bias, grad_bias=False)
+    assert constant == _core._backward_graph_key(q, k, v, out, grad_out, lse, *grads, causal=True,
+                                                 bias=_bias(bias_shape))
+    assert constant not in (backward, _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", causal=True))
+
+
+def test_bias_shapes_are_part_of_the_key():
+    keys = {shape: _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", bias=(shape, "bfloat16"))
+            for shape in [(B, H_Q, S_Q, S_KV), (1, H_Q, S_Q, S_KV), (B, 1, 1, S_KV), (1, 1, S_Q, S_KV)]}
+    assert len(set(keys.values())) == len(keys)
+    # Fewer axes are leading axes of 1: the same graph as the 4-axis spelling.
+    assert _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", bias=((S_Q, S_KV), "bfloat16")) == \
+        keys[(1, 1, S_Q, S_KV)]
+
+
+@pytest.mark.parametrize("bias_shape", BIAS_SHAPES, ids=str)
+@pytest.mark.parametrize("backward, grad_bias", [(False, False), (True, True), (True, False)])
+def test_bias_of_its_own_rank_validates(bias_shape, backward, grad_bias):
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    problem = _core._jax_validate(backward, 0, shapes, "bfloat16", bias=(bias_shape, "bfloat16"), grad_bias=grad_bias)
+    assert (problem["b"], problem["h_q"], problem["s_q"], problem["s_kv"]) == (B, H_Q, S_Q, S_KV)
+
+
+@pytest.mark.parametrize("bias, message", [
+    (((B, 3, S_Q, S_KV), "bfloat16"), r"bias: shape \(2, 3, 128, 256\) is not broadcastable .* axis 1 \(heads\) is 3"),
+    (((S_Q, S_KV + 1), "bfloat16"), r"axis 1 \(seq of k\) is 257, expected 256"),
+    (((S_KV, S_Q), "bfloat16"), "is not broadcastable"),
+    (((1, B, H_Q, S_Q, S_KV), "bfloat16"), "expected up to 4 axes"),
+    (((), "bfloat16"), "expected up to 4 axes"),
+    (((S_Q, S_KV), "float16"), "share one dtype"),
+    (((S_Q, S_KV), "float32"), "bias: dtype float32 is not supported"),
+])
+@pytest.mark.parametrize("backward", [False, True])
+def test_bad_bias_is_refused_by_the_core(bias, message, backward):
+    with pytest.raises(stridedfa.LayoutError, match=message):
+        _core._jax_validate(backward, 0, JAX_BACKWARD if backward else JAX_FORWARD, "bfloat16", bias=bias)
+
+
+def _vmapped(calls, shapes):
+    return tuple(None if shape is None else (calls, *shape) for shape in shapes)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_vmapped_bias_with_the_batch_axis_folds_into_the_batch(backward):
+    """Under jax.vmap every operand gets the mapped axes in front (vmap_method broadcast_all). A
+    bias with q's batch axis folds with them into the batch, like q; the key is that of the same
+    problem with the batch folded by hand."""
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    for bias_shape in [(B, H_Q, S_Q, S_KV), (B, 1, 1, S_KV)]:
+        problem = _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16",
+                                      bias=((3, *bias_shape), "bfloat16"))
+        assert problem["b"] == 3 * B
+        folded = tuple(None if s is None else (3 * B, *s[1:]) for s in shapes)
+        assert _core._jax_graph_key(backward, 0, _vmapped(3, shapes), "bfloat16", bias=((3, *bias_shape), "bfloat16")) \
+            == _core._jax_graph_key(backward, 0, folded, "bfloat16", bias=((3 * B, *bias_shape[1:]), "bfloat16"))
+
+
+@pytest.mark.parametrize("bias_shape", [(S_Q, S_KV), (1, H_Q, S_Q, S_KV), (H_Q, 1, S_KV)], ids=str)
+@pytest.mark.parametrize("backward", [False, True])
+def test_vmapped_bias_shared_across_the_batch_is_refused(bias_shape, backward):
+    """A bias without q's batch axis cannot fold with vmap's axes into one batch stride: refused
+    with the way out, never read wrongly."""
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    with pytest.raises(stridedfa.LayoutError, match=r"bias: under jax.vmap .* needs q's batch axis: give it shape "
+                                                    r"\(2, heads of q or 1, seq of q or 1, seq of k\)"):
+        _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16", bias=((3, *bias_shape), "bfloat16"))
+
+
+def test_vmapped_bias_of_one_batch_or_one_call_folds():
+    """With a batch of 1, or a mapped axis of extent 1, a shared bias is still one stride."""
+    one = tuple(None if s is None else (1, *s[1:]) for s in JAX_FORWARD)
+    assert _core._jax_validate(False, 0, _vmapped(3, one), "bfloat16", bias=((3, S_Q, S_KV), "bfloat16"))["b"] == 3
+    assert _core._jax_validate(False, 0, _vmapped(1, JAX_FORWARD), "bfloat16",
+                               bias=((1, S_Q, S_KV), "bfloat16"))["b"] == B
+    with pytest.raises(stridedfa.LayoutError, match="besides jax.vmap's 1"):
+        _core._jax_validate(False, 0, _vmapped(3, JAX_FORWARD), "bfloat16", bias=((3,), "bfloat16"))
+
+
 # --- With JAX (CPU backend) ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

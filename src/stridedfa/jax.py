@@ -68,6 +68,10 @@ _DTYPES = ("float16", "bfloat16")
 _FORWARD = "stridedfa_sdpa_forward"  # (q, k, v) -> (out, lse)
 _FORWARD_INFERENCE = "stridedfa_sdpa_forward_inference"  # (q, k, v) -> out
 _BACKWARD = "stridedfa_sdpa_backward"  # (q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)
+# The handlers' `optional_operands` attribute: which optional operands follow those above, in this
+# order, and whether the backward returns grad_bias (after grad_sinks, which come with the sinks).
+# OptionalOperand in cpp/include/stridedfa/jax_ffi.hpp.
+_WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS = 1, 2, 4, 8
 
 # Registered once per process; JAX queues them until its CUDA plugin is loaded.
 for _name, _capsule in _core._jax_ffi_targets().items():
@@ -88,7 +92,7 @@ class _Options:
     deterministic: bool = False
     padded: bool = False  # seqlens_q / seqlens_kv follow q, k, v as operands
 
-    def attributes(self) -> dict[str, Any]:
+    def attributes(self, optional_operands: int = 0) -> dict[str, Any]:
         # Typed numpy scalars fix the attribute types the handlers decode (f64, bool, i64).
         left, right = (None, None) if self.window is None else self.window
         return {
@@ -101,6 +105,7 @@ class _Options:
             "softcap": np.float64(0.0 if self.softcap is None else self.softcap),
             "deterministic": np.bool_(self.deterministic),
             "layout": np.int64(_LAYOUTS[self.layout]),
+            "optional_operands": np.int64(optional_operands),
         }
 
     def core_options(self) -> dict[str, Any]:
@@ -331,14 +336,21 @@ def _lse_shape(q_shape, layout):
     return (*q_shape[:-4], b, h, s)
 
 
+def _optional_operands(lengths, sinks, bias=(), grad_bias=False) -> int:
+    """The handlers' `optional_operands` attribute for these optional operands."""
+    return ((_WITH_LENGTHS if lengths else 0) | (_WITH_SINKS if sinks else 0) | (_WITH_BIAS if bias else 0)
+            | (_WITH_GRAD_BIAS if grad_bias else 0))
+
+
 def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool):
+    attributes = options.attributes(_optional_operands(lengths, sinks))
     out = jax.ShapeDtypeStruct(_out_shape(q.shape, v.shape[-1]), q.dtype)
     if not with_lse:
         call = jax.ffi.ffi_call(_FORWARD_INFERENCE, out, vmap_method="broadcast_all")
-        return call(q, k, v, *lengths, *sinks, **options.attributes()), None
+        return call(q, k, v, *lengths, *sinks, **attributes), None
     lse = jax.ShapeDtypeStruct(_lse_shape(q.shape, options.layout), jnp.float32)
     call = jax.ffi.ffi_call(_FORWARD, (out, lse), vmap_method="broadcast_all")
-    out, lse = call(q, k, v, *lengths, *sinks, **options.attributes())
+    out, lse = call(q, k, v, *lengths, *sinks, **attributes)
     return out, lse
 
 
@@ -364,7 +376,8 @@ def _attention_bwd(options: _Options, residuals, grad_out):
                         **options.core_options())
     grads = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *sinks))
     call = jax.ffi.ffi_call(_BACKWARD, grads, vmap_method="broadcast_all")
-    grad_q, grad_k, grad_v, *grad_sinks = call(q, k, v, out, lse, grad_out, *lengths, *sinks, **options.attributes())
+    grad_q, grad_k, grad_v, *grad_sinks = call(q, k, v, out, lse, grad_out, *lengths, *sinks,
+                                               **options.attributes(_optional_operands(lengths, sinks)))
     return grad_q, grad_k, grad_v, tuple(None for _ in lengths), tuple(grad_sinks)
 
 
