@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import stridedfa
@@ -414,6 +415,159 @@ def test_bad_calls_raise_typed_errors_while_tracing(sj, jax, q, k, v, dtypes, kw
             jax.jit(f).lower(*args)
 
 
+# The bias in the caller's terms: logical (batch, h_q, s_q, s_kv) axes in either layout.
+JAX_BIAS_SHAPES = [(2, 8, 128, 256), (1, 8, 128, 256), (2, 1, 1, 256), (128, 256), (256,), (8, 1, 256)]
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("bias_shape", JAX_BIAS_SHAPES, ids=str)
+def test_bias_shapes_and_its_cotangent(sj, jax, layout, bias_shape):
+    """The bias' cotangent has the bias' own shape and dtype (after jnp.asarray), for every
+    broadcastable shape, under jax.grad and jax.jit."""
+    shape = (lambda b, h, s, d: (b, s, h, d)) if layout == "bshd" else (lambda b, h, s, d: (b, h, s, d))
+    q, kv = _spec(jax, shape(2, 8, 128, 64), "float16"), _spec(jax, shape(2, 2, 256, 64), "float16")
+    bias = _spec(jax, bias_shape, "float16")
+
+    def loss(q, k, v, bias):
+        return sj.attention(q, k, v, layout=layout, causal=True, bias=bias).astype("float32").sum()
+
+    out = jax.eval_shape(lambda q, k, v, b: sj.attention(q, k, v, layout=layout, bias=b), q, kv, kv, bias)
+    assert (out.shape, str(out.dtype)) == (shape(2, 8, 128, 64), "float16")
+    grads = jax.eval_shape(jax.jit(jax.grad(loss, (0, 1, 2, 3))), q, kv, kv, bias)
+    assert [(g.shape, str(g.dtype)) for g in grads] == [(x.shape, "float16") for x in (q, kv, kv, bias)]
+    with_lse = jax.eval_shape(jax.grad(lambda q, k, v, b: sj.attention(q, k, v, layout=layout, bias=b,
+                                                                       return_lse=True)[0].sum(), 3),
+                              q, kv, kv, bias)
+    assert with_lse.shape == bias_shape
+
+
+def test_bias_as_numpy_array(sj, jax):
+    """A NumPy bias goes through jnp.asarray; one of another dtype than q's is refused with the cast to make."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (1, 16, 2, 64)), _spec(jax, (1, 32, 1, 64))
+    bias = np.zeros((16, 32), jnp.bfloat16)
+    out = jax.eval_shape(lambda q, k, v: sj.attention(q, k, v, bias=bias), q, kv, kv)
+    assert out.shape == (1, 16, 2, 64)
+    with pytest.raises(stridedfa.LayoutError, match=r"bias: dtype float32 is not q's dtype bfloat16"):
+        jax.eval_shape(lambda q, k, v: sj.attention(q, k, v, bias=np.zeros((16, 32), np.float32)), q, kv, kv)
+
+
+def test_lowering_with_bias_announces_its_operands(sj, jax):
+    """The optional operands are named by the `optional_operands` attribute (1 lengths, 2 sinks,
+    4 bias, 8 grad_bias), in the forward and in the backward, whose trailing results are grad_sinks,
+    then grad_bias only when the bias is differentiated."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
+    bias, sinks, lengths = _spec(jax, (1, 8, 128, 256)), _spec(jax, (8,), "float32"), _spec(jax, (2,), "int32")
+
+    def inference(q, k, v, bias):
+        return sj.attention(q, k, v, bias=bias)
+
+    calls = _custom_calls(jax.jit(inference).lower(q, kv, kv, bias).as_text())
+    assert len(calls) == 1 and "optional_operands = 4 : i64" in calls[0], calls
+
+    def loss(q, k, v, bias, sinks, lengths):
+        out = sj.attention(q, k, v, bias=bias, sinks=sinks, seqlens_kv=lengths, causal=True)
+        return out.astype(jnp.float32).sum()
+
+    def results(call):
+        return call.rsplit("->", 1)[1]
+
+    for argnums, backward_bits, gradients in [((0, 1, 2, 3, 4), 15, 5), ((0, 1, 2, 4), 7, 4), ((0,), 7, 4)]:
+        text = jax.jit(jax.grad(loss, argnums)).lower(q, kv, kv, bias, sinks, lengths).as_text()
+        calls = _custom_calls(text)
+        assert len(calls) == 2 and "@stridedfa_sdpa_backward(" in calls[1], calls
+        assert "optional_operands = 7 : i64" in calls[0], calls[0]
+        assert f"optional_operands = {backward_bits} : i64" in calls[1], (argnums, calls[1])
+        # grad_q, grad_k, grad_v, grad_sinks (f32 (8,)) and, when wanted, grad_bias (bf16 (1, 8, 128, 256)).
+        assert results(calls[1]).count("tensor<") == gradients and "tensor<8xf32>" in results(calls[1])
+        assert ("tensor<1x8x128x256xbf16>" in results(calls[1])) == (gradients == 5)
+    without = _custom_calls(jax.jit(jax.grad(lambda q, k, v: sj.attention(q, k, v).astype(jnp.float32).sum()))
+                            .lower(q, kv, kv).as_text())
+    assert all("optional_operands = 0 : i64" in call for call in without), without
+
+
+def test_constant_bias_gets_no_gradient_and_lse_alone_differentiates(sj, jax):
+    """A bias that is not differentiated (closed over, or not among argnums) has no grad_bias in
+    the backward; with return_lse a loss of lse alone still lowers (out's cotangent a symbolic zero)."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
+    mask = jnp.zeros((2, 1, 1, 256), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return sj.attention(q, k, v, bias=mask).astype(jnp.float32).sum()
+
+    calls = _custom_calls(jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv).as_text())
+    assert "optional_operands = 4 : i64" in calls[1] and calls[1].rsplit("->", 1)[1].count("tensor<") == 3, calls
+    grads = jax.eval_shape(jax.grad(loss, (0, 1, 2)), q, kv, kv)
+    assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
+
+    def lse_loss(q, k, v, bias):
+        return sj.attention(q, k, v, bias=bias, return_lse=True)[1].sum()
+
+    grads = jax.eval_shape(jax.jit(jax.grad(lse_loss, (0, 3))), q, kv, kv, _spec(jax, (2, 1, 1, 256)))
+    assert [g.shape for g in grads] == [q.shape, (2, 1, 1, 256)]
+
+
+def test_vmapped_bias_shapes(sj, jax):
+    """Abstractly every bias is fine under jax.vmap (a shared one is refused when the call runs):
+    shapes and cotangents carry the mapped axis."""
+    q, kv = _spec(jax, (3, 2, 128, 8, 64)), _spec(jax, (3, 2, 256, 2, 64))
+    bias = _spec(jax, (3, 2, 1, 1, 256))
+
+    def loss(q, k, v, bias):
+        return sj.attention(q, k, v, bias=bias).astype("float32").sum()
+
+    out = jax.eval_shape(jax.vmap(lambda q, k, v, b: sj.attention(q, k, v, bias=b)), q, kv, kv, bias)
+    assert out.shape == (3, 2, 128, 8, 64)
+    grads = jax.eval_shape(jax.vmap(jax.grad(loss, (0, 3))), q, kv, kv, bias)
+    assert [g.shape for g in grads] == [q.shape, bias.shape]
+    shared = jax.eval_shape(jax.vmap(jax.grad(loss, 3), in_axes=(0, 0, 0, None)), q, kv, kv, _spec(jax, (2, 1, 1, 256)))
+    assert shared.shape == (3, 2, 1, 1, 256)
+
+
+BAD_BIAS = [
+    # (bias shape, dtype, error message)
+    ((2, 8, 128, 256), "float32", r"bias: dtype float32 is not q's dtype bfloat16; .* bias.astype\(q.dtype\)"),
+    ((2, 8, 128, 256), "float16", "bias: dtype float16 is not q's dtype bfloat16"),
+    ((2, 3, 128, 256), "bfloat16", r"bias: shape \(2, 3, 128, 256\) is not broadcastable .* axis 1 \(heads\) is 3"),
+    ((3, 8, 128, 256), "bfloat16", r"axis 0 \(batch\) is 3, expected 2 or 1"),
+    ((128, 128), "bfloat16", r"axis 1 \(seq of k\) is 128, expected 256"),
+    ((256, 128), "bfloat16", "is not broadcastable"),
+    ((1, 2, 8, 128, 256), "bfloat16", "bias: expected up to 4 axes"),
+    ((), "bfloat16", "bias: expected up to 4 axes"),
+]
+
+
+@pytest.mark.parametrize("shape, dtype, message", BAD_BIAS)
+@pytest.mark.parametrize("how", ["eval_shape", "jit_lower", "grad"])
+def test_bad_bias_raises_typed_errors_while_tracing(sj, jax, shape, dtype, message, how):
+    q, kv, bias = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64)), _spec(jax, shape, dtype)
+
+    def f(q, k, v, bias):
+        return sj.attention(q, k, v, bias=bias)
+
+    with pytest.raises(stridedfa.LayoutError, match=message):
+        if how == "eval_shape":
+            jax.eval_shape(f, q, kv, kv, bias)
+        elif how == "jit_lower":
+            jax.jit(f).lower(q, kv, kv, bias)
+        else:
+            jax.jit(jax.grad(lambda *a: f(*a).astype("float32").sum(), 3)).lower(q, kv, kv, bias)
+
+
+def test_dispatcher_passes_bias_to_the_jax_adapter(sj, jax):
+    """stridedfa.attention on jax arrays takes (b, h, s, d) arrays (layout bhsd) and the bias with them."""
+    q, kv, bias = _spec(jax, (2, 8, 128, 64)), _spec(jax, (2, 2, 256, 64)), _spec(jax, (128, 256))
+    out = jax.eval_shape(lambda q, k, v, b: stridedfa.attention(q, k, v, bias=b), q, kv, kv, bias)
+    assert out.shape == (2, 8, 128, 64)
+    grad = jax.eval_shape(jax.grad(lambda b, q, k, v: stridedfa.attention(q, k, v, bias=b).astype("float32").sum()),
+                          bias, q, kv, kv)
+    assert grad.shape == (128, 256)
+    with pytest.raises(stridedfa.LayoutError, match="bias: shape"):
+        jax.eval_shape(lambda q, k, v, b: stridedfa.attention(q, k, v, bias=b), q, kv, kv, _spec(jax, (3, 128, 256)))
+
+
 def test_traced_scale_is_refused(sj, jax):
     q = _spec(jax, (1, 16, 2, 64))
     with pytest.raises(TypeError, match="static"):
@@ -444,9 +598,10 @@ def test_handlers_decode_every_operand_and_attribute(sj):
         padded = sj._Options("bshd", 0.5, True, "bottom_right", window=(7, None), softcap=30.0,
                              deterministic=True, padded=True)
         sinks = (jnp.zeros((2,), jnp.float32),)
-        def backward(q, k, v, lengths=(), options=options, sinks=()):  # inputs made up, not computed
+        bias = (jnp.zeros((16, 32), jnp.bfloat16),)
+        def backward(q, k, v, lengths=(), options=options, sinks=(), bias=(), bias_wanted=()):  # inputs made up
             out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)
-            return sj._attention_bwd(options, (q, k, v, lengths, sinks, out, lse), out)
+            return sj._attention_bwd(options, (q, k, v, lengths, sinks, bias, bias_wanted, out, lse), out)
         def wrong_attribute_type(q, k, v):
             attributes = dict(options.attributes(), scale=np.float32(0.5))
             return jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))(
@@ -460,6 +615,12 @@ def test_handlers_decode_every_operand_and_attribute(sj):
             "backward_padded": lambda q, k, v: backward(q, k, v, lengths, padded),
             "forward_sinks": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, with_lse=True),
             "backward_sinks": lambda q, k, v: backward(q, k, v, lengths, padded, sinks),
+            "inference_bias": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, False, bias)[0],
+            "forward_bias": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, True, bias),
+            "backward_bias": lambda q, k, v: backward(q, k, v, bias=bias, bias_wanted=bias),
+            "backward_constant_bias": lambda q, k, v: backward(q, k, v, bias=bias),
+            "forward_all": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, True, bias),
+            "backward_all": lambda q, k, v: backward(q, k, v, lengths, padded, sinks, bias, bias),
             "control": wrong_attribute_type,
         }
         for name, f in calls.items():
@@ -474,7 +635,8 @@ def test_handlers_decode_every_operand_and_attribute(sj):
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
     decoded = ("inference", "forward", "backward", "inference_padded", "forward_padded", "backward_padded",
-               "forward_sinks", "backward_sinks")
+               "forward_sinks", "backward_sinks", "inference_bias", "forward_bias", "backward_bias",
+               "backward_constant_bias", "forward_all", "backward_all")
     assert set(lines) == {*decoded, "control"}, result.stdout
     for name in decoded:
         assert "bad operands at: 0)" in lines[name], (name, lines[name])
