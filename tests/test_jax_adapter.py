@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import stridedfa
@@ -173,6 +174,114 @@ def test_core_validation_of_handler_views_is_typed():
         _core._jax_validate(False, 0, (qs, qs, qs, qs, (B, H_Q, S_Q)), "int8")
 
 
+# --- The score bias: its views, validation and graph keys (no JAX needed) --------------------------
+
+BIAS_SHAPES = [(B, H_Q, S_Q, S_KV), (1, H_Q, S_Q, S_KV), (B, 1, 1, S_KV), (S_Q, S_KV), (S_KV,), (H_Q, 1, S_KV)]
+JAX_FORWARD = ((B, S_Q, H_Q, D), (B, S_KV, H_KV, D), (B, S_KV, H_KV, D), (B, S_Q, H_Q, D), (B, H_Q, S_Q))
+JAX_BACKWARD = JAX_FORWARD[:5] + (JAX_FORWARD[0], JAX_FORWARD[0], JAX_FORWARD[1], JAX_FORWARD[2])
+
+
+def _bias(shape, slot=13, dtype="bfloat16"):
+    return _fake(shape, row_major(shape), dtype, slot)
+
+
+@pytest.mark.parametrize("bias_shape", BIAS_SHAPES, ids=str)
+def test_bias_graph_keys_equal_other_callers(bias_shape):
+    """A JAX call with a bias of its own rank (the core broadcasts it) keys the graph of an
+    sdpa_forward / sdpa_backward call with a dense bias of that shape; the bias is in the key."""
+    q, k, v = _bshd_view(B, H_Q, S_Q, D, slot=0), _bshd_view(B, H_KV, S_KV, D, slot=1), \
+        _bshd_view(B, H_KV, S_KV, D, slot=2)
+    out, grad_out = _bshd_view(B, H_Q, S_Q, D, slot=3), _bshd_view(B, H_Q, S_Q, D, slot=5)
+    lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4)
+    grads = (_bshd_view(B, H_Q, S_Q, D, slot=6), _bshd_view(B, H_KV, S_KV, D, slot=7),
+             _bshd_view(B, H_KV, S_KV, D, slot=8))
+    bias = (bias_shape, "bfloat16")
+    forward = _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", causal=True, bias=bias)
+    assert forward == _core._forward_graph_key(q, k, v, out, lse, causal=True, bias=_bias(bias_shape))
+    assert forward != _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", causal=True)
+    backward = _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", causal=True, bias=bias)
+    assert backward == _core._backward_graph_key(q, k, v, out, grad_out, lse, *grads, causal=True,
+                                                 bias=_bias(bias_shape), grad_bias=_bias(bias_shape, 14))
+    assert backward != _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", causal=True)
+    # A bias that is not differentiated: the backward reads it and computes no grad_bias.
+    constant = _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", causal=True, bias=bias, grad_bias=False)
+    assert constant == _core._backward_graph_key(q, k, v, out, grad_out, lse, *grads, causal=True,
+                                                 bias=_bias(bias_shape))
+    assert constant not in (backward, _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", causal=True))
+
+
+def test_bias_shapes_are_part_of_the_key():
+    keys = {shape: _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", bias=(shape, "bfloat16"))
+            for shape in [(B, H_Q, S_Q, S_KV), (1, H_Q, S_Q, S_KV), (B, 1, 1, S_KV), (1, 1, S_Q, S_KV)]}
+    assert len(set(keys.values())) == len(keys)
+    # Fewer axes are leading axes of 1: the same graph as the 4-axis spelling.
+    assert _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", bias=((S_Q, S_KV), "bfloat16")) == \
+        keys[(1, 1, S_Q, S_KV)]
+
+
+@pytest.mark.parametrize("bias_shape", BIAS_SHAPES, ids=str)
+@pytest.mark.parametrize("backward, grad_bias", [(False, False), (True, True), (True, False)])
+def test_bias_of_its_own_rank_validates(bias_shape, backward, grad_bias):
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    problem = _core._jax_validate(backward, 0, shapes, "bfloat16", bias=(bias_shape, "bfloat16"), grad_bias=grad_bias)
+    assert (problem["b"], problem["h_q"], problem["s_q"], problem["s_kv"]) == (B, H_Q, S_Q, S_KV)
+
+
+@pytest.mark.parametrize("bias, message", [
+    (((B, 3, S_Q, S_KV), "bfloat16"), r"bias: shape \(2, 3, 128, 256\) is not broadcastable .* axis 1 \(heads\) is 3"),
+    (((S_Q, S_KV + 1), "bfloat16"), r"axis 1 \(seq of k\) is 257, expected 256"),
+    (((S_KV, S_Q), "bfloat16"), "is not broadcastable"),
+    (((1, B, H_Q, S_Q, S_KV), "bfloat16"), "expected up to 4 axes"),
+    (((), "bfloat16"), "expected up to 4 axes"),
+    (((S_Q, S_KV), "float16"), "share one dtype"),
+    (((S_Q, S_KV), "float32"), "bias: dtype float32 is not supported"),
+])
+@pytest.mark.parametrize("backward", [False, True])
+def test_bad_bias_is_refused_by_the_core(bias, message, backward):
+    with pytest.raises(stridedfa.LayoutError, match=message):
+        _core._jax_validate(backward, 0, JAX_BACKWARD if backward else JAX_FORWARD, "bfloat16", bias=bias)
+
+
+def _vmapped(calls, shapes):
+    return tuple(None if shape is None else (calls, *shape) for shape in shapes)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_vmapped_bias_with_the_batch_axis_folds_into_the_batch(backward):
+    """Under jax.vmap every operand gets the mapped axes in front (vmap_method broadcast_all). A
+    bias with q's batch axis folds with them into the batch, like q; the key is that of the same
+    problem with the batch folded by hand."""
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    for bias_shape in [(B, H_Q, S_Q, S_KV), (B, 1, 1, S_KV)]:
+        problem = _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16",
+                                      bias=((3, *bias_shape), "bfloat16"))
+        assert problem["b"] == 3 * B
+        folded = tuple(None if s is None else (3 * B, *s[1:]) for s in shapes)
+        assert _core._jax_graph_key(backward, 0, _vmapped(3, shapes), "bfloat16", bias=((3, *bias_shape), "bfloat16")) \
+            == _core._jax_graph_key(backward, 0, folded, "bfloat16", bias=((3 * B, *bias_shape[1:]), "bfloat16"))
+
+
+@pytest.mark.parametrize("bias_shape", [(S_Q, S_KV), (1, H_Q, S_Q, S_KV), (H_Q, 1, S_KV)], ids=str)
+@pytest.mark.parametrize("backward", [False, True])
+def test_vmapped_bias_shared_across_the_batch_is_refused(bias_shape, backward):
+    """A bias without q's batch axis cannot fold with vmap's axes into one batch stride: refused
+    with the way out, never read wrongly."""
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    with pytest.raises(stridedfa.LayoutError, match=r"bias: under jax.vmap .* needs q's batch axis: give it shape "
+                                                    r"\(2, heads of q or 1, seq of q or 1, seq of k\)"):
+        _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16", bias=((3, *bias_shape), "bfloat16"))
+
+
+def test_vmapped_bias_of_one_batch_or_one_call_folds():
+    """With a batch of 1, or a mapped axis of extent 1, a shared bias is still one stride."""
+    one = tuple(None if s is None else (1, *s[1:]) for s in JAX_FORWARD)
+    assert _core._jax_validate(False, 0, _vmapped(3, one), "bfloat16", bias=((3, S_Q, S_KV), "bfloat16"))["b"] == 3
+    assert _core._jax_validate(False, 0, _vmapped(1, JAX_FORWARD), "bfloat16",
+                               bias=((1, S_Q, S_KV), "bfloat16"))["b"] == B
+    with pytest.raises(stridedfa.LayoutError, match="besides jax.vmap's 1"):
+        _core._jax_validate(False, 0, _vmapped(3, JAX_FORWARD), "bfloat16", bias=((3,), "bfloat16"))
+
+
 # --- With JAX (CPU backend) ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -306,6 +415,159 @@ def test_bad_calls_raise_typed_errors_while_tracing(sj, jax, q, k, v, dtypes, kw
             jax.jit(f).lower(*args)
 
 
+# The bias in the caller's terms: logical (batch, h_q, s_q, s_kv) axes in either layout.
+JAX_BIAS_SHAPES = [(2, 8, 128, 256), (1, 8, 128, 256), (2, 1, 1, 256), (128, 256), (256,), (8, 1, 256)]
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("bias_shape", JAX_BIAS_SHAPES, ids=str)
+def test_bias_shapes_and_its_cotangent(sj, jax, layout, bias_shape):
+    """The bias' cotangent has the bias' own shape and dtype (after jnp.asarray), for every
+    broadcastable shape, under jax.grad and jax.jit."""
+    shape = (lambda b, h, s, d: (b, s, h, d)) if layout == "bshd" else (lambda b, h, s, d: (b, h, s, d))
+    q, kv = _spec(jax, shape(2, 8, 128, 64), "float16"), _spec(jax, shape(2, 2, 256, 64), "float16")
+    bias = _spec(jax, bias_shape, "float16")
+
+    def loss(q, k, v, bias):
+        return sj.attention(q, k, v, layout=layout, causal=True, bias=bias).astype("float32").sum()
+
+    out = jax.eval_shape(lambda q, k, v, b: sj.attention(q, k, v, layout=layout, bias=b), q, kv, kv, bias)
+    assert (out.shape, str(out.dtype)) == (shape(2, 8, 128, 64), "float16")
+    grads = jax.eval_shape(jax.jit(jax.grad(loss, (0, 1, 2, 3))), q, kv, kv, bias)
+    assert [(g.shape, str(g.dtype)) for g in grads] == [(x.shape, "float16") for x in (q, kv, kv, bias)]
+    with_lse = jax.eval_shape(jax.grad(lambda q, k, v, b: sj.attention(q, k, v, layout=layout, bias=b,
+                                                                       return_lse=True)[0].sum(), 3),
+                              q, kv, kv, bias)
+    assert with_lse.shape == bias_shape
+
+
+def test_bias_as_numpy_array(sj, jax):
+    """A NumPy bias goes through jnp.asarray; one of another dtype than q's is refused with the cast to make."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (1, 16, 2, 64)), _spec(jax, (1, 32, 1, 64))
+    bias = np.zeros((16, 32), jnp.bfloat16)
+    out = jax.eval_shape(lambda q, k, v: sj.attention(q, k, v, bias=bias), q, kv, kv)
+    assert out.shape == (1, 16, 2, 64)
+    with pytest.raises(stridedfa.LayoutError, match=r"bias: dtype float32 is not q's dtype bfloat16"):
+        jax.eval_shape(lambda q, k, v: sj.attention(q, k, v, bias=np.zeros((16, 32), np.float32)), q, kv, kv)
+
+
+def test_lowering_with_bias_announces_its_operands(sj, jax):
+    """The optional operands are named by the `optional_operands` attribute (1 lengths, 2 sinks,
+    4 bias, 8 grad_bias), in the forward and in the backward, whose trailing results are grad_sinks,
+    then grad_bias only when the bias is differentiated."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
+    bias, sinks, lengths = _spec(jax, (1, 8, 128, 256)), _spec(jax, (8,), "float32"), _spec(jax, (2,), "int32")
+
+    def inference(q, k, v, bias):
+        return sj.attention(q, k, v, bias=bias)
+
+    calls = _custom_calls(jax.jit(inference).lower(q, kv, kv, bias).as_text())
+    assert len(calls) == 1 and "optional_operands = 4 : i64" in calls[0], calls
+
+    def loss(q, k, v, bias, sinks, lengths):
+        out = sj.attention(q, k, v, bias=bias, sinks=sinks, seqlens_kv=lengths, causal=True)
+        return out.astype(jnp.float32).sum()
+
+    def results(call):
+        return call.rsplit("->", 1)[1]
+
+    for argnums, backward_bits, gradients in [((0, 1, 2, 3, 4), 15, 5), ((0, 1, 2, 4), 7, 4), ((0,), 7, 4)]:
+        text = jax.jit(jax.grad(loss, argnums)).lower(q, kv, kv, bias, sinks, lengths).as_text()
+        calls = _custom_calls(text)
+        assert len(calls) == 2 and "@stridedfa_sdpa_backward(" in calls[1], calls
+        assert "optional_operands = 7 : i64" in calls[0], calls[0]
+        assert f"optional_operands = {backward_bits} : i64" in calls[1], (argnums, calls[1])
+        # grad_q, grad_k, grad_v, grad_sinks (f32 (8,)) and, when wanted, grad_bias (bf16 (1, 8, 128, 256)).
+        assert results(calls[1]).count("tensor<") == gradients and "tensor<8xf32>" in results(calls[1])
+        assert ("tensor<1x8x128x256xbf16>" in results(calls[1])) == (gradients == 5)
+    without = _custom_calls(jax.jit(jax.grad(lambda q, k, v: sj.attention(q, k, v).astype(jnp.float32).sum()))
+                            .lower(q, kv, kv).as_text())
+    assert all("optional_operands = 0 : i64" in call for call in without), without
+
+
+def test_constant_bias_gets_no_gradient_and_lse_alone_differentiates(sj, jax):
+    """A bias that is not differentiated (closed over, or not among argnums) has no grad_bias in
+    the backward; with return_lse a loss of lse alone still lowers (out's cotangent a symbolic zero)."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
+    mask = jnp.zeros((2, 1, 1, 256), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return sj.attention(q, k, v, bias=mask).astype(jnp.float32).sum()
+
+    calls = _custom_calls(jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv).as_text())
+    assert "optional_operands = 4 : i64" in calls[1] and calls[1].rsplit("->", 1)[1].count("tensor<") == 3, calls
+    grads = jax.eval_shape(jax.grad(loss, (0, 1, 2)), q, kv, kv)
+    assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
+
+    def lse_loss(q, k, v, bias):
+        return sj.attention(q, k, v, bias=bias, return_lse=True)[1].sum()
+
+    grads = jax.eval_shape(jax.jit(jax.grad(lse_loss, (0, 3))), q, kv, kv, _spec(jax, (2, 1, 1, 256)))
+    assert [g.shape for g in grads] == [q.shape, (2, 1, 1, 256)]
+
+
+def test_vmapped_bias_shapes(sj, jax):
+    """Abstractly every bias is fine under jax.vmap (a shared one is refused when the call runs):
+    shapes and cotangents carry the mapped axis."""
+    q, kv = _spec(jax, (3, 2, 128, 8, 64)), _spec(jax, (3, 2, 256, 2, 64))
+    bias = _spec(jax, (3, 2, 1, 1, 256))
+
+    def loss(q, k, v, bias):
+        return sj.attention(q, k, v, bias=bias).astype("float32").sum()
+
+    out = jax.eval_shape(jax.vmap(lambda q, k, v, b: sj.attention(q, k, v, bias=b)), q, kv, kv, bias)
+    assert out.shape == (3, 2, 128, 8, 64)
+    grads = jax.eval_shape(jax.vmap(jax.grad(loss, (0, 3))), q, kv, kv, bias)
+    assert [g.shape for g in grads] == [q.shape, bias.shape]
+    shared = jax.eval_shape(jax.vmap(jax.grad(loss, 3), in_axes=(0, 0, 0, None)), q, kv, kv, _spec(jax, (2, 1, 1, 256)))
+    assert shared.shape == (3, 2, 1, 1, 256)
+
+
+BAD_BIAS = [
+    # (bias shape, dtype, error message)
+    ((2, 8, 128, 256), "float32", r"bias: dtype float32 is not q's dtype bfloat16; .* bias.astype\(q.dtype\)"),
+    ((2, 8, 128, 256), "float16", "bias: dtype float16 is not q's dtype bfloat16"),
+    ((2, 3, 128, 256), "bfloat16", r"bias: shape \(2, 3, 128, 256\) is not broadcastable .* axis 1 \(heads\) is 3"),
+    ((3, 8, 128, 256), "bfloat16", r"axis 0 \(batch\) is 3, expected 2 or 1"),
+    ((128, 128), "bfloat16", r"axis 1 \(seq of k\) is 128, expected 256"),
+    ((256, 128), "bfloat16", "is not broadcastable"),
+    ((1, 2, 8, 128, 256), "bfloat16", "bias: expected up to 4 axes"),
+    ((), "bfloat16", "bias: expected up to 4 axes"),
+]
+
+
+@pytest.mark.parametrize("shape, dtype, message", BAD_BIAS)
+@pytest.mark.parametrize("how", ["eval_shape", "jit_lower", "grad"])
+def test_bad_bias_raises_typed_errors_while_tracing(sj, jax, shape, dtype, message, how):
+    q, kv, bias = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64)), _spec(jax, shape, dtype)
+
+    def f(q, k, v, bias):
+        return sj.attention(q, k, v, bias=bias)
+
+    with pytest.raises(stridedfa.LayoutError, match=message):
+        if how == "eval_shape":
+            jax.eval_shape(f, q, kv, kv, bias)
+        elif how == "jit_lower":
+            jax.jit(f).lower(q, kv, kv, bias)
+        else:
+            jax.jit(jax.grad(lambda *a: f(*a).astype("float32").sum(), 3)).lower(q, kv, kv, bias)
+
+
+def test_dispatcher_passes_bias_to_the_jax_adapter(sj, jax):
+    """stridedfa.attention on jax arrays takes (b, h, s, d) arrays (layout bhsd) and the bias with them."""
+    q, kv, bias = _spec(jax, (2, 8, 128, 64)), _spec(jax, (2, 2, 256, 64)), _spec(jax, (128, 256))
+    out = jax.eval_shape(lambda q, k, v, b: stridedfa.attention(q, k, v, bias=b), q, kv, kv, bias)
+    assert out.shape == (2, 8, 128, 64)
+    grad = jax.eval_shape(jax.grad(lambda b, q, k, v: stridedfa.attention(q, k, v, bias=b).astype("float32").sum()),
+                          bias, q, kv, kv)
+    assert grad.shape == (128, 256)
+    with pytest.raises(stridedfa.LayoutError, match="bias: shape"):
+        jax.eval_shape(lambda q, k, v, b: stridedfa.attention(q, k, v, bias=b), q, kv, kv, _spec(jax, (3, 128, 256)))
+
+
 def test_traced_scale_is_refused(sj, jax):
     q = _spec(jax, (1, 16, 2, 64))
     with pytest.raises(TypeError, match="static"):
@@ -336,9 +598,10 @@ def test_handlers_decode_every_operand_and_attribute(sj):
         padded = sj._Options("bshd", 0.5, True, "bottom_right", window=(7, None), softcap=30.0,
                              deterministic=True, padded=True)
         sinks = (jnp.zeros((2,), jnp.float32),)
-        def backward(q, k, v, lengths=(), options=options, sinks=()):  # inputs made up, not computed
+        bias = (jnp.zeros((16, 32), jnp.bfloat16),)
+        def backward(q, k, v, lengths=(), options=options, sinks=(), bias=(), bias_wanted=()):  # inputs made up
             out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)
-            return sj._attention_bwd(options, (q, k, v, lengths, sinks, out, lse), out)
+            return sj._attention_bwd(options, (q, k, v, lengths, sinks, bias, bias_wanted, out, lse), out)
         def wrong_attribute_type(q, k, v):
             attributes = dict(options.attributes(), scale=np.float32(0.5))
             return jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))(
@@ -352,6 +615,12 @@ def test_handlers_decode_every_operand_and_attribute(sj):
             "backward_padded": lambda q, k, v: backward(q, k, v, lengths, padded),
             "forward_sinks": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, with_lse=True),
             "backward_sinks": lambda q, k, v: backward(q, k, v, lengths, padded, sinks),
+            "inference_bias": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, False, bias)[0],
+            "forward_bias": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, True, bias),
+            "backward_bias": lambda q, k, v: backward(q, k, v, bias=bias, bias_wanted=bias),
+            "backward_constant_bias": lambda q, k, v: backward(q, k, v, bias=bias),
+            "forward_all": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, True, bias),
+            "backward_all": lambda q, k, v: backward(q, k, v, lengths, padded, sinks, bias, bias),
             "control": wrong_attribute_type,
         }
         for name, f in calls.items():
@@ -366,7 +635,8 @@ def test_handlers_decode_every_operand_and_attribute(sj):
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
     decoded = ("inference", "forward", "backward", "inference_padded", "forward_padded", "backward_padded",
-               "forward_sinks", "backward_sinks")
+               "forward_sinks", "backward_sinks", "inference_bias", "forward_bias", "backward_bias",
+               "backward_constant_bias", "forward_all", "backward_all")
     assert set(lines) == {*decoded, "control"}, result.stdout
     for name in decoded:
         assert "bad operands at: 0)" in lines[name], (name, lines[name])

@@ -101,6 +101,55 @@ TensorView lengths_view(const char* name, const int64_t* dims, int64_t rank, DLD
   return t;
 }
 
+TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch,
+                       DLDataType dtype, int32_t device, std::uintptr_t data) {
+  if (rank > kMaxDims) {
+    throw LayoutError(std::string(name) + ": " + std::to_string(rank) + " axes; stridedfa reads at most " +
+                      std::to_string(kMaxDims));
+  }
+  if (mapped <= 0) {  // the caller's own axes: the validator checks their number and extents
+    TensorView t = dense_view(name, static_cast<int32_t>(rank), dtype, device, data);
+    int64_t stride = 1;
+    for (int64_t i = rank - 1; i >= 0; --i) {
+      t.dims[i] = dims[i];
+      t.strides[i] = stride;
+      stride *= dims[i];
+    }
+    return t;
+  }
+  const int64_t own = rank - mapped;
+  if (own < 1 || own > 4) {
+    throw LayoutError(std::string(name) + ": expected 1 to 4 axes broadcastable to (batch, heads of q, seq of q, " +
+                      "seq of k) besides jax.vmap's " + std::to_string(mapped) + ", got " + std::to_string(own));
+  }
+  int64_t calls = 1;  // the mapped axes' extents
+  for (int64_t i = 0; i < mapped; ++i) calls *= dims[i];
+  int64_t logical[4];
+  int8_t caller[4];
+  for (int axis = 0; axis < 4; ++axis) {
+    const int64_t from = axis - (4 - own);
+    logical[axis] = from >= 0 ? dims[mapped + from] : 1;
+    caller[axis] = static_cast<int8_t>(from >= 0 ? from : -1);  // the caller's axis numbers, per mapped call
+  }
+  const int64_t per_call = calls > 0 ? batch / calls : 0;
+  if (calls > 1 && logical[0] != per_call) {
+    throw LayoutError(std::string(name) + ": under jax.vmap the bias folds into the batch with q, so it needs q's " +
+                      "batch axis: give it shape (" + std::to_string(per_call) + ", heads of q or 1, seq of q or 1, " +
+                      "seq of k), e.g. jnp.broadcast_to(bias, (" + std::to_string(per_call) + ", " +
+                      std::to_string(logical[1]) + ", " + std::to_string(logical[2]) + ", " +
+                      std::to_string(logical[3]) + ")); a bias shared across the batch (extent 1 or fewer " +
+                      "axes) is not supported under jax.vmap.");
+  }
+  TensorView t = dense_view(name, 4, dtype, device, data);
+  const int64_t strides[4] = {logical[1] * logical[2] * logical[3], logical[2] * logical[3], logical[3], 1};
+  for (int axis = 0; axis < 4; ++axis) {
+    t.dims[axis] = axis == 0 ? calls * logical[0] : logical[axis];
+    t.strides[axis] = strides[axis];
+    t.caller_axes[axis] = caller[axis];
+  }
+  return t;
+}
+
 namespace {
 
 using Stream = CUstream_st*;
@@ -147,6 +196,7 @@ struct Attrs {
   double softcap;
   bool deterministic;
   int64_t layout;
+  int64_t optional_operands;  // OptionalOperand bits
 };
 
 SdpaOptions options_of(const Attrs& a) {
@@ -166,28 +216,64 @@ SdpaOptions options_of(const Attrs& a) {
   return o;
 }
 
-// The optional trailing arguments, told apart by their count: none, (sinks), (seqlens_q,
-// seqlens_kv) or (seqlens_q, seqlens_kv, sinks).
-void read_rest(const ffi::RemainingArgs& rest, int32_t device, TensorView& seqlens_q, TensorView& seqlens_kv,
-               TensorView& sinks) {
-  if (rest.size() > 3) {
-    throw LayoutError("expected at most three trailing arguments (seqlens_q, seqlens_kv, sinks), got " +
-                      std::to_string(rest.size()));
+// Where read_rest puts the optional operands.
+struct Optional {
+  TensorView& seqlens_q;
+  TensorView& seqlens_kv;
+  TensorView& sinks;
+  TensorView& bias;
+};
+
+// How many trailing arguments the OptionalOperand bits `present` announce.
+int64_t count_optional(int64_t present, bool backward) {
+  const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias : 0);
+  if (present < 0 || (present & ~known) != 0 || ((present & kWithGradBias) && !(present & kWithBias))) {
+    throw LayoutError("unknown optional_operands code " + std::to_string(present) +
+                      " (bits: 1 seqlens_q and seqlens_kv, 2 sinks, 4 bias, 8 grad_bias: backward, with bias)");
   }
-  auto read = [&](size_t i, const char* name, TensorView& view, bool per_head) {
-    const auto buffer = rest.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) throw LayoutError(std::string(name) + ": not an array");
-    const auto dims = buffer->dimensions();
-    const auto dtype = dl_dtype(name, buffer->element_type());
-    const auto data = reinterpret_cast<std::uintptr_t>(buffer->untyped_data());
+  return ((present & kWithLengths) ? 2 : 0) + ((present & kWithSinks) ? 1 : 0) + ((present & kWithBias) ? 1 : 0);
+}
+
+// A bias (or its gradient) buffer as the core's view: q's buffer has 4 axes plus those jax.vmap put
+// in front of every operand (vmap_method "broadcast_all"), which the bias folds into q's batch.
+TensorView bias_of(const char* name, const ffi::AnyBuffer& buffer, const ffi::AnyBuffer& q, const TensorView& q_view,
+                   int32_t device) {
+  const auto dims = buffer.dimensions();
+  return scores_view(name, dims.begin(), static_cast<int64_t>(dims.size()),
+                     static_cast<int64_t>(q.dimensions().size()) - 4, q_view.dims[0],
+                     dl_dtype(name, buffer.element_type()), device,
+                     reinterpret_cast<std::uintptr_t>(buffer.untyped_data()));
+}
+
+// The trailing arguments `present` (OptionalOperand bits) announces, in that order: seqlens_q and
+// seqlens_kv, sinks, bias. `q` is q's buffer and `q_view` its view (see bias_of).
+void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, const ffi::AnyBuffer& q,
+               const TensorView& q_view, int32_t device, Optional views) {
+  const int64_t expected = count_optional(present, backward);
+  if (static_cast<int64_t>(rest.size()) != expected) {
+    throw LayoutError("optional_operands " + std::to_string(present) + " announces " + std::to_string(expected) +
+                      " trailing arguments, got " + std::to_string(rest.size()));
+  }
+  size_t next = 0;
+  auto buffer = [&](const char* name) {
+    const auto b = rest.get<ffi::AnyBuffer>(next++);
+    if (b.has_error()) throw LayoutError(std::string(name) + ": not an array");
+    return *b;
+  };
+  auto read = [&](const char* name, TensorView& view, bool per_head) {
+    const auto b = buffer(name);
+    const auto dims = b.dimensions();
+    const auto dtype = dl_dtype(name, b.element_type());
+    const auto data = reinterpret_cast<std::uintptr_t>(b.untyped_data());
     view = per_head ? per_head_view(name, dims.begin(), static_cast<int64_t>(dims.size()), dtype, device, data)
                     : lengths_view(name, dims.begin(), static_cast<int64_t>(dims.size()), dtype, device, data);
   };
-  if (rest.size() >= 2) {
-    read(0, "seqlens_q", seqlens_q, false);
-    read(1, "seqlens_kv", seqlens_kv, false);
+  if (present & kWithLengths) {
+    read("seqlens_q", views.seqlens_q, false);
+    read("seqlens_kv", views.seqlens_kv, false);
   }
-  if (rest.size() % 2 == 1) read(rest.size() - 1, "sinks", sinks, true);
+  if (present & kWithSinks) read("sinks", views.sinks, true);
+  if (present & kWithBias) views.bias = bias_of("bias", buffer("bias"), q, q_view, device);
 }
 
 // cuDNN's workspace comes from XLA's allocator; it is released when the handler returns, which is
@@ -234,7 +320,8 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
     args.v = array_of("v", v, layout, device);
     args.out = array_of("out", out, layout, device);
     if (lse) args.lse = stats_of("lse", *lse, device);
-    read_rest(rest, device, args.seqlens_q, args.seqlens_kv, args.sinks);
+    read_rest(rest, attrs.optional_operands, false, q, args.q, device,
+              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias});
     launch(prepare_forward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -246,20 +333,27 @@ ffi::Error forward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scr
                         ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, double scale, bool has_scale, bool causal,
                         int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
-                        bool deterministic, int64_t layout) {
-  return forward(
-      stream, device, scratch, q, k, v, rest, *out, &*lse,
-      {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout});
+                        bool deterministic, int64_t layout, int64_t optional_operands) {
+  return forward(stream, device, scratch, q, k, v, rest, *out, &*lse,
+                 {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout,
+                  optional_operands});
 }
 
 ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                                   ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest,
                                   ffi::Result<ffi::AnyBuffer> out, double scale, bool has_scale, bool causal,
                                   int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
-                                  bool deterministic, int64_t layout) {
-  return forward(
-      stream, device, scratch, q, k, v, rest, *out, nullptr,
-      {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout});
+                                  bool deterministic, int64_t layout, int64_t optional_operands) {
+  return forward(stream, device, scratch, q, k, v, rest, *out, nullptr,
+                 {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout,
+                  optional_operands});
+}
+
+// The backward's trailing result `i` (the sinks' or the bias' gradient).
+ffi::AnyBuffer result_at(const ffi::RemainingRets& more, size_t i, const char* name) {
+  auto result = more.get<ffi::AnyBuffer>(i);
+  if (result.has_error()) throw LayoutError(std::string(name) + ": not an array");
+  return **result;
 }
 
 ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
@@ -267,8 +361,8 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
                          ffi::AnyBuffer grad_out, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> grad_q,
                          ffi::Result<ffi::AnyBuffer> grad_k, ffi::Result<ffi::AnyBuffer> grad_v,
                          ffi::RemainingRets more, double scale, bool has_scale, bool causal, int64_t causal_alignment,
-                         int64_t window_left, int64_t window_right, double softcap, bool deterministic,
-                         int64_t layout) {
+                         int64_t window_left, int64_t window_right, double softcap, bool deterministic, int64_t layout,
+                         int64_t optional_operands) {
   try {
     const auto array_layout = static_cast<ArrayLayout>(layout);
     BackwardArgs args;
@@ -281,17 +375,28 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     args.grad_q = array_of("grad_q", *grad_q, array_layout, device);
     args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
     args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
-    read_rest(rest, device, args.seqlens_q, args.seqlens_kv, args.sinks);
-    if (args.sinks.present && more.size() == 1) {  // the sinks' gradient
-      auto grad_sinks = more.get<ffi::AnyBuffer>(0);
-      if (grad_sinks.has_error()) throw LayoutError("grad_sinks: not an array");
-      const auto dims = (*grad_sinks)->dimensions();
-      args.grad_sinks = per_head_view("grad_sinks", dims.begin(), static_cast<int64_t>(dims.size()),
-                                      dl_dtype("grad_sinks", (*grad_sinks)->element_type()), device,
-                                      reinterpret_cast<std::uintptr_t>((*grad_sinks)->untyped_data()));
+    read_rest(rest, optional_operands, true, q, args.q, device,
+              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias});
+    // The optional gradients: grad_sinks with sinks, then grad_bias where asked for.
+    const bool with_sinks = (optional_operands & kWithSinks) != 0;
+    const bool with_bias = (optional_operands & kWithGradBias) != 0;
+    const size_t gradients = (with_sinks ? 1 : 0) + (with_bias ? 1 : 0);
+    if (more.size() != gradients) {
+      throw LayoutError("optional_operands " + std::to_string(optional_operands) + " announces " +
+                        std::to_string(gradients) + " trailing results (grad_sinks, grad_bias), got " +
+                        std::to_string(more.size()));
     }
-    const Attrs attrs{scale,   has_scale,     causal, causal_alignment, window_left, window_right,
-                      softcap, deterministic, layout};
+    size_t next = 0;
+    if (with_sinks) {
+      const auto grad_sinks = result_at(more, next++, "grad_sinks");
+      const auto dims = grad_sinks.dimensions();
+      args.grad_sinks = per_head_view("grad_sinks", dims.begin(), static_cast<int64_t>(dims.size()),
+                                      dl_dtype("grad_sinks", grad_sinks.element_type()), device,
+                                      reinterpret_cast<std::uintptr_t>(grad_sinks.untyped_data()));
+    }
+    if (with_bias) args.grad_bias = bias_of("grad_bias", result_at(more, next++, "grad_bias"), q, args.q, device);
+    const Attrs attrs{scale,        has_scale, causal,        causal_alignment, window_left,
+                      window_right, softcap,   deterministic, layout,           optional_operands};
     launch(prepare_backward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -311,7 +416,8 @@ auto with_attrs(Binding binding) {
       .template Attr<int64_t>("window_right")
       .template Attr<double>("softcap")
       .template Attr<bool>("deterministic")
-      .template Attr<int64_t>("layout");
+      .template Attr<int64_t>("layout")
+      .template Attr<int64_t>("optional_operands");
 }
 
 // The execution context every handler takes: XLA's stream, the device ordinal, its scratch memory.
@@ -328,7 +434,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_forward, stridedfa::jax_ffi::fo
                                                                  .Arg<ffi::AnyBuffer>()     // q
                                                                  .Arg<ffi::AnyBuffer>()     // k
                                                                  .Arg<ffi::AnyBuffer>()     // v
-                                                                 .RemainingArgs()           // lengths
+                                                                 .RemainingArgs()           // optional operands
                                                                  .Ret<ffi::AnyBuffer>()     // out
                                                                  .Ret<ffi::AnyBuffer>()));  // lse
 
@@ -337,7 +443,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_forward_inference, stridedfa::j
                                                                  .Arg<ffi::AnyBuffer>()     // q
                                                                  .Arg<ffi::AnyBuffer>()     // k
                                                                  .Arg<ffi::AnyBuffer>()     // v
-                                                                 .RemainingArgs()           // lengths
+                                                                 .RemainingArgs()           // optional operands
                                                                  .Ret<ffi::AnyBuffer>()));  // out
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_backward, stridedfa::jax_ffi::backward_impl,
@@ -348,11 +454,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(stridedfa_jax_sdpa_backward, stridedfa::jax_ffi::b
                                                                  .Arg<ffi::AnyBuffer>()  // out
                                                                  .Arg<ffi::AnyBuffer>()  // lse
                                                                  .Arg<ffi::AnyBuffer>()  // grad_out
-                                                                 .RemainingArgs()        // lengths
+                                                                 .RemainingArgs()        // optional operands
                                                                  .Ret<ffi::AnyBuffer>()  // grad_q
                                                                  .Ret<ffi::AnyBuffer>()  // grad_k
                                                                  .Ret<ffi::AnyBuffer>()  // grad_v
-                                                                 .RemainingRets()));     // grad_sinks
+                                                                 .RemainingRets()));     // grad_sinks, grad_bias
 
 namespace stridedfa::jax_ffi {
 

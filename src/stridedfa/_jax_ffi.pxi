@@ -5,6 +5,14 @@
 # device addresses) and runs the core's validator on them, so a JAX call is refused before
 # anything is compiled or launched exactly when the handler would refuse it.
 
+cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
+    # The score bias' view. Declared here only to keep the bias change inside the JAX files; it
+    # belongs with the other jax_ffi declarations in _cpp.pxd.
+    TensorView jax_scores_view "stridedfa::jax_ffi::scores_view"(
+        const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch, DLDataType dtype,
+        int device, uintptr_t data) except +raise_core_error
+
+
 def _jax_ffi_targets():
     """``{target name: PyCapsule of its XLA_FFI_Handler}`` for ``jax.ffi.register_ffi_target``
     (platform "CUDA", typed FFI api_version 1)."""
@@ -107,6 +115,29 @@ cdef int jax_sink_views(bint backward, object sinks, int device, TensorView** vi
     return 0
 
 
+cdef int jax_bias_views(bint backward, object bias, bint grad_bias, int64_t mapped, int device,
+                        TensorView** views) except -1:
+    """The score bias (and in the backward, with `grad_bias`, its gradient of the same shape) as the
+    handler reads them, from (shape, dtype); `mapped`: the axes jax.vmap put in front of q's four
+    (and the bias' own). Needs q's view in views[0] (the bias folds its mapped axes into q's batch)."""
+    cdef int64_t dims[8]
+    cdef int j, rank
+    cdef uintptr_t address = 0x7800000000
+    shape, name = bias
+    shape = tuple(shape)
+    rank = len(shape)
+    if rank > 8:
+        raise LayoutError(f"bias: {rank} axes; stridedfa reads at most 8")
+    for j in range(rank):
+        dims[j] = shape[j]
+    views[13][0] = jax_scores_view(b"bias", dims, rank, mapped, views[0].dims[0], jax_dtype(name, b"bias"), device,
+                                   address)
+    if backward and grad_bias:
+        views[14][0] = jax_scores_view(b"grad_bias", dims, rank, mapped, views[0].dims[0],
+                                       jax_dtype(name, b"grad_bias"), device, address + 0x4000000000)
+    return 0
+
+
 cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
     cdef DLDataType t
     t.lanes = 1
@@ -119,12 +150,14 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
 
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
                   causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
-                  sinks=None):
+                  sinks=None, bias=None, grad_bias=True):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
     may be None) in ``layout`` (0: bshd, 1: bhsd), padding ``lengths`` as ((shape, dtype) of
-    seqlens_q, of seqlens_kv) and ``sinks`` as (shape, dtype) when given, and the options' rules. Needs no GPU. Returns
-    what validation established, or raises LayoutError / UnsupportedError."""
+    seqlens_q, of seqlens_kv), ``sinks`` and ``bias`` each as (shape, dtype) when given (a
+    backward's grad_sinks of the sinks', its grad_bias, with ``grad_bias``, of the bias' shape),
+    and the options' rules. Needs no GPU. Returns what validation established, or raises
+    LayoutError / UnsupportedError."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef Problem problem
@@ -135,6 +168,8 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     jax_views(backward, layout, shapes, dtype, 0, views, lengths)
     if sinks is not None:
         jax_sink_views(backward, sinks, 0, views)
+    if bias is not None:
+        jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
         validate_options(options, problem)
@@ -143,9 +178,10 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
 
 def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, scale=None,
                    causal=False, causal_alignment="top_left", window=None, softcap=None, deterministic=False,
-                   sm_version=90, cudnn_version=91900):
+                   bias=None, grad_bias=True, sm_version=90, cudnn_version=91900):
     """The graph-cache key of the handler's call for these shapes on device 0 (see
-    _forward_graph_key): equal keys mean JAX and other callers share one cuDNN graph."""
+    _forward_graph_key), with ``bias`` as (shape, dtype) when given (and a backward's grad_bias
+    with ``grad_bias``): equal keys mean JAX and other callers share one cuDNN graph."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef SdpaOptions options
@@ -156,6 +192,8 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views)
+    if bias is not None:
+        jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
     with nogil:
         if backward:
             key = backward_graph_key(bwd, options, sm, cudnn)

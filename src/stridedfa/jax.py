@@ -68,6 +68,10 @@ _DTYPES = ("float16", "bfloat16")
 _FORWARD = "stridedfa_sdpa_forward"  # (q, k, v) -> (out, lse)
 _FORWARD_INFERENCE = "stridedfa_sdpa_forward_inference"  # (q, k, v) -> out
 _BACKWARD = "stridedfa_sdpa_backward"  # (q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)
+# The handlers' `optional_operands` attribute: which optional operands follow those above, in this
+# order, and whether the backward returns grad_bias (after grad_sinks, which come with the sinks).
+# OptionalOperand in cpp/include/stridedfa/jax_ffi.hpp.
+_WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS = 1, 2, 4, 8
 
 # Registered once per process; JAX queues them until its CUDA plugin is loaded.
 for _name, _capsule in _core._jax_ffi_targets().items():
@@ -88,7 +92,7 @@ class _Options:
     deterministic: bool = False
     padded: bool = False  # seqlens_q / seqlens_kv follow q, k, v as operands
 
-    def attributes(self) -> dict[str, Any]:
+    def attributes(self, optional_operands: int = 0) -> dict[str, Any]:
         # Typed numpy scalars fix the attribute types the handlers decode (f64, bool, i64).
         left, right = (None, None) if self.window is None else self.window
         return {
@@ -101,6 +105,7 @@ class _Options:
             "softcap": np.float64(0.0 if self.softcap is None else self.softcap),
             "deterministic": np.bool_(self.deterministic),
             "layout": np.int64(_LAYOUTS[self.layout]),
+            "optional_operands": np.int64(optional_operands),
         }
 
     def core_options(self) -> dict[str, Any]:
@@ -111,11 +116,11 @@ class _Options:
 
 def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, causal: bool = False,
               is_causal: bool | None = None, causal_alignment: str = "top_left", window=None,
-              softcap: float | None = None, seqlens_q=None, seqlens_kv=None, sinks=None,
+              softcap: float | None = None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
               deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, as a differentiable JAX function.
 
-    ``softmax(scale * q @ k^T + mask) @ v`` per batch and query head. Works eagerly, under
+    ``softmax(scale * q @ k^T + bias + mask) @ v`` per batch and query head. Works eagerly, under
     ``jax.jit``, ``jax.grad`` / ``jax.vjp`` (reverse mode, through stridedfa's cuDNN backward) and
     ``jax.vmap`` (extra leading axes fold into the batch). Forward-mode differentiation
     (``jax.jvp``) is not available.
@@ -143,6 +148,18 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
         sinks: float32 (h_q,) attention-sink logits, differentiable (gpt-oss): an extra term per
             query head in each row's softmax denominator (see :func:`stridedfa.sdpa_forward`).
             Not under ``jax.vmap`` (batched sinks are refused when the call runs).
+        bias: additive score bias in q's dtype, differentiable (T5 / ALiBi-style positions, or a
+            mask as 0 / -inf): ``S = softcap(scale * q @ k^T) + bias``, then the masks. Its axes
+            are the logical (batch, h_q, s_q, s_kv) in either layout (what
+            ``jax.nn.dot_product_attention`` takes), broadcast by NumPy rules: 1 to 4 axes, each the
+            full extent or 1 (shared), e.g. (s_q, s_kv), (1, h_q, s_q, s_kv), (batch, 1, 1, s_kv).
+            It is read as given (no broadcast copy); under ``jax.grad`` its cotangent has its shape
+            and dtype (cuDNN sums over the shared axes), computed only when the bias is
+            differentiated (a constant mask costs the backward nothing). Under ``jax.vmap`` (mapped or not) it
+            needs q's batch axis, (batch, h_q or 1, s_q or 1, s_kv) (e.g. ``jnp.broadcast_to``):
+            a bias shared across the batch is refused when the call runs. With a bottom-right
+            ``window`` cuDNN takes it only where the band is a shifted top-left one (otherwise
+            ``stridedfa UnsupportedError`` when the call runs).
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-reproducible
             gradients, slower).
         return_lse: also return the float32 log-sum-exp of each row, (batch, h_q, s_q) in either
@@ -180,15 +197,15 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
     if padded:
         lengths = _lengths(q, k, seqlens_q, seqlens_kv, layout)
     sink_args: tuple[Any, ...] = () if sinks is None else (jnp.asarray(sinks),)
+    bias_args: tuple[Any, ...] = () if bias is None else (jnp.asarray(bias),)
     _check_problem(tuple(q.shape), tuple(k.shape), tuple(v.shape),
                    (str(q.dtype), str(k.dtype), str(v.dtype)), options,
-                   tuple((tuple(x.shape), str(x.dtype)) for x in lengths),
-                   tuple((tuple(x.shape), str(x.dtype)) for x in sink_args))
+                   _described(lengths), _described(sink_args), _described(bias_args))
     _ensure_runtime()
     if return_lse:
-        out, lse = _attention_with_lse(q, k, v, lengths, sink_args, options)
+        out, lse = _attention_with_lse(q, k, v, lengths, sink_args, bias_args, options)
         return out, lse
-    return _attention(q, k, v, lengths, sink_args, options)
+    return _attention(q, k, v, lengths, sink_args, bias_args, options)
 
 
 # --- Validation (at trace time: nothing is compiled or launched when it fails) -----------------
@@ -250,6 +267,11 @@ def _options(layout, scale, causal, causal_alignment, window=None, deterministic
                     bool(padded))
 
 
+def _described(arrays) -> tuple[tuple[tuple[int, ...], str], ...]:
+    """(shape, dtype name) of each array: what validation reads of an optional operand."""
+    return tuple((tuple(x.shape), str(x.dtype)) for x in arrays)
+
+
 def _axes(layout: str) -> str:
     return "(batch, seq, heads, head_dim)" if layout == "bshd" else "(batch, heads, seq, head_dim)"
 
@@ -261,7 +283,7 @@ def _logical(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
 
 
 @functools.lru_cache(maxsize=512)
-def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths=(), sinks=()) -> None:
+def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths=(), sinks=(), bias=()) -> None:
     """Everything about a call that can be known from shapes and dtypes, with messages in the
     caller's terms; then the core's own validation of the views the XLA handler will build.
     Cached: a successful check is a pure function of its arguments."""
@@ -276,11 +298,15 @@ def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths
         if dtypes[0] in _DTYPES and shape[3] % 8 != 0:
             raise LayoutError(f"{name}: head_dim (axis 3) is {shape[3]}; cuDNN needs 16-byte aligned rows, so "
                               f"head_dim must be a multiple of 8 for {dtypes[0]} arrays")
+    if bias and dtypes[0] in _DTYPES and bias[0][1] != dtypes[0]:
+        raise LayoutError(f"bias: dtype {bias[0][1]} is not q's dtype {dtypes[0]}; a score bias has the attention "
+                          f"dtype: pass bias.astype(q.dtype) (a boolean mask m becomes "
+                          f"jnp.where(m, 0, -jnp.inf).astype(q.dtype))")
     out_shape = _out_shape(q_shape, v_shape[3])
     _core._jax_validate(False, _LAYOUTS[options.layout],
                         (q_shape, k_shape, v_shape, out_shape, _lse_shape(q_shape, options.layout)),
                         dtypes + (dtypes[0], "float32"), lengths=lengths or None, sinks=sinks[0] if sinks else None,
-                        **options.core_options())
+                        bias=bias[0] if bias else None, **options.core_options())
 
 
 def _check_devices(*arrays) -> None:
@@ -331,60 +357,84 @@ def _lse_shape(q_shape, layout):
     return (*q_shape[:-4], b, h, s)
 
 
-def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool):
+def _optional_operands(lengths, sinks, bias, grad_bias=False) -> int:
+    """The handlers' `optional_operands` attribute for these optional operands."""
+    return ((_WITH_LENGTHS if lengths else 0) | (_WITH_SINKS if sinks else 0) | (_WITH_BIAS if bias else 0)
+            | (_WITH_GRAD_BIAS if grad_bias else 0))
+
+
+def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bias=()):
+    attributes = options.attributes(_optional_operands(lengths, sinks, bias))
     out = jax.ShapeDtypeStruct(_out_shape(q.shape, v.shape[-1]), q.dtype)
     if not with_lse:
         call = jax.ffi.ffi_call(_FORWARD_INFERENCE, out, vmap_method="broadcast_all")
-        return call(q, k, v, *lengths, *sinks, **options.attributes()), None
+        return call(q, k, v, *lengths, *sinks, *bias, **attributes), None
     lse = jax.ShapeDtypeStruct(_lse_shape(q.shape, options.layout), jnp.float32)
     call = jax.ffi.ffi_call(_FORWARD, (out, lse), vmap_method="broadcast_all")
-    out, lse = call(q, k, v, *lengths, *sinks, **options.attributes())
+    out, lse = call(q, k, v, *lengths, *sinks, *bias, **attributes)
     return out, lse
 
 
-# `lengths` (0 or 2 int32 arrays) and `sinks` (0 or 1 float32 array) follow q, k, v as operands;
-# the lengths get no cotangent (None), the sinks their gradient.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention(q, k, v, lengths, sinks, options: _Options):
-    return _forward_call(q, k, v, lengths, sinks, options, with_lse=False)[0]
+# `lengths` (0 or 2 int32 arrays), `sinks` (0 or 1 float32 array) and `bias` (0 or 1 array of q's
+# dtype) follow q, k, v as operands; the lengths get no cotangent (None), the sinks and the bias
+# their gradients. Under vmap_method "broadcast_all" jax.vmap puts its axes in front of every
+# operand; q's, k's and v's fold into the batch, and so does a bias' (jax_ffi.hpp, scores_view).
+#
+# symbolic_zeros: the forward rule learns which inputs are differentiated (CustomVJPPrimal), so
+# that the backward computes grad_bias only for a bias that is (an undifferentiated bias, such as
+# a constant mask, gets a None cotangent and costs cuDNN no dbias). The residuals say it by their
+# structure: `bias_wanted` is the bias when its gradient is wanted, else ().
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attention(q, k, v, lengths, sinks, bias, options: _Options):
+    return _forward_call(q, k, v, lengths, sinks, options, with_lse=False, bias=bias)[0]
 
 
-def _attention_fwd(q, k, v, lengths, sinks, options: _Options):
-    out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True)
-    return out, (q, k, v, lengths, sinks, out, lse)
+def _forward_rule(q, k, v, lengths, sinks, bias, options: _Options):
+    """(out, lse), residuals: the forward of both differentiable functions."""
+    bias_perturbed = bool(bias) and bias[0].perturbed
+    q, k, v, lengths, sinks, bias = jax.custom_derivatives.custom_vjp_primal_tree_values(
+        (q, k, v, lengths, sinks, bias))
+    out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias)
+    return (out, lse), (q, k, v, lengths, sinks, bias, bias if bias_perturbed else (), out, lse)
+
+
+def _attention_fwd(q, k, v, lengths, sinks, bias, options: _Options):
+    (out, _), residuals = _forward_rule(q, k, v, lengths, sinks, bias, options)
+    return out, residuals
 
 
 def _attention_bwd(options: _Options, residuals, grad_out):
-    q, k, v, lengths, sinks, out, lse = residuals
+    q, k, v, lengths, sinks, bias, bias_wanted, out, lse = residuals
+    if isinstance(grad_out, jax.custom_derivatives.SymbolicZero):  # only lse was used (it has no gradient)
+        grad_out = jnp.zeros(out.shape, out.dtype)
     grad_out = grad_out.astype(out.dtype)
     shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, grad_out.shape, q.shape, k.shape, v.shape)
     _core._jax_validate(True, _LAYOUTS[options.layout], tuple(map(tuple, shapes)), str(q.dtype),
-                        lengths=tuple((tuple(x.shape), str(x.dtype)) for x in lengths) or None,
-                        sinks=(tuple(sinks[0].shape), str(sinks[0].dtype)) if sinks else None,
+                        lengths=_described(lengths) or None,
+                        sinks=_described(sinks)[0] if sinks else None,
+                        bias=_described(bias)[0] if bias else None, grad_bias=bool(bias_wanted),
                         **options.core_options())
-    grads = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *sinks))
+    grads = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *sinks, *bias_wanted))
     call = jax.ffi.ffi_call(_BACKWARD, grads, vmap_method="broadcast_all")
-    grad_q, grad_k, grad_v, *grad_sinks = call(q, k, v, out, lse, grad_out, *lengths, *sinks, **options.attributes())
-    return grad_q, grad_k, grad_v, tuple(None for _ in lengths), tuple(grad_sinks)
+    attributes = options.attributes(_optional_operands(lengths, sinks, bias, grad_bias=bool(bias_wanted)))
+    grad_q, grad_k, grad_v, *more = call(q, k, v, out, lse, grad_out, *lengths, *sinks, *bias, **attributes)
+    grad_sinks = tuple(more[:len(sinks)])
+    grad_bias = tuple(more[len(sinks):]) if bias_wanted else tuple(None for _ in bias)
+    return grad_q, grad_k, grad_v, tuple(None for _ in lengths), grad_sinks, grad_bias
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
+_attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
 # With the statistics returned too: the same forward (with lse) and backward; lse carries no
 # gradient (a cotangent for it is ignored).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention_with_lse(q, k, v, lengths, sinks, options: _Options):
-    return _forward_call(q, k, v, lengths, sinks, options, with_lse=True)
-
-
-def _attention_with_lse_fwd(q, k, v, lengths, sinks, options: _Options):
-    out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True)
-    return (out, lse), (q, k, v, lengths, sinks, out, lse)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attention_with_lse(q, k, v, lengths, sinks, bias, options: _Options):
+    return _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias)
 
 
 def _attention_with_lse_bwd(options: _Options, residuals, cotangents):
     return _attention_bwd(options, residuals, cotangents[0])
 
 
-_attention_with_lse.defvjp(_attention_with_lse_fwd, _attention_with_lse_bwd)
+_attention_with_lse.defvjp(_forward_rule, _attention_with_lse_bwd, symbolic_zeros=True)
