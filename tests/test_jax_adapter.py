@@ -433,12 +433,39 @@ def test_bias_shapes_and_its_cotangent(sj, jax, layout, bias_shape):
 
     out = jax.eval_shape(lambda q, k, v, b: sj.attention(q, k, v, layout=layout, bias=b), q, kv, kv, bias)
     assert (out.shape, str(out.dtype)) == (shape(2, 8, 128, 64), "float16")
+    grads = jax.eval_shape(jax.jit(jax.grad(loss, (0, 1, 2))), q, kv, kv, bias)  # a constant bias
+    assert [(g.shape, str(g.dtype)) for g in grads] == [(x.shape, "float16") for x in (q, kv, kv)]
+    if len(bias_shape) < 2 or bias_shape[-2] == 1:  # shared along seq of q: see the test below
+        return
     grads = jax.eval_shape(jax.jit(jax.grad(loss, (0, 1, 2, 3))), q, kv, kv, bias)
     assert [(g.shape, str(g.dtype)) for g in grads] == [(x.shape, "float16") for x in (q, kv, kv, bias)]
     with_lse = jax.eval_shape(jax.grad(lambda q, k, v, b: sj.attention(q, k, v, layout=layout, bias=b,
                                                                        return_lse=True)[0].sum(), 3),
                               q, kv, kv, bias)
     assert with_lse.shape == bias_shape
+
+
+@pytest.mark.parametrize("bias_shape", [(2, 1, 1, 256), (256,), (8, 1, 256), (1, 1, 1, 256), (128, 1)], ids=str)
+def test_differentiating_a_bias_shared_along_a_seq_axis_is_refused(sj, jax, bias_shape):
+    """The core's grad_bias is not summed over a shared seq axis (seen on an H200, cuDNN 9.19):
+    differentiating such a bias is refused while tracing, with the broadcast that works; as a
+    constant it is fine, and so is the broadcast one differentiated."""
+    jnp = jax.numpy
+    q, kv, bias = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64)), _spec(jax, bias_shape)
+
+    def loss(q, k, v, bias):
+        return sj.attention(q, k, v, bias=bias).astype(jnp.float32).sum()
+
+    with pytest.raises(stridedfa.UnsupportedError, match=r"bias: differentiating a bias shared along seq of "
+                                                         r".*jnp.broadcast_to\(bias, "):
+        jax.eval_shape(jax.grad(loss, 3), q, kv, kv, bias)
+    assert jax.eval_shape(jax.grad(loss, 0), q, kv, kv, bias).shape == q.shape
+
+    def broadcast(q, k, v, bias):
+        full = (1,) * (4 - len(bias_shape)) + bias_shape
+        return loss(q, k, v, jnp.broadcast_to(bias, (*full[:2], 128, 256)))
+
+    assert jax.eval_shape(jax.grad(broadcast, 3), q, kv, kv, bias).shape == bias_shape
 
 
 def test_bias_as_numpy_array(sj, jax):
@@ -505,15 +532,15 @@ def test_constant_bias_gets_no_gradient_and_lse_alone_differentiates(sj, jax):
     def lse_loss(q, k, v, bias):
         return sj.attention(q, k, v, bias=bias, return_lse=True)[1].sum()
 
-    grads = jax.eval_shape(jax.jit(jax.grad(lse_loss, (0, 3))), q, kv, kv, _spec(jax, (2, 1, 1, 256)))
-    assert [g.shape for g in grads] == [q.shape, (2, 1, 1, 256)]
+    grads = jax.eval_shape(jax.jit(jax.grad(lse_loss, (0, 3))), q, kv, kv, _spec(jax, (1, 8, 128, 256)))
+    assert [g.shape for g in grads] == [q.shape, (1, 8, 128, 256)]
 
 
 def test_vmapped_bias_shapes(sj, jax):
     """Abstractly every bias is fine under jax.vmap (a shared one is refused when the call runs):
     shapes and cotangents carry the mapped axis."""
     q, kv = _spec(jax, (3, 2, 128, 8, 64)), _spec(jax, (3, 2, 256, 2, 64))
-    bias = _spec(jax, (3, 2, 1, 1, 256))
+    bias = _spec(jax, (3, 2, 1, 128, 256))
 
     def loss(q, k, v, bias):
         return sj.attention(q, k, v, bias=bias).astype("float32").sum()
@@ -522,8 +549,9 @@ def test_vmapped_bias_shapes(sj, jax):
     assert out.shape == (3, 2, 128, 8, 64)
     grads = jax.eval_shape(jax.vmap(jax.grad(loss, (0, 3))), q, kv, kv, bias)
     assert [g.shape for g in grads] == [q.shape, bias.shape]
-    shared = jax.eval_shape(jax.vmap(jax.grad(loss, 3), in_axes=(0, 0, 0, None)), q, kv, kv, _spec(jax, (2, 1, 1, 256)))
-    assert shared.shape == (3, 2, 1, 1, 256)
+    shared = jax.eval_shape(jax.vmap(jax.grad(loss, 3), in_axes=(0, 0, 0, None)), q, kv, kv,
+                            _spec(jax, (2, 1, 128, 256)))
+    assert shared.shape == (3, 2, 1, 128, 256)
 
 
 BAD_BIAS = [

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from stridedfa import _core
-from stridedfa._errors import LayoutError
+from stridedfa._errors import LayoutError, UnsupportedError
 
 # Built against jaxlib 0.6.2's FFI headers (see pyproject.toml): XLA runs handlers built against
 # older FFI headers, not newer ones, and jax.ffi.ffi_call with vmap_method is needed.
@@ -155,11 +155,14 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             full extent or 1 (shared), e.g. (s_q, s_kv), (1, h_q, s_q, s_kv), (batch, 1, 1, s_kv).
             It is read as given (no broadcast copy); under ``jax.grad`` its cotangent has its shape
             and dtype (cuDNN sums over the shared axes), computed only when the bias is
-            differentiated (a constant mask costs the backward nothing). Under ``jax.vmap`` (mapped or not) it
-            needs q's batch axis, (batch, h_q or 1, s_q or 1, s_kv) (e.g. ``jnp.broadcast_to``):
-            a bias shared across the batch is refused when the call runs. With a bottom-right
-            ``window`` cuDNN takes it only where the band is a shifted top-left one (otherwise
-            ``stridedfa UnsupportedError`` when the call runs).
+            differentiated (a constant mask costs the backward nothing). Differentiating a bias
+            shared along a seq axis (extent 1 there, e.g. (batch, 1, 1, s_kv)) is refused for now
+            (``stridedfa.UnsupportedError`` while tracing): broadcast it to full seq axes first
+            (``jnp.broadcast_to``), or ``jax.lax.stop_gradient`` a constant mask. Under ``jax.vmap``
+            (mapped or not) it needs q's batch axis, (batch, h_q or 1, s_q or 1, s_kv) (e.g.
+            ``jnp.broadcast_to``): a bias shared across the batch is refused when the call runs.
+            With a bottom-right ``window`` cuDNN takes it only where the band is a shifted top-left
+            one (otherwise ``stridedfa UnsupportedError`` when the call runs).
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-reproducible
             gradients, slower).
         return_lse: also return the float32 log-sum-exp of each row, (batch, h_q, s_q) in either
@@ -394,8 +397,28 @@ def _forward_rule(q, k, v, lengths, sinks, bias, options: _Options):
     bias_perturbed = bool(bias) and bias[0].perturbed
     q, k, v, lengths, sinks, bias = jax.custom_derivatives.custom_vjp_primal_tree_values(
         (q, k, v, lengths, sinks, bias))
+    if bias_perturbed:
+        _check_bias_gradient(q.shape, k.shape, tuple(bias[0].shape), options.layout)
     out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias)
     return (out, lse), (q, k, v, lengths, sinks, bias, bias if bias_perturbed else (), out, lse)
+
+
+def _check_bias_gradient(q_shape, k_shape, bias_shape, layout) -> None:
+    """Refuses to differentiate a bias shared along a seq axis (extent 1 where s_q or s_kv is not).
+
+    A stopgap until the core refuses or handles it: on cuDNN 9.19 (H200) stridedfa's grad_bias of
+    such a bias is not summed over that axis, and dq came out wrong with it
+    (tests/gpu/test_jax.py). Batch and heads may be shared."""
+    s_q, s_kv = _logical(q_shape[-4:], layout)[2], _logical(k_shape[-4:], layout)[2]
+    axes = (1,) * (4 - len(bias_shape)) + bias_shape
+    for axis, name, extent in ((2, "seq of q", s_q), (3, "seq of k", s_kv)):
+        if axes[axis] == 1 and extent != 1:
+            full = (*axes[:2], s_q, s_kv)
+            raise UnsupportedError(
+                f"bias: differentiating a bias shared along {name} (shape {bias_shape}) is not supported yet: "
+                f"its gradient would not be summed over that axis. Broadcast it first, e.g. "
+                f"jnp.broadcast_to(bias, {full}) (JAX then sums the gradient), or, for a constant mask, "
+                f"jax.lax.stop_gradient(bias)")
 
 
 def _attention_fwd(q, k, v, lengths, sinks, bias, options: _Options):

@@ -185,6 +185,180 @@ def test_matches_jax_cudnn_attention(case, dtype, request):
         _assert_close_to_scale(_to_logical(a, layout), _to_logical(b, layout), BF16[3], f"{name} vs JAX cuDNN")
 
 
+# --- The score bias ----------------------------------------------------------------------------
+
+# The bias' shape for a problem (b, h_q, s_q, s_kv): always the logical axes, in either layout.
+BIAS_SHAPES = {
+    "full": lambda b, h, s_q, s_kv: (b, h, s_q, s_kv),
+    "heads": lambda b, h, s_q, s_kv: (1, h, s_q, s_kv),      # shared by the batch (T5, ALiBi-like)
+    "padding": lambda b, h, s_q, s_kv: (b, 1, 1, s_kv),      # one value per key of each sequence
+    "2d": lambda b, h, s_q, s_kv: (s_q, s_kv),               # fewer axes: leading axes of 1
+}
+# (id, layout, b, h_q, h_kv, s_q, s_kv, d_qk, d_v, causal, causal_alignment)
+BIAS_CASE = ("bias", "bshd", 2, 4, 2, 128, 192, 64, 64, False, "top_left")
+MASKS = {"none": (False, "top_left"), "causal-tl": (True, "top_left"), "causal-br": (True, "bottom_right")}
+
+
+def _bias_input(shape, dtype, seed):
+    """A random bias; the padding shape also masks the last keys of batch 1 (-1e4: no row empties)."""
+    bias = np.array(jax.random.normal(jax.random.PRNGKey(seed + 11), shape, jnp.float32))
+    if len(shape) == 4 and shape[1] == shape[2] == 1 and shape[0] > 1:
+        bias[1, :, :, -60:] = -1e4
+    return jax.device_put(jnp.asarray(bias).astype(DTYPES[dtype]), GPU)
+
+
+def _bias_loss(options):
+    def loss(q, k, v, bias, w):
+        out = sj.attention(q, k, v, bias=bias, **options)
+        return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32))
+    return loss
+
+
+def _bias_problem(layout, kind, mask, dtype, request):
+    """Inputs, bias, options and the fp32 reference (out, (dq, dk, dv), dbias) of a bias case."""
+    causal, alignment = MASKS[mask]
+    case = (BIAS_CASE[0], layout, *BIAS_CASE[2:9], causal, alignment)
+    _, _, b, h_q, _, s_q, s_kv, _, _, _, _ = case
+    q, k, v, w = _inputs(case, dtype, _seed(request))
+    bias = _bias_input(BIAS_SHAPES[kind](b, h_q, s_q, s_kv), dtype, _seed(request))
+    ql, kl, vl, wl = (_to_logical(x, layout) for x in (q, k, v, w))
+    bias_ref = np.asarray(bias.astype(jnp.float32))
+    mask_options = {"causal": causal, "causal_alignment": alignment}
+    ref_out, _ = reference.sdpa_forward(ql, kl, vl, bias=bias_ref, **mask_options)
+    *ref_grads, extra = reference.sdpa_backward(ql, kl, vl, wl, bias=bias_ref, return_extra=True, **mask_options)
+    return case, (q, k, v, bias, w), _options(case), (ref_out, ref_grads, extra["dbias"])
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("kind", list(BIAS_SHAPES))
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_bias_forward_and_grads_match_reference(layout, kind, mask, dtype, request):
+    """Forward (eager and jitted) and jax.grad w.r.t. q, k and v under jax.jit with a constant bias
+    (not differentiated: the backward computes no grad_bias), against the fp32 reference."""
+    case, (q, k, v, bias, w), options, (ref_out, ref_grads, _) = _bias_problem(layout, kind, mask, dtype, request)
+    _, _, b, h_q, _, s_q, _, _, d_v, _, _ = case
+    saved = [_bits(x) for x in (q, k, v, bias)]
+    out_atol, out_rtol, _, grad_rel = TOLERANCE[dtype]
+
+    eager = sj.attention(q, k, v, bias=bias, **options)
+    assert eager.shape == _shape(layout, b, h_q, s_q, d_v) and eager.dtype == q.dtype
+    _assert_close(_to_logical(eager, layout), ref_out, out_atol, out_rtol, "eager out")
+    jitted = jax.jit(lambda q, k, v, bias: sj.attention(q, k, v, bias=bias, **options))(q, k, v, bias)
+    _assert_close(_to_logical(jitted, layout), ref_out, out_atol, out_rtol, "jit out")
+
+    grads = jax.jit(jax.grad(_bias_loss(options), (0, 1, 2)))(q, k, v, bias, w)
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads, ref_grads):
+        assert got.dtype == q.dtype
+        _assert_close_to_scale(_to_logical(got, layout), want, grad_rel, name)
+    _assert_unchanged((q, k, v), saved[:3])
+    assert np.array_equal(_bits(bias), saved[3]), "bias was written by the call"
+
+
+# What the core (cuDNN 9.19, H200) was seen to refuse for the bias' gradient; strict, so a core
+# that runs it makes these tests fail until the mark goes.
+_DBIAS_REFUSED = pytest.mark.xfail(
+    raises=jax.errors.JaxRuntimeError, strict=True,
+    reason="core: cuDNN finds no backward engine for grad_bias with a top-left causal mask and s_q < s_kv")
+
+
+def _dbias_params():
+    for layout in ("bshd", "bhsd"):
+        for kind in BIAS_SHAPES:
+            for mask in MASKS:
+                # s_q = 128 < s_kv = 192; the padding kind (shared along seq of q) is refused while
+                # tracing (the core's grad_bias was wrong there, and dq with it).
+                marks = [_DBIAS_REFUSED] if mask == "causal-tl" and kind != "padding" else []
+                yield pytest.param(layout, kind, mask, marks=marks, id=f"{layout}-{kind}-{mask}")
+
+
+@pytest.mark.parametrize("layout, kind, mask", list(_dbias_params()))
+def test_bias_gradient_matches_reference(layout, kind, mask, request):
+    """jax.grad w.r.t. q, k, v and the bias under jax.jit: the bias' cotangent has the bias' shape
+    and dtype, its shared axes summed, as the reference's dbias."""
+    dtype = "bfloat16"
+    _, (q, k, v, bias, w), options, (_, ref_grads, ref_dbias) = _bias_problem(layout, kind, mask, dtype, request)
+    grad_rel = TOLERANCE[dtype][3]
+    if kind == "padding":  # (b, 1, 1, s_kv): refused while tracing, before anything runs
+        with pytest.raises(stridedfa.UnsupportedError, match="shared along seq of q"):
+            jax.jit(jax.grad(_bias_loss(options), (0, 1, 2, 3)))(q, k, v, bias, w)
+        return
+    grads = jax.jit(jax.grad(_bias_loss(options), (0, 1, 2, 3)))(q, k, v, bias, w)
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads[:3], ref_grads):
+        _assert_close_to_scale(_to_logical(got, layout), want, grad_rel, name)
+    grad_bias = grads[3]
+    assert grad_bias.shape == bias.shape and grad_bias.dtype == bias.dtype
+    _assert_close_to_scale(grad_bias, ref_dbias, grad_rel, "grad_bias")
+    eager = jax.grad(_bias_loss(options), 3)(q, k, v, bias, w)
+    _assert_close_to_scale(eager, ref_dbias, grad_rel, "eager grad_bias")
+
+
+def test_bias_with_sinks_and_padding_matches_reference(request):
+    """Every optional operand at once (seqlens_kv, sinks, bias: the handlers' order), each
+    differentiable one with its gradient."""
+    case = ("bias-all", "bhsd", 2, 4, 2, 128, 192, 64, 64, True, "top_left")
+    _, layout, b, h_q, _, s_q, s_kv, _, _, causal, alignment = case
+    options = _options(case)
+    q, k, v, w = _inputs(case, "bfloat16", _seed(request))
+    bias = _bias_input((1, h_q, s_q, s_kv), "bfloat16", _seed(request))
+    sinks = jax.device_put(jnp.linspace(-1.0, 2.0, h_q, dtype=jnp.float32), GPU)
+    lengths = jax.device_put(jnp.asarray([s_kv, 100], jnp.int32), GPU)
+
+    def loss(q, k, v, bias, sinks, w):
+        out = sj.attention(q, k, v, bias=bias, sinks=sinks, seqlens_kv=lengths, **options)
+        return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32)), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3, 4), has_aux=True))(q, k, v, bias, sinks, w)
+    ql, kl, vl, wl = (_to_logical(x, layout) for x in (q, k, v, w))
+    variants = {"bias": np.asarray(bias.astype(jnp.float32)), "sinks": np.asarray(sinks),
+                "seqlens_kv": np.asarray(lengths), "causal": causal, "causal_alignment": alignment}
+    ref_out, _ = reference.sdpa_forward(ql, kl, vl, **variants)
+    *ref_grads, extra = reference.sdpa_backward(ql, kl, vl, wl, return_extra=True, **variants)
+    _assert_close(_to_logical(out, layout), ref_out, *BF16[:2], "out")
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads[:3], ref_grads):
+        _assert_close_to_scale(_to_logical(got, layout), want, BF16[3], name)
+    assert grads[3].shape == bias.shape and grads[4].shape == sinks.shape
+    _assert_close_to_scale(grads[3], extra["dbias"], BF16[3], "grad_bias")
+    _assert_close_to_scale(grads[4], extra["dsinks"], BF16[3], "grad_sinks")
+
+
+def test_bias_under_vmap(request):
+    """A bias with q's batch axis folds into the batch under jax.vmap (mapped or not); a bias shared
+    across the batch is refused when the call runs, naming the way out."""
+    case = BIAS_CASE
+    options = _options(case)
+    _, _, b, h_q, _, s_q, s_kv, _, _, _, _ = case
+    batched = [jnp.stack([x, x * 0.5]) for x in _inputs(case, "bfloat16", _seed(request))]
+    q, k, v, w = batched
+    bias = jnp.stack([_bias_input((b, 1, s_q, s_kv), "bfloat16", _seed(request) + i) for i in range(2)])
+    out = jax.jit(jax.vmap(lambda q, k, v, bias: sj.attention(q, k, v, bias=bias, **options)))(q, k, v, bias)
+    grads = jax.jit(jax.vmap(jax.grad(_bias_loss(options), (0, 3))))(q, k, v, bias, w)
+    for i in range(2):
+        one = sj.attention(q[i], k[i], v[i], bias=bias[i], **options)
+        _assert_close(np.asarray(out[i], np.float32), np.asarray(one, np.float32), BF16[0], BF16[1],
+                      f"vmapped out[{i}]")
+        one_grads = jax.grad(_bias_loss(options), (0, 3))(q[i], k[i], v[i], bias[i], w[i])
+        for name, a, c in zip(("grad_q", "grad_bias"), grads, one_grads):
+            _assert_close_to_scale(a[i], np.asarray(c, np.float32), BF16[3], f"vmapped {name}[{i}]")
+    # Not mapped (in_axes None): broadcast to every call, its cotangent summed over them.
+    shared = jax.jit(jax.vmap(jax.grad(_bias_loss(options), 3), in_axes=(0, 0, 0, None, 0)))(q, k, v, bias[0], w)
+    summed = sum(jax.grad(_bias_loss(options), 3)(q[i], k[i], v[i], bias[0], w[i]).astype(jnp.float32)
+                 for i in range(2))
+    _assert_close_to_scale(shared.astype(jnp.float32).sum(0), np.asarray(summed), BF16[3], "unmapped grad_bias")
+    with pytest.raises(Exception, match=r"stridedfa LayoutError: bias: under jax.vmap .* needs q's batch axis"):
+        jax.block_until_ready(jax.vmap(lambda q, k, v: sj.attention(q, k, v, bias=bias[0, 0, 0], **options))(q, k, v))
+
+
+def test_bias_through_the_dispatcher(request):
+    """stridedfa.attention on jax arrays: (b, h, s, d) axes (layout bhsd), the bias passed on."""
+    case = ("bias-dispatch", "bhsd", *BIAS_CASE[2:])
+    q, k, v, _ = _inputs(case, "bfloat16", _seed(request))
+    bias = _bias_input((case[5], case[6]), "bfloat16", _seed(request))
+    got = stridedfa.attention(q, k, v, bias=bias)
+    want = sj.attention(q, k, v, bias=bias, layout="bhsd")
+    assert np.array_equal(_bits(got), _bits(want))
+
+
 def test_vmap_folds_into_batch(request):
     case = CASES[2]
     options = _options(case)
