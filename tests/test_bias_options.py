@@ -70,10 +70,20 @@ def test_biases_shared_over_batch_and_heads_are_accepted(shape):
 @pytest.mark.parametrize("shape, strides", [((B, 1, 1, S_KV), None), ((S_KV,), None),
                                             ((B, H, S_Q, S_KV), (S_KV, 0, 0, 1))],  # (b, 1, 1, s_kv) expanded
                          ids=["key_mask", "1d", "expanded_over_rows"])
-def test_biases_shared_over_query_rows_are_refused_with_the_fix(shape, strides):
-    # cuDNN 9.19 misreads a bias whose rows are shared (GPU run 30): refused before anything runs
-    with pytest.raises(stridedfa.UnsupportedError, match=r"^bias: .*\(seq of q\) is shared.*expand\(-1, -1, s_q, -1\)"):
-        _core._validate_forward(**forward(), bias=t(shape, strides=strides))
+def test_biases_shared_over_query_rows_are_read_but_not_differentiated(shape, strides):
+    # a key-padding mask as a bias needs no copy; its gradient cuDNN 9.19 gets wrong (GPU run 30)
+    _core._validate_forward(**forward(), bias=t(shape, strides=strides))
+    _core._validate_backward(**backward(), bias=t(shape, strides=strides))
+    if shape[-2:-1] != (S_Q,):  # its own rows are shared: the gradient would sum over them
+        with pytest.raises(stridedfa.UnsupportedError, match=r"^grad_bias: the gradient of a bias shared over query"):
+            _core._validate_backward(**backward(), bias=t(shape, strides=strides), grad_bias=t(shape))
+    dims, bias_strides = described(key(bias=t(shape, strides=strides)), "bias")
+    assert dims[2:] == (S_Q, S_KV) and bias_strides[2:] == (0, 1)  # rows shared: stride 0
+
+
+def test_a_bias_constant_along_rows_is_refused():
+    with pytest.raises(stridedfa.UnsupportedError, match=r"^bias: axis 3 \(seq of k\) is shared"):
+        _core._validate_forward(**forward(), bias=t((B, H, S_Q, 1)))
 
 
 @pytest.mark.parametrize("shape, message", [
@@ -95,8 +105,8 @@ def test_a_bias_has_the_attention_dtype():
 
 
 def test_bias_strides_batch_and_heads_may_be_zero_the_key_axis_must_be_contiguous():
-    expanded = t((B, H, S_Q, S_KV), strides=(S_Q * S_KV, 0, S_KV, 1))  # a (b, 1, s_q, s_kv) bias expanded
-    _core._validate_forward(**forward(), bias=expanded)
+    _core._validate_forward(**forward(), bias=t((B, H, S_Q, S_KV), strides=(S_Q * S_KV, 0, S_KV, 1)))
+    _core._validate_forward(**forward(), bias=t((B, H, S_Q, S_KV), strides=(S_KV, 0, 0, 1)))
     sliced = t((B, H, S_Q, S_KV), strides=(H * S_Q * 64, S_Q * 64, 64, 1))  # rows of a wider buffer
     _core._validate_forward(**forward(), bias=sliced)
     with pytest.raises(stridedfa.LayoutError, match=r"^bias: axis 1 \(seq of k\) has stride 2; .*contiguous"):
@@ -154,6 +164,10 @@ def test_a_bias_cut_with_the_rows_and_keys_no_row_sees():
     # top-left causal with s_kv > s_q: keys past the last row are cut, the bias' key axis with them
     dims, _ = described(key(s_q=32, s_kv=512, causal=True, bias=t((32, 512))), "bias")
     assert dims == (1, 1, 32, 32)
+    # ...but not when its gradient is asked for: cuDNN writes dbias packed only
+    graph_key = _core._backward_graph_key(**backward(32, 512, causal=True), bias=t((32, 512)),
+                                          grad_bias=t((32, 512)), cudnn_version=92600)
+    assert described(graph_key, "grad_bias")[0] == (1, 1, 32, 512)
 
 
 # --- ALiBi -------------------------------------------------------------------------------------

@@ -49,6 +49,15 @@ void add_fill(Plan& plan, const TensorView& region, int slot) {
   plan.fills[plan.n_fills++] = {region, kOperands[slot].kind == OperandKind::stats ? kNegativeInfinityBits : 0u};
 }
 
+// The bias as cuDNN reads it: a shared (extent-1) query axis is spelled as the full axis with
+// stride 0; shared batch and head axes stay extent 1, which cuDNN broadcasts itself.
+void expand_bias_rows(Plan& plan) {
+  if (plan.slots[kBias]->dims[2] != 1 || plan.problem.s_q == 1) return;
+  TensorView& bias = set_view(plan, kBias, *plan.slots[kBias]);
+  bias.dims[2] = plan.problem.s_q;
+  bias.strides[2] = 0;
+}
+
 // A score operand (bias, grad_bias) restricted to the rows and keys in `seen`, on the axes it has
 // in full (a gradient summed over rows keeps its single row).
 TensorView scores_restricted(const TensorView& t, const Visibility& seen, const Problem& full) {
@@ -59,9 +68,16 @@ TensorView scores_restricted(const TensorView& t, const Visibility& seen, const 
 }
 
 // Describes only the rows and keys in `seen` and fills the outputs' regions outside it.
-void restrict_to(GraphOp op, const Visibility& seen, const TensorView* const* operands, int64_t cudnn_version,
+void restrict_to(GraphOp op, const Visibility& visible, const TensorView* const* operands, int64_t cudnn_version,
                  Plan& plan) {
   const Problem full = plan.problem;
+  // With a bias' gradient every key stays: cuDNN writes dbias only packed, which a key cut would
+  // break (keys no row sees take no part in the softmax, and their dbias columns come out 0).
+  Visibility seen = visible;
+  if (operands[kGradBias] && !seen.empty()) {
+    seen.key_begin = 0;
+    seen.key_end = full.s_kv;
+  }
   plan.row_begin = std::min(seen.row_begin, full.s_q);
   plan.key_begin = std::min(seen.key_begin, full.s_kv);
   plan.problem.s_q = std::max<int64_t>(seen.row_end - seen.row_begin, 0);
@@ -160,6 +176,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   if (problem.nothing_to_do) return;
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);
+  if (operands[kBias]) expand_bias_rows(plan);
   if (has_lengths) {
     // Padded rows are not written by cuDNN's forward: their statistics get -inf first.
     if (op == GraphOp::forward && operands[kLse]) add_fill(plan, *operands[kLse], kLse);

@@ -12,11 +12,11 @@
 //   - Every output empty: nothing to do. Extent-1 axes may carry any stride.
 //   - Options: a finite scale, window bounds of 0 or more (validate_options).
 //   - Padding lengths: int32 (batch,) vectors on the call's device; sinks float32 (h_q,).
-//   - bias: the attention dtype, broadcastable to (b, h_q, s_q, s_kv) with batch and heads shared or
-//     not (extent 1 or stride 0) but a row per query and a column per key (cuDNN 9.19 reads a bias
-//     shared over rows wrongly, GPU run 30), key axis contiguous, pointer 16-byte aligned (a
-//     misaligned one faults: "misaligned address"); grad_bias has bias' shape (cuDNN sums over the
-//     shared axes), its own memory, and is packed.
+//   - bias: the attention dtype, broadcastable to (b, h_q, s_q, s_kv) (extent 1 or stride 0 shares an
+//     axis) but a column per key, key axis contiguous, pointer 16-byte aligned (a misaligned one
+//     faults: "misaligned address", GPU run 30); grad_bias has bias' shape (cuDNN sums over the
+//     shared batch and head axes; over shared rows it computes garbage and writes past the tensor,
+//     so that is refused), its own memory, and is packed.
 //   - The backward's operands within 2^32 elements, out and grad_out within 4 GiB, of their data
 //     pointers (cuDNN's 32-bit offsets; wrong gradients beyond).
 #include <algorithm>
@@ -138,18 +138,26 @@ class Validator {
     }
   }
 
-  // The bias is read with its key axis contiguous and one row per query; batch and heads may be
-  // shared (stride 0). `full` is (s_q, s_kv).
-  void scores_memory(const TensorView& t, bool is_output, const int64_t (&full)[2]) {
+  // The bias is read with its key axis contiguous and a column per key; batch, heads and rows may
+  // be shared (stride 0), but its gradient is computed only for a bias with a row per query.
+  // `full` is (s_q, s_kv); `bias` is the bias when t is its gradient.
+  void scores_memory(const TensorView& t, bool is_output, const int64_t (&full)[2], const TensorView* bias) {
     if (t.numel() == 0) return;
-    for (int axis = 2; axis < 4; ++axis) {
-      const bool shared = t.dims[axis] != full[axis - 2] || t.strides[axis] == 0;
-      if (full[axis - 2] > 1 && shared) {
-        throw UnsupportedError(std::string(t.name) + ": " + scores_axis_str(t, axis) + " is shared (extent " +
-                               std::to_string(t.dims[axis]) + ", stride " + std::to_string(t.strides[axis]) +
-                               "); cuDNN reads a bias only with its own row for every query and column for every "
-                               "key: shapes (batch or 1, heads or 1, seq of q, seq of k). Materialise it, e.g. " +
-                               "bias.expand(-1, -1, s_q, -1).contiguous() for a (batch, 1, 1, s_kv) key mask.");
+    const TensorView& shape_of = bias ? *bias : t;
+    for (int axis = 3; axis >= 2; --axis) {
+      const bool shared = shape_of.dims[axis] != full[axis - 2] || (!bias && t.strides[axis] == 0);
+      if (full[axis - 2] <= 1 || !shared) continue;
+      if (axis == 3) {
+        throw UnsupportedError(std::string(shape_of.name) + ": " + scores_axis_str(shape_of, axis) +
+                               " is shared; cuDNN reads a bias only with a column for every key (a bias constant "
+                               "along a row changes no probability: leave it out).");
+      }
+      if (bias) {
+        throw UnsupportedError("grad_bias: the gradient of a bias shared over query rows (" +
+                               scores_axis_str(shape_of, axis) +
+                               " of extent 1) is not supported: cuDNN 9.19 computes it wrongly and writes past it. "
+                               "Give the bias a row per query (bias.expand(-1, -1, s_q, -1).contiguous()) to get "
+                               "its gradient, or leave grad_bias out (a constant mask).");
       }
     }
     for (int axis = 0; axis < 4; ++axis) {
@@ -549,7 +557,7 @@ Problem validate(GraphOp op, const SlotViews& given) {
     }
     if (t[s] && kind == OperandKind::scores) {
       const int64_t seqs[2] = {p.s_q, p.s_kv};
-      check.scores_memory(*t[s], role_in(op, s) == Role::output, seqs);
+      check.scores_memory(*t[s], role_in(op, s) == Role::output, seqs, s == kGradBias ? t[kBias] : nullptr);
     }
   }
   if (t[kGradSinks] && !t[kSinks]) {
