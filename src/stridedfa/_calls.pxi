@@ -271,7 +271,8 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
             -inf), q's dtype, broadcastable to (batch, h_q, s_q, s_kv) by NumPy rules -- fewer axes
             are leading 1s, and an axis of extent 1 (or stride 0) is shared, e.g. a key-padding
             bias (batch, 1, 1, s_kv). Added after the scale and the softcap, before the mask:
-            ``S = softcap(scale * q @ k^T) + bias``. The key axis must be contiguous (stride 1).
+            ``S = softcap(scale * q @ k^T) + bias``. The key axis must be contiguous (stride 1) and
+            the pointer 16-byte aligned; not with bottom-right alignment and padding lengths.
             A key that is -inf for every row of a query is masked; a row whose every key is -inf
             is undefined (as in torch's SDPA).
         alibi_slopes: optional float32 (h_q,) ALiBi slopes (BLOOM, MPT; FlashAttention's
@@ -328,8 +329,11 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
             (~1e-6 relative), not bitwise, also with ``deterministic``.
         alibi_slopes: the forward's slopes.
         bias: the forward's bias. grad_bias: optional output of bias' shape receiving its gradient
-            ``dS = P * (dP - rowsum(grad_out * out))`` summed over bias' shared axes (zero where a
-            score is masked); q's dtype, its own memory (no stride 0).
+            ``dS = P * (dP - rowsum(grad_out * out))`` summed over bias' shared batch and head axes
+            (zero where a score is masked); q's dtype, contiguous. cuDNN 9.19 computes it only for a
+            bias with a row per query, without softcap or ALiBi, and not where the mask leaves whole
+            rows out (bottom-right with s_q > s_kv); those raise UnsupportedError before anything
+            runs.
         deterministic: pick cuDNN's deterministic backward algorithm: bitwise-identical gradients
             from run to run (dK/dV are otherwise accumulated in an order that varies), at a cost in
             speed measured in benchmarks/.

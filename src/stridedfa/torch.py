@@ -78,8 +78,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
             ``torch.zeros_like(m, dtype=q.dtype).masked_fill(~m, float("-inf"))``): scores are
             ``softcap(scale * q @ k^T) + bias`` before the masks. Extent-1 (or stride-0, expanded)
             axes are shared without a copy; the key axis must be contiguous. Differentiable: its
-            gradient is computed only when the bias requires grad. See
-            :func:`stridedfa.sdpa_forward`.
+            gradient is computed only when the bias requires grad, and only where cuDNN computes
+            it (a row per query, no softcap or ALiBi: see :func:`stridedfa.sdpa_backward`).
         alibi_slopes: float32 (h_q,) CUDA tensor of ALiBi slopes (BLOOM, MPT; FlashAttention's
             ``alibi_slopes``): ``scores -= alibi_slopes[h] * |i + off - j|``, off the diagonal
             offset of ``causal_alignment`` (FlashAttention's definition with ``"bottom_right"``);
