@@ -10,6 +10,12 @@ For each anchor configuration (bf16, bshd memory order as models hold it) and va
 - ``softcap``: Gemma 2's causal attention with logits capped at 50 and a 1024-token window.
   stridedfa ``softcap`` + ``window`` vs FlexAttention (score_mod tanh cap, block mask); torch SDPA
   has no softcap;
+- ``bias``: a constant (1, h, s, s) additive bias (T5-style relative positions, or a float mask).
+  stridedfa ``bias`` vs torch SDPA ``attn_mask`` (the same tensor) and FlexAttention (a score_mod
+  reading it);
+- ``alibi``: causal with ALiBi slopes 2^(-8 (h + 1) / H) (BLOOM). stridedfa ``alibi_slopes`` vs
+  FlexAttention (score_mod -slope * (i - j), causal block mask) and torch SDPA with the ALiBi bias
+  and causal mask materialised as one float (1, h, s, s) mask;
 - ``deterministic``: causal, stridedfa's deterministic backward (the ratio is its cost against
   stridedfa's default causal backward, ``causal`` below);
 - ``causal``: plain causal, stridedfa vs torch SDPA (cuDNN backend, is_causal=True);
@@ -40,7 +46,7 @@ CONFIGS = [  # (b, h, s, d)
     (8, 16, 1024, 64),
 ]
 WINDOW = 1024
-VARIANTS = ("none", "causal", "padding", "window", "softcap", "deterministic")
+VARIANTS = ("none", "causal", "padding", "window", "softcap", "bias", "alibi", "deterministic")
 SOFTCAP = 50.0
 
 
@@ -69,9 +75,9 @@ def lengths_for(torch, b, s):
 
 
 def kept_fraction(variant, b, s, lengths):
-    if variant == "none":
+    if variant in ("none", "bias"):
         return 1.0
-    if variant in ("causal", "deterministic"):
+    if variant in ("causal", "deterministic", "alibi"):
         return (s + 1) / (2 * s)
     if variant == "padding":
         return sum((n / s) ** 2 for n in lengths.tolist()) / b
@@ -110,6 +116,8 @@ def contenders(torch, sfa_torch, variant, q, k, v, lengths):
         fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True, deterministic=True)
         fns["stridedfa_default"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True)
         return fns
+    if variant in ("bias", "alibi"):
+        return bias_contenders(torch, sfa_torch, variant, h, s)
     if variant == "softcap":
         fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True, window=(WINDOW, 0),
                                                                softcap=SOFTCAP)
@@ -146,6 +154,46 @@ def contenders(torch, sfa_torch, variant, q, k, v, lengths):
             block = create_block_mask(mask_mod, None, None, s, s, device="cuda")
         flex = torch.compile(flex_attention, dynamic=False)
         fns["flex_attention"] = lambda q, k, v: flex(q, k, v, block_mask=block)
+    except Exception as error:  # noqa: BLE001 (reported, the run goes on)
+        log(f"  flex_attention unavailable: {type(error).__name__}: {error}")
+    return fns
+
+
+def bias_contenders(torch, sfa_torch, variant, h, s):
+    """bias: a constant (1, h, s, s) bias; alibi: causal ALiBi. The same scores for every contender."""
+    import torch.nn.functional as F
+
+    fns = {}
+    idx = torch.arange(s, device="cuda")
+    if variant == "bias":
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        bias = torch.randn(1, h, s, s, device="cuda", generator=gen).to(torch.bfloat16)
+        fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, bias=bias)
+        fns["torch_sdpa_mask"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+        def score_mod(score, b_, h_, i, j):
+            return score + bias[0, h_, i, j]
+        block = None
+    else:
+        slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, device="cuda") / h)
+        fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True, alibi_slopes=slopes)
+        distance = (idx[:, None] - idx[None, :]).float()  # i - j >= 0 where seen
+        dense = (-slopes[:, None, None] * distance).masked_fill(idx[None, :] > idx[:, None], float("-inf"))
+        dense = dense[None].to(torch.bfloat16)
+        fns["torch_sdpa_mask"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+
+        def score_mod(score, b_, h_, i, j):
+            return score - slopes[h_] * (i - j)
+        block = "causal"
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        if block == "causal":
+            def mask_mod(b_, h_, i, j):
+                return j <= i
+            block = create_block_mask(mask_mod, None, None, s, s, device="cuda")
+        flex = torch.compile(flex_attention, dynamic=False)
+        fns["flex_attention"] = lambda q, k, v: flex(q, k, v, block_mask=block, score_mod=score_mod)
     except Exception as error:  # noqa: BLE001 (reported, the run goes on)
         log(f"  flex_attention unavailable: {type(error).__name__}: {error}")
     return fns
