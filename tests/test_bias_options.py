@@ -210,3 +210,41 @@ def test_alibi_with_padding_bottom_right_is_refused_top_left_needs_no_offset():
     with pytest.raises(stridedfa.UnsupportedError, match="ALiBi with bottom-right alignment and padding"):
         key(alibi_slopes=t((H,), "float32"), causal_alignment="bottom_right", **lengths)
     assert alibi_terms(key(alibi_slopes=t((H,), "float32"), **lengths)) == (0, 0)  # top-left: no offset
+
+
+# --- Found in review -----------------------------------------------------------------------------
+
+
+def test_one_sided_padding_lengths_count_as_the_callers_for_bottom_right_bias_and_alibi():
+    # only seqlens_kv given: the diagonal still moves per sequence (seqlens_kv[b] - s_q)
+    kv_only = dict(seqlens_kv=t((B,), "int32"))
+    with pytest.raises(stridedfa.UnsupportedError, match="padding lengths"):
+        key(causal=True, causal_alignment="bottom_right", bias=t((S_Q, S_KV)), **kv_only)
+    with pytest.raises(stridedfa.UnsupportedError, match="ALiBi with bottom-right alignment and padding"):
+        key(causal_alignment="bottom_right", alibi_slopes=t((H,), "float32"), **kv_only)
+
+
+def test_an_empty_problem_checks_the_gradients_it_zero_fills():
+    # batch 0 with a bias shared by the batch: grad_bias has elements and is zero-filled, so it must be
+    # a proper output -- its own memory, writable, aligned
+    empty = backward()
+    for name in ("q", "k", "v", "out", "grad_out", "grad_q", "grad_k", "grad_v"):
+        empty[name] = t((0, *empty[name].shape[1:]))
+    empty["lse"] = t((0, H, S_Q), "float32")
+    bias = t((1, H, S_Q, S_KV))
+    assert _core._validate_backward(**empty, bias=bias, grad_bias=t((1, H, S_Q, S_KV)))["nothing_to_do"]
+    with pytest.raises(stridedfa.LayoutError, match="^grad_bias overlaps bias"):
+        _core._validate_backward(**empty, bias=bias, grad_bias=bias)
+    with pytest.raises(stridedfa.LayoutError, match=r"^grad_bias: axis 1 \(heads\) has stride 0"):
+        _core._validate_backward(**empty, bias=bias, grad_bias=t((1, H, S_Q, S_KV), strides=(0, 0, S_KV, 1)))
+
+
+def test_torch_refuses_a_bias_shared_over_rows_that_requires_grad_before_the_forward():
+    torch = pytest.importorskip("torch")
+    import stridedfa.torch as sfa_torch
+
+    q = torch.zeros(B, H, S_Q, 64, dtype=torch.bfloat16, requires_grad=True)
+    kv = torch.zeros(B, H, S_KV, 64, dtype=torch.bfloat16)
+    mask = torch.zeros(B, 1, 1, S_KV, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(stridedfa.UnsupportedError, match=r"bias: shape \(2, 1, 1, 48\) requires grad .*expand"):
+        sfa_torch.attention(q, kv, kv, bias=mask)

@@ -71,8 +71,15 @@ void check_version_gates(const GraphSpec& spec) {
 
 // cuDNN takes a bias only with a top-left band. A bottom-right band is the top-left band shifted by
 // s_kv - s_q (the diagonal of the last query on the last key), which is what it is given then.
+// Whether the caller gave padding lengths, on either side (the core makes the other one).
+bool caller_gave_lengths(const Plan& plan) {
+  return (plan.slots[kSeqLensQ] && plan.made_lengths[0] < 0) || (plan.slots[kSeqLensKV] && plan.made_lengths[1] < 0);
+}
+
 // With padding lengths the bottom-right diagonal moves per sequence, which no static band says.
-void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given) {
+// `keeps_keys`: a bias' gradient keeps every key (call_plan.cpp), so no cut brings the band's left
+// edge back to the diagonal.
+void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given, bool keeps_keys) {
   const bool band = spec.left_bound != SdpaOptions::kUnbounded || spec.right_bound != SdpaOptions::kUnbounded;
   if (spec.alignment != CausalAlignment::bottom_right || !band) return;
   if (lengths_given) {
@@ -89,7 +96,9 @@ void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given) {
         "a bias with this bottom-right band is not supported: cuDNN takes a bias only with "
         "top-left bands, and this one would need a negative " +
         std::string(left < 0 ? "left" : "right") + " bound (s_q = " + std::to_string(p.s_q) +
-        ", s_kv = " + std::to_string(p.s_kv) + "). Use top-left alignment or fold the mask " + "into the bias.");
+        ", s_kv = " + std::to_string(p.s_kv) + ")" +
+        (keeps_keys ? " because the bias' gradient keeps every key; leave grad_bias out, use" : "; use") +
+        " top-left alignment, or fold the mask into the bias.");
   }
   spec.alignment = CausalAlignment::top_left;
   if (spec.left_bound != SdpaOptions::kUnbounded) spec.left_bound = left;
@@ -103,7 +112,7 @@ void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given) {
 // causal top-left mask, so stridedfa builds the term itself as a score modifier.
 void set_alibi(GraphSpec& spec, const Plan& plan, const SdpaOptions& o) {
   const bool bottom_right = o.alignment == CausalAlignment::bottom_right;
-  const bool lengths_given = plan.slots[kSeqLensQ] && plan.made_lengths[0] < 0;
+  const bool lengths_given = caller_gave_lengths(plan);
   if (bottom_right && lengths_given) {  // GPU run 30: the per-sequence offset gave wrong numbers
     throw UnsupportedError(
         "ALiBi with bottom-right alignment and padding lengths (a distance offset per sequence) is not "
@@ -153,7 +162,7 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   spec.left_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.left_bound();
   spec.right_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.right_bound();
   if (spec.operands[kBias].present) {
-    as_top_left(spec, p, spec.operands[kSeqLensQ].present && plan.made_lengths[0] < 0);
+    as_top_left(spec, p, caller_gave_lengths(plan), plan.slots[kGradBias] != nullptr);
   }
   spec.deterministic = op == GraphOp::backward && o.deterministic;
   spec.softcap = static_cast<float>(o.softcap);

@@ -487,6 +487,15 @@ TensorView as_4d(const TensorView& t, OperandKind kind) {
 
 namespace {
 
+// Output `s` is writable and shares no memory with any input or earlier output.
+void check_output(Validator& check, GraphOp op, const TensorView* const* t, int s) {
+  check.writable(*t[s]);
+  for (int other = 0; other < kNumSlots; ++other) {
+    const Role role = role_in(op, other);
+    if (t[other] && (role == Role::input || (role == Role::output && other < s))) check.disjoint(*t[s], *t[other]);
+  }
+}
+
 // Every rule, walking the operand table: per-operand checks, shapes against what q, k and v
 // establish, then memory rules, then outputs writable and disjoint from every input and from
 // each other. `given[slot]` is null where the op has no such operand.
@@ -544,7 +553,18 @@ Problem validate(GraphOp op, const SlotViews& given) {
       every_output_empty = false;
     }
   }
+  if (t[kGradSinks] && !t[kSinks]) {
+    throw LayoutError("grad_sinks is given without sinks; the sinks' gradient needs the sinks themselves.");
+  }
+  const int64_t seqs[2] = {p.s_q, p.s_kv};
   if (every_output_empty) {
+    // Only a sinks' or a shared bias' gradient can have elements: zero-filled, so checked as any
+    // output is before it is written.
+    for (int s : {kGradSinks, kGradBias}) {
+      if (!t[s] || t[s]->numel() == 0) continue;
+      if (s == kGradBias) check.scores_memory(*t[s], true, seqs, t[kBias]);
+      check_output(check, op, t, s);
+    }
     p.nothing_to_do = true;
     return p;
   }
@@ -556,12 +576,8 @@ Problem validate(GraphOp op, const SlotViews& given) {
       check.memory(*t[s], role_in(op, s) == Role::output, kind == OperandKind::stats);
     }
     if (t[s] && kind == OperandKind::scores) {
-      const int64_t seqs[2] = {p.s_q, p.s_kv};
       check.scores_memory(*t[s], role_in(op, s) == Role::output, seqs, s == kGradBias ? t[kBias] : nullptr);
     }
-  }
-  if (t[kGradSinks] && !t[kSinks]) {
-    throw LayoutError("grad_sinks is given without sinks; the sinks' gradient needs the sinks themselves.");
   }
   if (op == GraphOp::backward) {
     for (int s = 0; s < kNumSlots; ++s) {
@@ -571,14 +587,7 @@ Problem validate(GraphOp op, const SlotViews& given) {
     }
   }
   for (int s = 0; s < kNumSlots; ++s) {
-    if (!t[s] || role_in(op, s) != Role::output) continue;
-    check.writable(*t[s]);
-    for (int other = 0; other < kNumSlots; ++other) {
-      if (t[other] && role_in(op, other) == Role::input) check.disjoint(*t[s], *t[other]);
-    }
-    for (int earlier = 0; earlier < s; ++earlier) {
-      if (t[earlier] && role_in(op, earlier) == Role::output) check.disjoint(*t[s], *t[earlier]);
-    }
+    if (t[s] && role_in(op, s) == Role::output) check_output(check, op, t, s);
   }
   return p;
 }

@@ -7,7 +7,7 @@ torch.ops.stridedfa.*.
 import torch
 
 from stridedfa import _core, _layouts
-from stridedfa._errors import LayoutError
+from stridedfa._errors import LayoutError, UnsupportedError
 
 # torch >= 2.10 exports the DLPack C exchange API: the core reads tensors and the current stream in
 # well under a microsecond and allocates through torch's allocator. Older torch goes through
@@ -246,10 +246,11 @@ class _AttentionFunction(torch.autograd.Function):
                                "with")
         q, k, v, out, lse = ctx.saved_tensors
         opts = ctx.options
+        wants_bias = ctx.needs_input_grad[3 + _BIAS]
         grad_q, grad_k, grad_v, grad_sinks, grad_bias = _attention_backward(
-            q, k, v, out, lse, grad_out, *opts, ctx.needs_input_grad[3 + _BIAS])
+            q, k, v, out, lse, grad_out, *opts, wants_bias)
         return (grad_q, grad_k, grad_v, *_option_grads(_grad_or_none(grad_sinks, opts[_SINKS]),
-                                                       _grad_or_none(grad_bias, opts[_BIAS])))
+                                                       grad_bias if wants_bias else None))
 
 
 class _EagerAttention(torch.autograd.Function):
@@ -288,7 +289,7 @@ class _EagerAttention(torch.autograd.Function):
                                              together=needs[0] and needs[1] and needs[2])
         grad_q, grad_k, grad_v, grad_sinks, grad_bias = grads
         return (grad_q, grad_k, grad_v, _grad_or_none(grad_sinks, opts[_SINKS]),
-                _grad_or_none(grad_bias, opts[_BIAS]), None, None)
+                grad_bias if needs[4] else None, None, None)
 
 
 def _attention_forward_autograd(q, k, v, *args):
@@ -401,13 +402,14 @@ class _PackedAttentionFunction(torch.autograd.Function):
                                "differentiate with")
         packed, q, out, lse = ctx.saved_tensors
         dim, layout, opts = ctx.options
-        args = (packed, dim, layout, q, out, lse, grad_out, *opts, ctx.needs_input_grad[5 + _BIAS])
+        wants_bias = ctx.needs_input_grad[5 + _BIAS]
+        args = (packed, dim, layout, q, out, lse, grad_out, *opts, wants_bias)
         if ctx.eager and not _is_grad_enabled():
             grad_packed, grad_q, grad_sinks, grad_bias = _packed_backward_impl(*args)
         else:
             grad_packed, grad_q, grad_sinks, grad_bias = _packed_attention_backward(*args)
         return (None, grad_packed, None, None, grad_q if q is not None else None,
-                *_option_grads(_grad_or_none(grad_sinks, opts[_SINKS]), _grad_or_none(grad_bias, opts[_BIAS])))
+                *_option_grads(_grad_or_none(grad_sinks, opts[_SINKS]), grad_bias if wants_bias else None))
 
 
 def _packed_forward_autograd(packed, dim, layout, q, *args):
@@ -525,6 +527,17 @@ def _bias_gradient_like(bias, wanted, like):
     """The bias' gradient buffer (contiguous, bias' shape, as the core allocates it), or an empty
     placeholder when there is no bias or its gradient is not wanted."""
     return bias.new_empty(bias.shape) if bias is not None and wanted else _no_lse(like)
+
+
+def _check_bias_gradient(bias, s_q: int) -> None:
+    """Before the forward: a bias that requires grad must have a row per query (cuDNN 9.19 computes
+    the gradient of one shared over rows wrongly; the core refuses it in the backward, too late
+    for a training step to fail cleanly)."""
+    if bias is not None and bias.requires_grad and s_q > 1 and (bias.dim() < 2 or bias.shape[-2] == 1):
+        raise UnsupportedError(
+            f"bias: shape {tuple(bias.shape)} requires grad but is shared over the {s_q} query rows; cuDNN "
+            f"9.19 computes the gradient of such a bias wrongly. Pass bias.expand(-1, -1, {s_q}, -1) (the same "
+            f"forward, no copy; torch sums the gradient back to your shape) or detach it (a constant mask).")
 
 
 def _no_lse(like):

@@ -104,10 +104,10 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
 def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = None,
                        causal: bool = False, causal_alignment: str = "top_left", window=None,
                        softcap: float | None = None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-                       bias_grad: bool = True, alibi_slopes=None, deterministic: bool = False, stream=None):
+                       bias_grad: bool = False, alibi_slopes=None, deterministic: bool = False, stream=None):
     """Gradients of :func:`attention`: returns ``(grad_q, grad_k, grad_v)``, then the sinks'
     gradient (float32 (h_q,)) when ``sinks`` are given, then the bias' gradient (contiguous, of
-    bias' shape, summed over its shared axes) when ``bias`` is given and ``bias_grad``.
+    bias' shape, summed over its shared batch and head axes) when ``bias_grad=True``.
 
     Args:
         q, k, v: the forward's inputs; out, lse: what ``attention(..., return_lse=True)`` returned.
@@ -115,7 +115,9 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
             cuDNN cannot read (e.g. a broadcast array with stride 0) is copied first.
         scale, causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, sinks, bias,
             alibi_slopes: the forward's values.
-        bias_grad: compute the bias' gradient; pass False for a constant bias (a mask) to skip it.
+        bias_grad: also compute the bias' gradient (off by default: a bias is most often a constant
+            mask). cuDNN computes it for a bias with a row per query, without softcap or ALiBi (see
+            :func:`stridedfa.sdpa_backward`).
         deterministic: cuDNN's deterministic backward (bitwise-identical gradients run to run).
         stream: as in :func:`attention`.
 

@@ -26,6 +26,7 @@ from stridedfa._torch_ops import (
     _attention_inference_basic,
     _bounds,
     _causal,
+    _check_bias_gradient,
     _check_packed,
     _eager_attention,
     _eager_packed_attention,
@@ -119,6 +120,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     left, right = (-1, -1) if window is None else _bounds(window)
     opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
             bias, alibi_slopes)
+    if needs_grad and bias is not None:
+        _check_bias_gradient(bias, q.shape[2])
     if needs_grad and _plain_eager(q, k, v):
         return _eager_attention(q, k, v, sinks, bias, opts, return_lse)
     if needs_grad or return_lse:
@@ -179,6 +182,8 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad)
                                               or (sinks is not None and sinks.requires_grad)
                                               or (bias is not None and bias.requires_grad))
+    if needs_grad and bias is not None:
+        _check_bias_gradient(bias, (q if q is not None else packed.select(dim, 0)).shape[layout.index("s")])
     if _plain_eager(packed, packed, packed if q is None else q):
         if needs_grad:
             out, lse = _eager_packed_attention(True, packed, dim, layout, q, *opts, True)
