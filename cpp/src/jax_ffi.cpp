@@ -150,23 +150,17 @@ TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int6
   return t;
 }
 
-TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, int64_t mapped, DLDataType dtype,
-                       int32_t device, std::uintptr_t data) {
+TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                       std::uintptr_t data) {
   if (rank > kMaxDims) {
     throw LayoutError(std::string(name) + ": " + std::to_string(rank) + " axes; stridedfa reads at most " +
                       std::to_string(kMaxDims));
   }
-  const int64_t skip = mapped > 0 ? mapped : 0;
-  if (skip > 0 && rank <= skip) {
-    throw LayoutError(std::string(name) + ": expected a (heads of q,) array besides jax.vmap's " +
-                      std::to_string(skip) + " axes, got " + std::to_string(rank - skip) + " axes");
-  }
-  // The first slice along the mapped axes: its own axes start at the buffer's start.
-  TensorView t = dense_view(name, static_cast<int32_t>(rank - skip), dtype, device, data);
+  TensorView t = dense_view(name, static_cast<int32_t>(rank), dtype, device, data);
   int64_t stride = 1;
-  for (int64_t i = rank - 1; i >= skip; --i) {
-    t.dims[i - skip] = dims[i];
-    t.strides[i - skip] = stride;
+  for (int64_t i = rank - 1; i >= 0; --i) {
+    t.dims[i] = dims[i];
+    t.strides[i] = stride;
     stride *= dims[i];
   }
   return t;
@@ -271,8 +265,7 @@ TensorView bias_of(const char* name, const ffi::AnyBuffer& buffer, const ffi::An
 }
 
 // The trailing arguments `present` (OptionalOperand bits) announces, in that order: seqlens_q and
-// seqlens_kv, sinks, bias, alibi_slopes. `q` is q's buffer and `q_view` its view (see bias_of; the
-// slopes skip the axes jax.vmap put in front of q's four, see slopes_view).
+// seqlens_kv, sinks, bias, alibi_slopes. `q` is q's buffer and `q_view` its view (see bias_of).
 void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, const ffi::AnyBuffer& q,
                const TensorView& q_view, int32_t device, Optional views) {
   const int64_t expected = count_optional(present, backward);
@@ -303,10 +296,9 @@ void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, c
   if (present & kWithAlibiSlopes) {
     const auto b = buffer("alibi_slopes");
     const auto dims = b.dimensions();
-    views.alibi_slopes =
-        slopes_view("alibi_slopes", dims.begin(), static_cast<int64_t>(dims.size()),
-                    static_cast<int64_t>(q.dimensions().size()) - 4, dl_dtype("alibi_slopes", b.element_type()), device,
-                    reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+    views.alibi_slopes = slopes_view("alibi_slopes", dims.begin(), static_cast<int64_t>(dims.size()),
+                                     dl_dtype("alibi_slopes", b.element_type()), device,
+                                     reinterpret_cast<std::uintptr_t>(b.untyped_data()));
   }
 }
 

@@ -11,9 +11,9 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
     TensorView jax_scores_view "stridedfa::jax_ffi::scores_view"(
         const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch, DLDataType dtype,
         int device, uintptr_t data) except +raise_core_error
-    # The ALiBi slopes' view (after jax.vmap's axes), declared here for the same reason.
+    # The ALiBi slopes' view, declared here for the same reason.
     TensorView jax_slopes_view "stridedfa::jax_ffi::slopes_view"(
-        const char* name, const int64_t* dims, int64_t rank, int64_t mapped, DLDataType dtype, int device,
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
         uintptr_t data) except +raise_core_error
 
 
@@ -142,10 +142,10 @@ cdef int jax_bias_views(bint backward, object bias, bint grad_bias, int64_t mapp
     return 0
 
 
-cdef int jax_alibi_views(object alibi_slopes, int64_t mapped, int device, TensorView** views) except -1:
-    """The ALiBi slopes as the handler reads them, from (shape, dtype); `mapped`: the axes jax.vmap
-    put in front of q's four (the handler reads the first (h_q,) slice along them). An input of the
-    forward and of the backward alike; they have no gradient."""
+cdef int jax_alibi_views(object alibi_slopes, int device, TensorView** views) except -1:
+    """The ALiBi slopes as the handler reads them, from (shape, dtype): an input of the forward and
+    of the backward alike, without jax.vmap's axes (stridedfa.jax keeps them unmapped); they have
+    no gradient."""
     cdef int64_t dims[8]
     cdef int j, rank
     cdef uintptr_t address = 0x7400000000
@@ -156,8 +156,7 @@ cdef int jax_alibi_views(object alibi_slopes, int64_t mapped, int device, Tensor
         raise LayoutError(f"alibi_slopes: {rank} axes; stridedfa reads at most 8")
     for j in range(rank):
         dims[j] = shape[j]
-    views[15][0] = jax_slopes_view(b"alibi_slopes", dims, rank, mapped, jax_dtype(name, b"alibi_slopes"), device,
-                                   address)
+    views[15][0] = jax_slopes_view(b"alibi_slopes", dims, rank, jax_dtype(name, b"alibi_slopes"), device, address)
     return 0
 
 
@@ -194,7 +193,7 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     if bias is not None:
         jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
     if alibi_slopes is not None:
-        jax_alibi_views(alibi_slopes, len(shapes[0]) - 4, 0, views)
+        jax_alibi_views(alibi_slopes, 0, views)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
         validate_options(options, problem)
@@ -221,7 +220,7 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     if bias is not None:
         jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
     if alibi_slopes is not None:
-        jax_alibi_views(alibi_slopes, len(shapes[0]) - 4, 0, views)
+        jax_alibi_views(alibi_slopes, 0, views)
     with nogil:
         if backward:
             key = backward_graph_key(bwd, options, sm, cudnn)

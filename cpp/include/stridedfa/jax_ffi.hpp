@@ -53,14 +53,12 @@ TensorView per_head_view(const char* name, const int64_t* dims, int64_t rank, DL
 TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch,
                        DLDataType dtype, int32_t device, std::uintptr_t data);
 
-// The (h_q,) view of dense float32 ALiBi slopes of `rank` dims, after `mapped` leading axes jax.vmap
-// added (as many as q's rank has above 4). vmap_method "broadcast_all" broadcasts slopes that are not
-// mapped, so every slice along those axes is the same: the view reads the first one. stridedfa.jax
-// refuses mapped slopes (one set per mapped call) while tracing, as only it can tell them apart.
-// Without mapped axes the caller's own axes are kept, for the validator to check. Throws LayoutError
-// when the slopes have no axis besides the mapped ones, and for more than kMaxDims axes.
-TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, int64_t mapped, DLDataType dtype,
-                       int32_t device, std::uintptr_t data);
+// The view of dense ALiBi slopes of `rank` dims as given: the validator checks for float32 (h_q,).
+// Under jax.vmap they keep their own axes: stridedfa.jax batches the calls with the slopes unmapped
+// (shared by every folded batch), refusing mapped slopes while tracing. Throws LayoutError for more
+// than kMaxDims axes.
+TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                       std::uintptr_t data);
 
 // Bits of the handlers' `optional_operands` attribute (i64): which optional trailing arguments follow
 // the fixed ones, and which optional results the backward has. Arguments present come in this order:
