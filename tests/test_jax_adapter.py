@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -289,6 +290,82 @@ def test_vmapped_bias_of_one_batch_or_one_call_folds():
                                bias=((1, S_Q, S_KV), "bfloat16"))["b"] == B
     with pytest.raises(stridedfa.LayoutError, match="besides jax.vmap's 1"):
         _core._jax_validate(False, 0, _vmapped(3, JAX_FORWARD), "bfloat16", bias=((3,), "bfloat16"))
+
+
+# --- The ALiBi slopes: their views, validation and graph keys (no JAX needed) ----------------------
+
+def _slopes(shape=(H_Q,), dtype="float32"):
+    return _fake(shape, row_major(shape), dtype, 15)
+
+
+@pytest.mark.parametrize("options", [{"causal": True}, {}, {"causal": True, "causal_alignment": "bottom_right"}],
+                         ids=["causal", "bidirectional", "bottom_right"])
+def test_alibi_graph_keys_equal_other_callers(options):
+    """A JAX call with ALiBi slopes keys the graph of an sdpa_forward / sdpa_backward call with the
+    same slopes (an input of both; no gradient); the slopes are in the key."""
+    q, k, v = _bshd_view(B, H_Q, S_Q, D, slot=0), _bshd_view(B, H_KV, S_KV, D, slot=1), \
+        _bshd_view(B, H_KV, S_KV, D, slot=2)
+    out, grad_out = _bshd_view(B, H_Q, S_Q, D, slot=3), _bshd_view(B, H_Q, S_Q, D, slot=5)
+    lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4)
+    grads = (_bshd_view(B, H_Q, S_Q, D, slot=6), _bshd_view(B, H_KV, S_KV, D, slot=7),
+             _bshd_view(B, H_KV, S_KV, D, slot=8))
+    slopes = ((H_Q,), "float32")
+    forward = _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", alibi_slopes=slopes, **options)
+    assert forward == _core._forward_graph_key(q, k, v, out, lse, alibi_slopes=_slopes(), **options)
+    assert forward != _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", **options)
+    backward = _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", alibi_slopes=slopes, **options)
+    assert backward == _core._backward_graph_key(q, k, v, out, grad_out, lse, *grads, alibi_slopes=_slopes(),
+                                                 **options)
+    assert backward != _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", **options)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_alibi_slopes_validate(backward):
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    problem = _core._jax_validate(backward, 0, shapes, "bfloat16", alibi_slopes=((H_Q,), "float32"))
+    assert (problem["b"], problem["h_q"], problem["s_q"], problem["s_kv"]) == (B, H_Q, S_Q, S_KV)
+    problem = _core._jax_validate(backward, 0, shapes, "bfloat16", sinks=((H_Q,), "float32"),
+                                  bias=((S_Q, S_KV), "bfloat16"), grad_bias=False,
+                                  alibi_slopes=((H_Q,), "float32"))
+    assert problem["h_q"] == H_Q
+
+
+@pytest.mark.parametrize("slopes, message", [
+    (((H_KV,), "float32"), r"^alibi_slopes: shape .* does not match \(heads of q,\) .* axis 0 \(heads\) is 2, "
+                           r"expected 8"),
+    (((B, H_Q), "float32"), r"^alibi_slopes: expected shape \(heads of q,\)"),
+    (((), "float32"), r"^alibi_slopes: expected shape \(heads of q,\)"),
+    (((H_Q,), "bfloat16"), r"^alibi_slopes: dtype bfloat16 is not supported; .*float32"),
+    (((H_Q,), "float16"), r"^alibi_slopes: dtype float16 is not supported; .*float32"),
+    (((H_Q,), "int32"), r"^alibi_slopes: dtype int32 is not supported"),
+])
+@pytest.mark.parametrize("backward", [False, True])
+def test_bad_alibi_slopes_are_refused_by_the_core(slopes, message, backward):
+    with pytest.raises(stridedfa.LayoutError, match=message):
+        _core._jax_validate(backward, 0, JAX_BACKWARD if backward else JAX_FORWARD, "bfloat16", alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_vmapped_alibi_slopes_stay_one_set(backward):
+    """Under jax.vmap stridedfa.jax keeps the slopes unmapped (one (h_q,) array) while q, k, v get
+    the mapped axes in front: the key is that of the problem with the batch folded by hand."""
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    folded = tuple(None if s is None else (3 * B, *s[1:]) for s in shapes)
+    slopes = ((H_Q,), "float32")
+    vmapped = _core._jax_graph_key(backward, 0, _vmapped(3, shapes), "bfloat16", alibi_slopes=slopes)
+    assert vmapped == _core._jax_graph_key(backward, 0, folded, "bfloat16", alibi_slopes=slopes)
+    assert _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16", alibi_slopes=slopes)["b"] == 3 * B
+    with pytest.raises(stridedfa.LayoutError, match=r"^alibi_slopes: expected shape \(heads of q,\)"):
+        _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16", alibi_slopes=((3, H_Q), "float32"))
+
+
+def test_alibi_with_a_bias_gradient_is_refused_by_the_core():
+    """The core refuses a bias' gradient with ALiBi (cuDNN's dbias under a score modifier is wrong);
+    a constant bias with ALiBi is fine."""
+    slopes, bias = ((H_Q,), "float32"), ((B, H_Q, S_Q, S_KV), "bfloat16")
+    with pytest.raises(stridedfa.UnsupportedError, match="bias' gradient with ALiBi"):
+        _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", bias=bias, alibi_slopes=slopes)
+    assert _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", bias=bias, grad_bias=False, alibi_slopes=slopes)
 
 
 # --- With JAX (CPU backend) ---------------------------------------------------------------------
@@ -605,6 +682,184 @@ def test_dispatcher_passes_bias_to_the_jax_adapter(sj, jax):
         jax.eval_shape(lambda q, k, v, b: stridedfa.attention(q, k, v, bias=b), q, kv, kv, _spec(jax, (3, 128, 256)))
 
 
+# --- The ALiBi slopes through stridedfa.jax (CPU backend: tracing and lowering) --------------------
+
+def _alibi_slopes(h_q):
+    return 2.0 ** (-8.0 * np.arange(1, h_q + 1) / h_q)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_alibi_shapes_and_no_cotangent(sj, jax, layout, causal):
+    """With ALiBi slopes the output and the q, k, v cotangents keep their shapes, under jax.grad and
+    jax.jit; the slopes, not differentiable, get a zero cotangent."""
+    jnp = jax.numpy
+    shape = (lambda b, h, s, d: (b, s, h, d)) if layout == "bshd" else (lambda b, h, s, d: (b, h, s, d))
+    q, kv = _spec(jax, shape(2, 8, 128, 64), "float16"), _spec(jax, shape(2, 2, 256, 64), "float16")
+    slopes = _spec(jax, (8,), "float32")
+
+    def loss(q, k, v, slopes):
+        out = sj.attention(q, k, v, layout=layout, causal=causal, alibi_slopes=slopes)
+        return out.astype(jnp.float32).sum()
+
+    out = jax.eval_shape(lambda q, k, v, s: sj.attention(q, k, v, layout=layout, alibi_slopes=s), q, kv, kv, slopes)
+    assert (out.shape, str(out.dtype)) == (shape(2, 8, 128, 64), "float16")
+    grads = jax.eval_shape(jax.jit(jax.grad(loss, (0, 1, 2))), q, kv, kv, slopes)
+    assert [(g.shape, str(g.dtype)) for g in grads] == [(x.shape, "float16") for x in (q, kv, kv)]
+    assert jax.eval_shape(jax.grad(loss), q, kv, kv, slopes).shape == q.shape
+    # Asked for anyway, the slopes' cotangent is zero (test_alibi_slopes_get_a_zero_gradient).
+    assert jax.eval_shape(jax.grad(loss, 3), q, kv, kv, slopes).shape == (8,)
+    lse = jax.eval_shape(lambda q, k, v, s: sj.attention(q, k, v, layout=layout, alibi_slopes=s, return_lse=True),
+                         q, kv, kv, slopes)
+    assert lse[1].shape == (2, 8, 128)
+
+
+def test_alibi_slopes_get_a_zero_gradient(sj, jax):
+    """jax.grad with respect to the slopes gives zeros (they are not differentiable), traced on CPU
+    with the calls themselves never run: the zeros come from the rule, not from a kernel."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (1, 16, 2, 64)), _spec(jax, (1, 32, 1, 64))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda q, k, v, s: sj.attention(q, k, v, alibi_slopes=s)
+                                    .astype(jnp.float32).sum(), 3))(q, kv, kv, _spec(jax, (2,), "float32"))
+    assert jaxpr.out_avals[0].shape == (2,)
+    # The gradient is a broadcast literal zero, not a result of the backward call.
+    (made,) = [e for e in jaxpr.jaxpr.eqns if jaxpr.jaxpr.outvars[0] in e.outvars]
+    assert made.primitive.name == "broadcast_in_dim" and float(made.invars[0].val) == 0.0, made
+    # The calls (in custom_vmap_call, which keeps the slopes unmapped under jax.vmap): the backward
+    # has the three results of q, k, v only.
+    calls = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "custom_vmap_call"]
+    assert [len(e.outvars) for e in calls] == [2, 3], jaxpr
+
+
+def test_lowering_with_alibi_announces_its_operand(sj, jax):
+    """The slopes are one more trailing input (bit 16 of optional_operands), after the lengths, the
+    sinks and the bias, of the forward and of the backward; they add no result."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
+    slopes, bias, sinks = _spec(jax, (8,), "float32"), _spec(jax, (1, 8, 128, 256)), _spec(jax, (8,), "float32")
+    lengths = _spec(jax, (2,), "int32")
+
+    calls = _custom_calls(jax.jit(lambda q, k, v, s: sj.attention(q, k, v, alibi_slopes=s))
+                          .lower(q, kv, kv, slopes).as_text())
+    assert len(calls) == 1 and "optional_operands = 16 : i64" in calls[0], calls
+    assert calls[0].count("tensor<8xf32>") == 1
+
+    def loss(q, k, v, slopes, bias, sinks, lengths):
+        out = sj.attention(q, k, v, alibi_slopes=slopes, bias=bias, sinks=sinks, seqlens_kv=lengths, causal=True)
+        return out.astype(jnp.float32).sum()
+
+    calls = _custom_calls(jax.jit(jax.grad(loss, (0, 1, 2, 5))).lower(q, kv, kv, slopes, bias, sinks, lengths)
+                          .as_text())
+    assert len(calls) == 2 and "@stridedfa_sdpa_backward(" in calls[1], calls
+    assert "optional_operands = 23 : i64" in calls[0], calls[0]  # 1 + 2 + 4 + 16: a constant bias
+    assert "optional_operands = 23 : i64" in calls[1], calls[1]
+    # The operand types: q, k, v, out, lse, grad_out, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes
+    # (the slopes last); the results grad_q, grad_k, grad_v, grad_sinks (the slopes have no gradient).
+    arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", calls[1]).groups()
+    arguments = arguments.split(", ")
+    assert len(arguments) == 11 and arguments[-2:] == ["tensor<1x8x128x256xbf16>", "tensor<8xf32>"], arguments
+    assert results.count("tensor<") == 4, results
+    forward_arguments = re.search(r"\} : \((.*)\) -> ", calls[0]).group(1).split(", ")
+    assert len(forward_arguments) == 8 and forward_arguments[-1] == "tensor<8xf32>", forward_arguments
+
+
+@pytest.mark.parametrize("shape, dtype, message", [
+    ((4,), "float32", r"^alibi_slopes: shape .* axis 0 \(heads\) is 4, expected 8"),
+    ((2, 8), "float32", r"^alibi_slopes: expected shape \(heads of q,\)"),
+    ((8,), "bfloat16", r"^alibi_slopes: dtype bfloat16 is not supported; .*float32"),
+    ((8,), "float16", r"^alibi_slopes: dtype float16 is not supported; .*float32"),
+])
+@pytest.mark.parametrize("how", ["eval_shape", "jit_lower", "grad"])
+def test_bad_alibi_slopes_raise_typed_errors_while_tracing(sj, jax, shape, dtype, message, how):
+    q, kv, slopes = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64)), _spec(jax, shape, dtype)
+
+    def f(q, k, v, slopes):
+        return sj.attention(q, k, v, alibi_slopes=slopes)
+
+    with pytest.raises(stridedfa.LayoutError, match=message):
+        if how == "eval_shape":
+            jax.eval_shape(f, q, kv, kv, slopes)
+        elif how == "jit_lower":
+            jax.jit(f).lower(q, kv, kv, slopes)
+        else:
+            jax.jit(jax.grad(lambda *a: f(*a).astype("float32").sum(), 0)).lower(q, kv, kv, slopes)
+
+
+def test_alibi_slopes_as_numpy_array(sj, jax):
+    """NumPy slopes go through jnp.asarray and become the call's operand."""
+    q, kv = _spec(jax, (1, 16, 2, 64)), _spec(jax, (1, 32, 1, 64))
+    slopes = _alibi_slopes(2).astype(np.float32)
+    out = jax.eval_shape(lambda q, k, v: sj.attention(q, k, v, alibi_slopes=slopes, causal=True), q, kv, kv)
+    assert out.shape == (1, 16, 2, 64)
+    text = jax.jit(lambda q, k, v: sj.attention(q, k, v, alibi_slopes=slopes)).lower(q, kv, kv).as_text()
+    assert "optional_operands = 16 : i64" in _custom_calls(text)[0]
+
+
+def test_vmapped_alibi_slopes(sj, jax):
+    """Under jax.vmap slopes shared by the mapped calls (in_axes=None, or closed over) are fine,
+    also for the backward and nested vmaps; the calls get them unbroadcast (one (h_q,) array).
+    Mapped slopes are refused while tracing, also when jax.jit is inside the vmap."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (3, 2, 128, 8, 64)), _spec(jax, (3, 2, 256, 2, 64))
+    slopes = _spec(jax, (8,), "float32")
+
+    def f(q, k, v, s):
+        return sj.attention(q, k, v, causal=True, alibi_slopes=s)
+
+    def loss(q, k, v, s):
+        return f(q, k, v, s).astype(jnp.float32).sum()
+
+    out = jax.eval_shape(jax.vmap(f, in_axes=(0, 0, 0, None)), q, kv, kv, slopes)
+    assert out.shape == (3, 2, 128, 8, 64)
+    grads = jax.eval_shape(jax.vmap(jax.grad(loss, (0, 1, 2)), in_axes=(0, 0, 0, None)), q, kv, kv, slopes)
+    assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
+    # The calls get the slopes as they are, (8,), not broadcast along the mapped axis.
+    text = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, 0, 0, None))).lower(q, kv, kv, slopes).as_text()
+    calls = _custom_calls(text)
+    assert len(calls) == 2, calls
+    for call in calls:
+        arguments = re.search(r"\} : \((.*)\) -> ", call).group(1).split(", ")
+        assert "optional_operands = 16 : i64" in call and arguments[-1] == "tensor<8xf32>", call
+        assert arguments[0] == "tensor<3x2x128x8x64xbf16>", arguments
+    closed = jnp.asarray(_alibi_slopes(8), jnp.float32)
+    assert jax.eval_shape(jax.vmap(lambda q, k, v: f(q, k, v, closed)), q, kv, kv).shape == out.shape
+    nested = jax.eval_shape(jax.vmap(jax.vmap(f, in_axes=(0, 0, 0, None)), in_axes=(0, 0, 0, None)),
+                            _spec(jax, (4, 3, 2, 128, 8, 64)), _spec(jax, (4, 3, 2, 256, 2, 64)),
+                            _spec(jax, (4, 3, 2, 256, 2, 64)), slopes)
+    assert nested.shape == (4, 3, 2, 128, 8, 64)
+    # A derived value of shared slopes stays shared.
+    derived = jax.eval_shape(jax.vmap(lambda q, k, v, s: f(q, k, v, s * 0.5), in_axes=(0, 0, 0, None)),
+                             q, kv, kv, slopes)
+    assert derived.shape == out.shape
+
+    mapped = _spec(jax, (3, 8), "float32")
+    refused = r"alibi_slopes: mapped by jax.vmap .* pass them unmapped \(in_axes=None"
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):
+        jax.eval_shape(jax.vmap(f), q, kv, kv, mapped)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):
+        jax.eval_shape(jax.vmap(jax.grad(loss, (0, 3))), q, kv, kv, mapped)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):  # mapped by the outer of two vmaps
+        jax.eval_shape(jax.vmap(lambda q, k, v, s: jax.vmap(lambda q: f(q, k, v, s))(q), in_axes=(0, None, None, 0)),
+                       _spec(jax, (4, 3, 2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64)), _spec(jax, (2, 256, 2, 64)),
+                       _spec(jax, (4, 8), "float32"))
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):  # derived from a mapped value
+        jax.eval_shape(jax.vmap(lambda q, k, v, x: f(q, k, v, closed * x)), q, kv, kv, _spec(jax, (3,), "float32"))
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):  # jax.jit inside: batched from its jaxpr
+        jax.eval_shape(jax.vmap(jax.jit(f)), q, kv, kv, mapped)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):
+        jax.jit(jax.vmap(jax.jit(jax.grad(loss)))).lower(q, kv, kv, mapped)
+    # vmap of a jitted call with shared slopes: fine, the slopes stay (8,).
+    text = jax.jit(jax.vmap(jax.jit(f), in_axes=(0, 0, 0, None))).lower(q, kv, kv, slopes).as_text()
+    assert re.search(r"\} : \((.*)\) -> ", _custom_calls(text)[0]).group(1).endswith("tensor<8xf32>")
+
+
+def test_dispatcher_passes_alibi_slopes_to_the_jax_adapter(sj, jax):
+    q, kv, slopes = _spec(jax, (2, 8, 128, 64)), _spec(jax, (2, 2, 256, 64)), _spec(jax, (8,), "float32")
+    text = jax.jit(lambda q, k, v, s: stridedfa.attention(q, k, v, alibi_slopes=s)).lower(q, kv, kv, slopes).as_text()
+    calls = _custom_calls(text)
+    assert len(calls) == 1 and "optional_operands = 16 : i64" in calls[0] and "layout = 1 : i64" in calls[0]
+
+
 def test_traced_scale_is_refused(sj, jax):
     q = _spec(jax, (1, 16, 2, 64))
     with pytest.raises(TypeError, match="static"):
@@ -636,9 +891,10 @@ def test_handlers_decode_every_operand_and_attribute(sj):
                              deterministic=True, padded=True)
         sinks = (jnp.zeros((2,), jnp.float32),)
         bias = (jnp.zeros((16, 32), jnp.bfloat16),)
-        def backward(q, k, v, lengths=(), options=options, sinks=(), bias=(), bias_wanted=()):  # inputs made up
-            out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)
-            return sj._attention_bwd(options, (q, k, v, lengths, sinks, bias, bias_wanted, out, lse), out)
+        slopes = (jnp.ones((2,), jnp.float32),)
+        def backward(q, k, v, lengths=(), options=options, sinks=(), bias=(), bias_wanted=(), slopes=()):
+            out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)  # inputs made up
+            return sj._attention_bwd(options, (q, k, v, lengths, sinks, bias, bias_wanted, slopes, out, lse), out)
         def wrong_attribute_type(q, k, v):
             attributes = dict(options.attributes(), scale=np.float32(0.5))
             return jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))(
@@ -658,6 +914,12 @@ def test_handlers_decode_every_operand_and_attribute(sj):
             "backward_constant_bias": lambda q, k, v: backward(q, k, v, bias=bias),
             "forward_all": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, True, bias),
             "backward_all": lambda q, k, v: backward(q, k, v, lengths, padded, sinks, bias, bias),
+            "inference_alibi": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, False, (), slopes)[0],
+            "forward_alibi": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, True, (), slopes),
+            "backward_alibi": lambda q, k, v: backward(q, k, v, slopes=slopes),
+            "forward_all_alibi": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, True, bias,
+                                                                  slopes),
+            "backward_all_alibi": lambda q, k, v: backward(q, k, v, lengths, padded, sinks, bias, (), slopes),
             "control": wrong_attribute_type,
         }
         for name, f in calls.items():
@@ -673,7 +935,8 @@ def test_handlers_decode_every_operand_and_attribute(sj):
     lines = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
     decoded = ("inference", "forward", "backward", "inference_padded", "forward_padded", "backward_padded",
                "forward_sinks", "backward_sinks", "inference_bias", "forward_bias", "backward_bias",
-               "backward_constant_bias", "forward_all", "backward_all")
+               "backward_constant_bias", "forward_all", "backward_all", "inference_alibi", "forward_alibi",
+               "backward_alibi", "forward_all_alibi", "backward_all_alibi")
     assert set(lines) == {*decoded, "control"}, result.stdout
     for name in decoded:
         assert "bad operands at: 0)" in lines[name], (name, lines[name])

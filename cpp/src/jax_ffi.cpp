@@ -150,6 +150,22 @@ TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int6
   return t;
 }
 
+TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                       std::uintptr_t data) {
+  if (rank > kMaxDims) {
+    throw LayoutError(std::string(name) + ": " + std::to_string(rank) + " axes; stridedfa reads at most " +
+                      std::to_string(kMaxDims));
+  }
+  TensorView t = dense_view(name, static_cast<int32_t>(rank), dtype, device, data);
+  int64_t stride = 1;
+  for (int64_t i = rank - 1; i >= 0; --i) {
+    t.dims[i] = dims[i];
+    t.strides[i] = stride;
+    stride *= dims[i];
+  }
+  return t;
+}
+
 namespace {
 
 using Stream = CUstream_st*;
@@ -222,16 +238,19 @@ struct Optional {
   TensorView& seqlens_kv;
   TensorView& sinks;
   TensorView& bias;
+  TensorView& alibi_slopes;
 };
 
 // How many trailing arguments the OptionalOperand bits `present` announce.
 int64_t count_optional(int64_t present, bool backward) {
-  const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias : 0);
+  const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias : 0) | kWithAlibiSlopes;
   if (present < 0 || (present & ~known) != 0 || ((present & kWithGradBias) && !(present & kWithBias))) {
     throw LayoutError("unknown optional_operands code " + std::to_string(present) +
-                      " (bits: 1 seqlens_q and seqlens_kv, 2 sinks, 4 bias, 8 grad_bias: backward, with bias)");
+                      " (bits: 1 seqlens_q and seqlens_kv, 2 sinks, 4 bias, 8 grad_bias: backward, with bias, " +
+                      "16 alibi_slopes)");
   }
-  return ((present & kWithLengths) ? 2 : 0) + ((present & kWithSinks) ? 1 : 0) + ((present & kWithBias) ? 1 : 0);
+  return ((present & kWithLengths) ? 2 : 0) + ((present & kWithSinks) ? 1 : 0) + ((present & kWithBias) ? 1 : 0) +
+         ((present & kWithAlibiSlopes) ? 1 : 0);
 }
 
 // A bias (or its gradient) buffer as the core's view: q's buffer has 4 axes plus those jax.vmap put
@@ -246,7 +265,7 @@ TensorView bias_of(const char* name, const ffi::AnyBuffer& buffer, const ffi::An
 }
 
 // The trailing arguments `present` (OptionalOperand bits) announces, in that order: seqlens_q and
-// seqlens_kv, sinks, bias. `q` is q's buffer and `q_view` its view (see bias_of).
+// seqlens_kv, sinks, bias, alibi_slopes. `q` is q's buffer and `q_view` its view (see bias_of).
 void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, const ffi::AnyBuffer& q,
                const TensorView& q_view, int32_t device, Optional views) {
   const int64_t expected = count_optional(present, backward);
@@ -274,6 +293,13 @@ void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, c
   }
   if (present & kWithSinks) read("sinks", views.sinks, true);
   if (present & kWithBias) views.bias = bias_of("bias", buffer("bias"), q, q_view, device);
+  if (present & kWithAlibiSlopes) {
+    const auto b = buffer("alibi_slopes");
+    const auto dims = b.dimensions();
+    views.alibi_slopes = slopes_view("alibi_slopes", dims.begin(), static_cast<int64_t>(dims.size()),
+                                     dl_dtype("alibi_slopes", b.element_type()), device,
+                                     reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+  }
 }
 
 // cuDNN's workspace comes from XLA's allocator; it is released when the handler returns, which is
@@ -321,7 +347,7 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
     args.out = array_of("out", out, layout, device);
     if (lse) args.lse = stats_of("lse", *lse, device);
     read_rest(rest, attrs.optional_operands, false, q, args.q, device,
-              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias});
+              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes});
     launch(prepare_forward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -376,7 +402,7 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
     args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
     read_rest(rest, optional_operands, true, q, args.q, device,
-              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias});
+              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes});
     // The optional gradients: grad_sinks with sinks, then grad_bias where asked for.
     const bool with_sinks = (optional_operands & kWithSinks) != 0;
     const bool with_bias = (optional_operands & kWithGradBias) != 0;

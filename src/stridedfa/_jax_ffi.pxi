@@ -11,6 +11,10 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
     TensorView jax_scores_view "stridedfa::jax_ffi::scores_view"(
         const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch, DLDataType dtype,
         int device, uintptr_t data) except +raise_core_error
+    # The ALiBi slopes' view, declared here for the same reason.
+    TensorView jax_slopes_view "stridedfa::jax_ffi::slopes_view"(
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
+        uintptr_t data) except +raise_core_error
 
 
 def _jax_ffi_targets():
@@ -138,6 +142,24 @@ cdef int jax_bias_views(bint backward, object bias, bint grad_bias, int64_t mapp
     return 0
 
 
+cdef int jax_alibi_views(object alibi_slopes, int device, TensorView** views) except -1:
+    """The ALiBi slopes as the handler reads them, from (shape, dtype): an input of the forward and
+    of the backward alike, without jax.vmap's axes (stridedfa.jax keeps them unmapped); they have
+    no gradient."""
+    cdef int64_t dims[8]
+    cdef int j, rank
+    cdef uintptr_t address = 0x7400000000
+    shape, name = alibi_slopes
+    shape = tuple(shape)
+    rank = len(shape)
+    if rank > 8:
+        raise LayoutError(f"alibi_slopes: {rank} axes; stridedfa reads at most 8")
+    for j in range(rank):
+        dims[j] = shape[j]
+    views[15][0] = jax_slopes_view(b"alibi_slopes", dims, rank, jax_dtype(name, b"alibi_slopes"), device, address)
+    return 0
+
+
 cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
     cdef DLDataType t
     t.lanes = 1
@@ -150,14 +172,14 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
 
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
                   causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
-                  sinks=None, bias=None, grad_bias=True):
+                  sinks=None, bias=None, grad_bias=True, alibi_slopes=None):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
     may be None) in ``layout`` (0: bshd, 1: bhsd), padding ``lengths`` as ((shape, dtype) of
-    seqlens_q, of seqlens_kv), ``sinks`` and ``bias`` each as (shape, dtype) when given (a
-    backward's grad_sinks of the sinks', its grad_bias, with ``grad_bias``, of the bias' shape),
-    and the options' rules. Needs no GPU. Returns what validation established, or raises
-    LayoutError / UnsupportedError."""
+    seqlens_q, of seqlens_kv), ``sinks``, ``bias`` and ``alibi_slopes`` each as (shape, dtype)
+    when given (a backward's grad_sinks of the sinks', its grad_bias, with ``grad_bias``, of the
+    bias' shape; the slopes have no gradient), and the options' rules. Needs no GPU. Returns what
+    validation established, or raises LayoutError / UnsupportedError."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef Problem problem
@@ -170,6 +192,8 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
         jax_sink_views(backward, sinks, 0, views)
     if bias is not None:
         jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
+    if alibi_slopes is not None:
+        jax_alibi_views(alibi_slopes, 0, views)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
         validate_options(options, problem)
@@ -178,10 +202,11 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
 
 def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, scale=None,
                    causal=False, causal_alignment="top_left", window=None, softcap=None, deterministic=False,
-                   bias=None, grad_bias=True, sm_version=90, cudnn_version=91900):
+                   bias=None, grad_bias=True, alibi_slopes=None, sm_version=90, cudnn_version=91900):
     """The graph-cache key of the handler's call for these shapes on device 0 (see
-    _forward_graph_key), with ``bias`` as (shape, dtype) when given (and a backward's grad_bias
-    with ``grad_bias``): equal keys mean JAX and other callers share one cuDNN graph."""
+    _forward_graph_key), with ``bias`` and ``alibi_slopes`` as (shape, dtype) when given (and a
+    backward's grad_bias with ``grad_bias``): equal keys mean JAX and other callers share one cuDNN
+    graph."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef SdpaOptions options
@@ -194,6 +219,8 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     jax_views(backward, layout, shapes, dtype, 0, views)
     if bias is not None:
         jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
+    if alibi_slopes is not None:
+        jax_alibi_views(alibi_slopes, 0, views)
     with nogil:
         if backward:
             key = backward_graph_key(bwd, options, sm, cudnn)

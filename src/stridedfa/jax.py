@@ -70,8 +70,9 @@ _FORWARD_INFERENCE = "stridedfa_sdpa_forward_inference"  # (q, k, v) -> out
 _BACKWARD = "stridedfa_sdpa_backward"  # (q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)
 # The handlers' `optional_operands` attribute: which optional operands follow those above, in this
 # order, and whether the backward returns grad_bias (after grad_sinks, which come with the sinks).
-# OptionalOperand in cpp/include/stridedfa/jax_ffi.hpp.
-_WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS = 1, 2, 4, 8
+# The ALiBi slopes are an input of both and have no gradient. OptionalOperand in
+# cpp/include/stridedfa/jax_ffi.hpp.
+_WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS, _WITH_ALIBI_SLOPES = 1, 2, 4, 8, 16
 
 # Registered once per process; JAX queues them until its CUDA plugin is loaded.
 for _name, _capsule in _core._jax_ffi_targets().items():
@@ -117,7 +118,7 @@ class _Options:
 def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, causal: bool = False,
               is_causal: bool | None = None, causal_alignment: str = "top_left", window=None,
               softcap: float | None = None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-              deterministic: bool = False, return_lse: bool = False):
+              alibi_slopes=None, deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, as a differentiable JAX function.
 
     ``softmax(scale * q @ k^T + bias + mask) @ v`` per batch and query head. Works eagerly, under
@@ -163,6 +164,15 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             ``jnp.broadcast_to``): a bias shared across the batch is refused when the call runs.
             With a bottom-right ``window`` cuDNN takes it only where the band is a shifted top-left
             one (otherwise ``stridedfa UnsupportedError`` when the call runs).
+        alibi_slopes: float32 (h_q,) array of ALiBi slopes (BLOOM, MPT; FlashAttention's
+            ``alibi_slopes``): ``scores -= alibi_slopes[h] * |i + off - j|``, off the diagonal
+            offset of ``causal_alignment`` (0 for ``"top_left"``, s_kv - s_q for
+            ``"bottom_right"``: FlashAttention's definition); any slopes, with or without causal;
+            not differentiable (their cotangent is zero). Traced values are fine (read on the
+            device). Under ``jax.vmap`` the slopes must not be mapped (``in_axes=None``: one set
+            shared by every mapped call; mapped slopes are refused while tracing). The core refuses
+            (``stridedfa UnsupportedError`` when the call runs) ALiBi with ``"bottom_right"``
+            alignment together with padding lengths, and a differentiated ``bias`` with ALiBi.
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-reproducible
             gradients, slower).
         return_lse: also return the float32 log-sum-exp of each row, (batch, h_q, s_q) in either
@@ -201,14 +211,15 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
         lengths = _lengths(q, k, seqlens_q, seqlens_kv, layout)
     sink_args: tuple[Any, ...] = () if sinks is None else (jnp.asarray(sinks),)
     bias_args: tuple[Any, ...] = () if bias is None else (jnp.asarray(bias),)
+    slopes_args: tuple[Any, ...] = () if alibi_slopes is None else (jnp.asarray(alibi_slopes),)
     _check_problem(tuple(q.shape), tuple(k.shape), tuple(v.shape),
                    (str(q.dtype), str(k.dtype), str(v.dtype)), options,
-                   _described(lengths), _described(sink_args), _described(bias_args))
+                   _described(lengths), _described(sink_args), _described(bias_args), _described(slopes_args))
     _ensure_runtime()
     if return_lse:
-        out, lse = _attention_with_lse(q, k, v, lengths, sink_args, bias_args, options)
+        out, lse = _attention_with_lse(q, k, v, lengths, sink_args, bias_args, slopes_args, options)
         return out, lse
-    return _attention(q, k, v, lengths, sink_args, bias_args, options)
+    return _attention(q, k, v, lengths, sink_args, bias_args, slopes_args, options)
 
 
 # --- Validation (at trace time: nothing is compiled or launched when it fails) -----------------
@@ -286,7 +297,8 @@ def _logical(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
 
 
 @functools.lru_cache(maxsize=512)
-def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths=(), sinks=(), bias=()) -> None:
+def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths=(), sinks=(), bias=(),
+                   alibi_slopes=()) -> None:
     """Everything about a call that can be known from shapes and dtypes, with messages in the
     caller's terms; then the core's own validation of the views the XLA handler will build.
     Cached: a successful check is a pure function of its arguments."""
@@ -309,7 +321,8 @@ def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths
     _core._jax_validate(False, _LAYOUTS[options.layout],
                         (q_shape, k_shape, v_shape, out_shape, _lse_shape(q_shape, options.layout)),
                         dtypes + (dtypes[0], "float32"), lengths=lengths or None, sinks=sinks[0] if sinks else None,
-                        bias=bias[0] if bias else None, **options.core_options())
+                        bias=bias[0] if bias else None, alibi_slopes=alibi_slopes[0] if alibi_slopes else None,
+                        **options.core_options())
 
 
 def _check_devices(*arrays) -> None:
@@ -360,47 +373,83 @@ def _lse_shape(q_shape, layout):
     return (*q_shape[:-4], b, h, s)
 
 
-def _optional_operands(lengths, sinks, bias, grad_bias=False) -> int:
+def _optional_operands(lengths, sinks, bias, grad_bias=False, alibi_slopes=()) -> int:
     """The handlers' `optional_operands` attribute for these optional operands."""
     return ((_WITH_LENGTHS if lengths else 0) | (_WITH_SINKS if sinks else 0) | (_WITH_BIAS if bias else 0)
-            | (_WITH_GRAD_BIAS if grad_bias else 0))
+            | (_WITH_GRAD_BIAS if grad_bias else 0) | (_WITH_ALIBI_SLOPES if alibi_slopes else 0))
 
 
-def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bias=()):
-    attributes = options.attributes(_optional_operands(lengths, sinks, bias))
-    out = jax.ShapeDtypeStruct(_out_shape(q.shape, v.shape[-1]), q.dtype)
+def _custom_call(target: str, results, args, attributes, shared_last: bool = False):
+    """The XLA custom call `target` on `args`, its results' shapes `results(args)` (a
+    ShapeDtypeStruct or a tuple of them).
+
+    Under jax.vmap (vmap_method "broadcast_all") every operand gets the mapped axes in front, those
+    not mapped broadcast. With `shared_last` (the ALiBi slopes are the last operand) the slopes
+    stay as they are instead, shared by every mapped call (the handler reads one (h_q,) array),
+    and slopes that are mapped -- one set per mapped call -- are refused while tracing: a
+    custom_vmap rule sees which operands are mapped, also under jax.jit inside jax.vmap."""
+    if not shared_last:
+        return jax.ffi.ffi_call(target, results(args), vmap_method="broadcast_all")(*args, **attributes)
+
+    @jax.custom_batching.custom_vmap
+    def call(*args):
+        return jax.ffi.ffi_call(target, results(args), vmap_method="broadcast_all")(*args, **attributes)
+
+    @call.def_vmap
+    def _batched(axis_size, in_batched, *args):
+        if in_batched[-1]:
+            raise UnsupportedError(
+                "alibi_slopes: mapped by jax.vmap (a set of slopes per mapped call) is not supported: the slopes "
+                "are per head, one (heads of q,) array shared by every mapped call; pass them unmapped "
+                "(in_axes=None, or closed over)")
+        args = [x if batched or i == len(args) - 1 else jnp.broadcast_to(x, (axis_size, *x.shape))
+                for i, (x, batched) in enumerate(zip(args, in_batched))]
+        outs = call(*args)
+        return outs, jax.tree.map(lambda _: True, outs)
+
+    return call(*args)
+
+
+def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bias=(), alibi_slopes=()):
+    attributes = options.attributes(_optional_operands(lengths, sinks, bias, alibi_slopes=alibi_slopes))
+    layout = options.layout
+
+    def results(args):
+        q, v = args[0], args[2]
+        out = jax.ShapeDtypeStruct(_out_shape(q.shape, v.shape[-1]), q.dtype)
+        return (out, jax.ShapeDtypeStruct(_lse_shape(q.shape, layout), jnp.float32)) if with_lse else out
+
+    args = (q, k, v, *lengths, *sinks, *bias, *alibi_slopes)
     if not with_lse:
-        call = jax.ffi.ffi_call(_FORWARD_INFERENCE, out, vmap_method="broadcast_all")
-        return call(q, k, v, *lengths, *sinks, *bias, **attributes), None
-    lse = jax.ShapeDtypeStruct(_lse_shape(q.shape, options.layout), jnp.float32)
-    call = jax.ffi.ffi_call(_FORWARD, (out, lse), vmap_method="broadcast_all")
-    out, lse = call(q, k, v, *lengths, *sinks, *bias, **attributes)
+        return _custom_call(_FORWARD_INFERENCE, results, args, attributes, bool(alibi_slopes)), None
+    out, lse = _custom_call(_FORWARD, results, args, attributes, bool(alibi_slopes))
     return out, lse
 
 
-# `lengths` (0 or 2 int32 arrays), `sinks` (0 or 1 float32 array) and `bias` (0 or 1 array of q's
-# dtype) follow q, k, v as operands; the lengths get no cotangent (None), the sinks and the bias
-# their gradients. Under vmap_method "broadcast_all" jax.vmap puts its axes in front of every
-# operand; q's, k's and v's fold into the batch, and so does a bias' (jax_ffi.hpp, scores_view).
+# `lengths` (0 or 2 int32 arrays), `sinks` (0 or 1 float32 array), `bias` (0 or 1 array of q's
+# dtype) and `alibi_slopes` (0 or 1 float32 array) follow q, k, v as operands; the lengths and the
+# slopes get no cotangent (None), the sinks and the bias their gradients. Under vmap_method
+# "broadcast_all" jax.vmap puts its axes in front of every operand; q's, k's and v's fold into the
+# batch, and so does a bias' (jax_ffi.hpp, scores_view); the slopes stay unmapped (_custom_call).
 #
 # symbolic_zeros: the forward rule learns which inputs are differentiated (CustomVJPPrimal), so
 # that the backward computes grad_bias only for a bias that is (an undifferentiated bias, such as
 # a constant mask, gets a None cotangent and costs cuDNN no dbias). The residuals say it by their
 # structure: `bias_wanted` is the bias when its gradient is wanted, else ().
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _attention(q, k, v, lengths, sinks, bias, options: _Options):
-    return _forward_call(q, k, v, lengths, sinks, options, with_lse=False, bias=bias)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _attention(q, k, v, lengths, sinks, bias, alibi_slopes, options: _Options):
+    return _forward_call(q, k, v, lengths, sinks, options, with_lse=False, bias=bias, alibi_slopes=alibi_slopes)[0]
 
 
-def _forward_rule(q, k, v, lengths, sinks, bias, options: _Options):
+def _forward_rule(q, k, v, lengths, sinks, bias, alibi_slopes, options: _Options):
     """(out, lse), residuals: the forward of both differentiable functions."""
     bias_perturbed = bool(bias) and bias[0].perturbed
-    q, k, v, lengths, sinks, bias = jax.custom_derivatives.custom_vjp_primal_tree_values(
-        (q, k, v, lengths, sinks, bias))
+    q, k, v, lengths, sinks, bias, alibi_slopes = jax.custom_derivatives.custom_vjp_primal_tree_values(
+        (q, k, v, lengths, sinks, bias, alibi_slopes))
     if bias_perturbed:
         _check_bias_gradient(q.shape, k.shape, tuple(bias[0].shape), options.layout)
-    out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias)
-    return (out, lse), (q, k, v, lengths, sinks, bias, bias if bias_perturbed else (), out, lse)
+    out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias, alibi_slopes=alibi_slopes)
+    return (out, lse), (q, k, v, lengths, sinks, bias, bias if bias_perturbed else (), alibi_slopes, out, lse)
 
 
 def _check_bias_gradient(q_shape, k_shape, bias_shape, layout) -> None:
@@ -421,13 +470,13 @@ def _check_bias_gradient(q_shape, k_shape, bias_shape, layout) -> None:
                 f"jax.lax.stop_gradient(bias)")
 
 
-def _attention_fwd(q, k, v, lengths, sinks, bias, options: _Options):
-    (out, _), residuals = _forward_rule(q, k, v, lengths, sinks, bias, options)
+def _attention_fwd(q, k, v, lengths, sinks, bias, alibi_slopes, options: _Options):
+    (out, _), residuals = _forward_rule(q, k, v, lengths, sinks, bias, alibi_slopes, options)
     return out, residuals
 
 
 def _attention_bwd(options: _Options, residuals, grad_out):
-    q, k, v, lengths, sinks, bias, bias_wanted, out, lse = residuals
+    q, k, v, lengths, sinks, bias, bias_wanted, alibi_slopes, out, lse = residuals
     if isinstance(grad_out, jax.custom_derivatives.SymbolicZero):  # only lse was used (it has no gradient)
         grad_out = jnp.zeros(out.shape, out.dtype)
     grad_out = grad_out.astype(out.dtype)
@@ -436,14 +485,23 @@ def _attention_bwd(options: _Options, residuals, grad_out):
                         lengths=_described(lengths) or None,
                         sinks=_described(sinks)[0] if sinks else None,
                         bias=_described(bias)[0] if bias else None, grad_bias=bool(bias_wanted),
+                        alibi_slopes=_described(alibi_slopes)[0] if alibi_slopes else None,
                         **options.core_options())
-    grads = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *sinks, *bias_wanted))
-    call = jax.ffi.ffi_call(_BACKWARD, grads, vmap_method="broadcast_all")
-    attributes = options.attributes(_optional_operands(lengths, sinks, bias, grad_bias=bool(bias_wanted)))
-    grad_q, grad_k, grad_v, *more = call(q, k, v, out, lse, grad_out, *lengths, *sinks, *bias, **attributes)
+    attributes = options.attributes(_optional_operands(lengths, sinks, bias, grad_bias=bool(bias_wanted),
+                                                       alibi_slopes=alibi_slopes))
+    n_lengths, n_sinks, with_grad_bias = len(lengths), len(sinks), bool(bias_wanted)
+
+    def results(args):  # the gradients of q, k, v, the sinks and a differentiated bias: their shapes
+        q, k, v, rest = args[0], args[1], args[2], args[6 + n_lengths:]
+        wanted = (*rest[:n_sinks], *(rest[n_sinks:n_sinks + 1] if with_grad_bias else ()))
+        return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *wanted))
+
+    args = (q, k, v, out, lse, grad_out, *lengths, *sinks, *bias, *alibi_slopes)
+    grad_q, grad_k, grad_v, *more = _custom_call(_BACKWARD, results, args, attributes, bool(alibi_slopes))
     grad_sinks = tuple(more[:len(sinks)])
     grad_bias = tuple(more[len(sinks):]) if bias_wanted else tuple(None for _ in bias)
-    return grad_q, grad_k, grad_v, tuple(None for _ in lengths), grad_sinks, grad_bias
+    return (grad_q, grad_k, grad_v, tuple(None for _ in lengths), grad_sinks, grad_bias,
+            tuple(None for _ in alibi_slopes))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
@@ -451,9 +509,9 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 # With the statistics returned too: the same forward (with lse) and backward; lse carries no
 # gradient (a cotangent for it is ignored).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _attention_with_lse(q, k, v, lengths, sinks, bias, options: _Options):
-    return _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _attention_with_lse(q, k, v, lengths, sinks, bias, alibi_slopes, options: _Options):
+    return _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias, alibi_slopes=alibi_slopes)
 
 
 def _attention_with_lse_bwd(options: _Options, residuals, cotangents):

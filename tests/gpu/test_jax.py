@@ -359,6 +359,140 @@ def test_bias_through_the_dispatcher(request):
     assert np.array_equal(_bits(got), _bits(want))
 
 
+# --- ALiBi slopes ------------------------------------------------------------------------------
+
+# (id, layout, b, h_q, h_kv, s_q, s_kv, d_qk, d_v, causal, causal_alignment): GQA, s_q < s_kv.
+ALIBI_CASE = ("alibi", "bshd", 2, 8, 2, 128, 192, 64, 64, False, "top_left")
+ALIBI_MASKS = {"none": (False, "top_left"), "causal-tl": (True, "top_left")}
+
+
+def _alibi_slopes(h_q):
+    """BLOOM's slopes 2**(-8 (h + 1) / h_q), float32 (h_q,) on the GPU."""
+    return jax.device_put(jnp.asarray(2.0 ** (-8.0 * np.arange(1, h_q + 1) / h_q), jnp.float32), GPU)
+
+
+def _alibi_problem(layout, mask, dtype, request):
+    """Inputs, slopes, options and the fp32 reference (out, (dq, dk, dv)) of an ALiBi case."""
+    causal, alignment = ALIBI_MASKS[mask]
+    case = (ALIBI_CASE[0], layout, *ALIBI_CASE[2:9], causal, alignment)
+    q, k, v, w = _inputs(case, dtype, _seed(request))
+    slopes = _alibi_slopes(case[3])
+    ql, kl, vl, wl = (_to_logical(x, layout) for x in (q, k, v, w))
+    variants = {"alibi_slopes": np.asarray(slopes), "causal": causal, "causal_alignment": alignment}
+    ref_out, _ = reference.sdpa_forward(ql, kl, vl, **variants)
+    ref_grads = reference.sdpa_backward(ql, kl, vl, wl, **variants)
+    return case, (q, k, v, slopes, w), _options(case), (ref_out, ref_grads)
+
+
+def _alibi_loss(options):
+    def loss(q, k, v, slopes, w):
+        out = sj.attention(q, k, v, alibi_slopes=slopes, **options)
+        return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32))
+    return loss
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mask", list(ALIBI_MASKS))
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_alibi_forward_and_grads_match_reference(layout, mask, dtype, request):
+    """Forward (eager and jitted) and jax.grad w.r.t. q, k and v under jax.jit with ALiBi slopes
+    2**(-8 (h + 1) / h_q), bidirectional and causal top-left, against the fp32 reference; the
+    slopes' own cotangent is zero and nothing is written."""
+    case, (q, k, v, slopes, w), options, (ref_out, ref_grads) = _alibi_problem(layout, mask, dtype, request)
+    _, _, b, h_q, _, s_q, _, _, d_v, _, _ = case
+    saved = [_bits(x) for x in (q, k, v, slopes)]
+    out_atol, out_rtol, _, grad_rel = TOLERANCE[dtype]
+
+    eager = sj.attention(q, k, v, alibi_slopes=slopes, **options)
+    assert eager.shape == _shape(layout, b, h_q, s_q, d_v) and eager.dtype == q.dtype
+    _assert_close(_to_logical(eager, layout), ref_out, out_atol, out_rtol, "eager out")
+    jitted = jax.jit(lambda q, k, v, s: sj.attention(q, k, v, alibi_slopes=s, **options))(q, k, v, slopes)
+    _assert_close(_to_logical(jitted, layout), ref_out, out_atol, out_rtol, "jit out")
+    without = sj.attention(q, k, v, **options)  # the slopes change the result (a term that matters)
+    assert float(jnp.abs(without.astype(jnp.float32) - eager.astype(jnp.float32)).max()) > 10 * out_atol
+
+    grads = jax.jit(jax.grad(_alibi_loss(options), (0, 1, 2, 3)))(q, k, v, slopes, w)
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads[:3], ref_grads):
+        assert got.dtype == q.dtype
+        _assert_close_to_scale(_to_logical(got, layout), want, grad_rel, name)
+    assert grads[3].shape == slopes.shape and not np.asarray(grads[3]).any(), "the slopes have no gradient"
+    _assert_unchanged((q, k, v), saved[:3])
+    assert np.array_equal(_bits(slopes), saved[3]), "alibi_slopes were written by the call"
+
+
+def test_alibi_with_return_lse_and_sinks_matches_reference(request):
+    """ALiBi with the statistics returned and with sinks and a constant bias (every input operand
+    but the lengths, in the handlers' order), jitted, with the sinks' gradient."""
+    case = ("alibi-all", "bhsd", 2, 4, 2, 128, 192, 64, 64, True, "top_left")
+    layout, h_q, s_q, s_kv = case[1], case[3], case[5], case[6]
+    options = _options(case)
+    q, k, v, w = _inputs(case, "bfloat16", _seed(request))
+    slopes = _alibi_slopes(h_q)
+    sinks = jax.device_put(jnp.linspace(-1.0, 2.0, h_q, dtype=jnp.float32), GPU)
+    bias = _bias_input((1, h_q, s_q, s_kv), "bfloat16", _seed(request))
+
+    def loss(q, k, v, sinks, w):
+        out, lse = sj.attention(q, k, v, alibi_slopes=slopes, sinks=sinks, bias=bias, return_lse=True, **options)
+        return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32)), (out, lse)
+
+    (_, (out, lse)), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True))(q, k, v, sinks, w)
+    ql, kl, vl, wl = (_to_logical(x, layout) for x in (q, k, v, w))
+    variants = {"alibi_slopes": np.asarray(slopes), "sinks": np.asarray(sinks),
+                "bias": np.asarray(bias.astype(jnp.float32)), "causal": True, "causal_alignment": "top_left"}
+    ref_out, ref_lse = reference.sdpa_forward(ql, kl, vl, **variants)
+    *ref_grads, extra = reference.sdpa_backward(ql, kl, vl, wl, return_extra=True, **variants)
+    _assert_close(_to_logical(out, layout), ref_out, *BF16[:2], "out")
+    _assert_close(np.asarray(lse), ref_lse, BF16[2], 1e-3, "lse")
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads[:3], ref_grads):
+        _assert_close_to_scale(_to_logical(got, layout), want, BF16[3], name)
+    _assert_close_to_scale(grads[3], extra["dsinks"], BF16[3], "grad_sinks")
+
+
+def test_alibi_under_vmap(request):
+    """Slopes shared by the mapped calls (in_axes=None) under jax.vmap, jitted, forward and grads,
+    equal each call made alone; mapped slopes are refused while tracing."""
+    case = ALIBI_CASE
+    options = _options(case)
+    q, k, v, w = (jnp.stack([x, x * 0.5]) for x in _inputs(case, "bfloat16", _seed(request)))
+    slopes = _alibi_slopes(case[3])
+    out = jax.jit(jax.vmap(lambda q, k, v, s: sj.attention(q, k, v, alibi_slopes=s, **options),
+                           in_axes=(0, 0, 0, None)))(q, k, v, slopes)
+    grads = jax.jit(jax.vmap(jax.grad(_alibi_loss(options), (0, 1, 2)), in_axes=(0, 0, 0, None, 0)))(
+        q, k, v, slopes, w)
+    for i in range(2):
+        one = sj.attention(q[i], k[i], v[i], alibi_slopes=slopes, **options)
+        _assert_close(np.asarray(out[i], np.float32), np.asarray(one, np.float32), BF16[0], BF16[1],
+                      f"vmapped out[{i}]")
+        one_grads = jax.grad(_alibi_loss(options), (0, 1, 2))(q[i], k[i], v[i], slopes, w[i])
+        for name, a, c in zip(("grad_q", "grad_k", "grad_v"), grads, one_grads):
+            _assert_close_to_scale(a[i], np.asarray(c, np.float32), BF16[3], f"vmapped {name}[{i}]")
+    with pytest.raises(stridedfa.UnsupportedError, match="alibi_slopes: mapped by jax.vmap"):
+        jax.vmap(lambda q, k, v, s: sj.attention(q, k, v, alibi_slopes=s, **options))(
+            q, k, v, jnp.stack([slopes, slopes * 2]))
+
+
+def test_alibi_bottom_right_with_padding_is_refused_when_the_call_runs(request):
+    """The core refuses ALiBi with bottom-right alignment and padding lengths; from the handler the
+    refusal is a JAX runtime error naming the stridedfa error kind."""
+    case = ALIBI_CASE
+    q, k, v, _ = _inputs(case, "bfloat16", _seed(request))
+    lengths = jax.device_put(jnp.asarray([case[6], 100], jnp.int32), GPU)
+    with pytest.raises(Exception, match=r"stridedfa UnsupportedError: ALiBi with bottom-right alignment and "
+                                        r"padding lengths"):
+        jax.block_until_ready(sj.attention(q, k, v, alibi_slopes=_alibi_slopes(case[3]), seqlens_kv=lengths,
+                                           causal=True, causal_alignment="bottom_right"))
+
+
+def test_alibi_through_the_dispatcher(request):
+    """stridedfa.attention on jax arrays: (b, h, s, d) axes (layout bhsd), the slopes passed on."""
+    case = ("alibi-dispatch", "bhsd", *ALIBI_CASE[2:])
+    q, k, v, _ = _inputs(case, "bfloat16", _seed(request))
+    slopes = _alibi_slopes(case[3])
+    got = stridedfa.attention(q, k, v, alibi_slopes=slopes)
+    want = sj.attention(q, k, v, alibi_slopes=slopes, layout="bhsd")
+    assert np.array_equal(_bits(got), _bits(want))
+
+
 def test_vmap_folds_into_batch(request):
     case = CASES[2]
     options = _options(case)

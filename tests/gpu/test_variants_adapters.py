@@ -207,7 +207,7 @@ def test_cupy_attention_equals_generic(case, seed):
 
 
 @pytest.mark.parametrize("case", ["window", "padding", "padding_causal", "deterministic", "softcap_gemma2",
-                                  "sinks"])
+                                  "sinks", "alibi"])
 def test_jax_jit_and_grad_equal_generic(case, seed):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp

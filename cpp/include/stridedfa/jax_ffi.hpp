@@ -53,20 +53,35 @@ TensorView per_head_view(const char* name, const int64_t* dims, int64_t rank, DL
 TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch,
                        DLDataType dtype, int32_t device, std::uintptr_t data);
 
+// The view of dense ALiBi slopes of `rank` dims as given: the validator checks for float32 (h_q,).
+// Under jax.vmap they keep their own axes: stridedfa.jax batches the calls with the slopes unmapped
+// (shared by every folded batch), refusing mapped slopes while tracing. Throws LayoutError for more
+// than kMaxDims axes.
+TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                       std::uintptr_t data);
+
 // Bits of the handlers' `optional_operands` attribute (i64): which optional trailing arguments follow
 // the fixed ones, and which optional results the backward has. Arguments present come in this order:
-// seqlens_q and seqlens_kv (both or neither), sinks, bias. The backward's trailing results are
+// seqlens_q and seqlens_kv (both or neither), sinks, bias, alibi_slopes. The backward's trailing results are
 // grad_sinks when sinks are given, then grad_bias when kWithGradBias says so (a bias that is not
-// differentiated needs no gradient). Counting alone cannot tell a bias from the sinks, hence the bits.
-enum OptionalOperand : int64_t { kWithLengths = 1, kWithSinks = 2, kWithBias = 4, kWithGradBias = 8 };
+// differentiated needs no gradient; the ALiBi slopes have none). Counting alone cannot tell a bias from
+// the sinks, hence the bits.
+enum OptionalOperand : int64_t {
+  kWithLengths = 1,
+  kWithSinks = 2,
+  kWithBias = 4,
+  kWithGradBias = 8,
+  kWithAlibiSlopes = 16,
+};
 
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
 // scale (f64), has_scale (bool: false means 1 / sqrt(d_qk)), causal (bool), causal_alignment
 // (i64: 0 top_left, 1 bottom_right), window_left and window_right (i64, -1: unbounded), softcap
 // (f64, 0: none), deterministic (bool), layout (i64: ArrayLayout), optional_operands (i64: the
 // OptionalOperand bits of the trailing arguments given). Each takes the optional trailing arguments
-// (seqlens_q, seqlens_kv) (padding lengths), sinks and bias.
-void* forward_handler();            // (q, k, v[, seqlens_q, seqlens_kv][, sinks][, bias]) -> (out, lse)
+// (seqlens_q, seqlens_kv) (padding lengths), sinks, bias and alibi_slopes.
+// (q, k, v[, seqlens_q, seqlens_kv][, sinks][, bias][, alibi_slopes]) -> (out, lse)
+void* forward_handler();
 void* forward_inference_handler();  // (q, k, v[, ...]) -> (out): no statistics (cuDNN's inference graph)
 // (q, k, v, out, lse, grad_out[, ...]) -> (grad_q, grad_k, grad_v[, grad_sinks][, grad_bias])
 void* backward_handler();
