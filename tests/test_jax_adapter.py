@@ -889,6 +889,9 @@ def test_handlers_decode_every_operand_and_attribute(sj):
         lengths = (jnp.full((1,), 16, jnp.int32), jnp.full((1,), 32, jnp.int32))
         padded = sj._Options("bshd", 0.5, True, "bottom_right", window=(7, None), softcap=30.0,
                              deterministic=True, padded=True)
+        # every operand at once: top-left without a softcap, as the core refuses a bias with a
+        # bottom-right mask and padding, and a bias' gradient under a softcap or ALiBi
+        padded_all = sj._Options("bshd", 0.5, True, "top_left", window=(7, None), deterministic=True, padded=True)
         sinks = (jnp.zeros((2,), jnp.float32),)
         bias = (jnp.zeros((16, 32), jnp.bfloat16),)
         slopes = (jnp.ones((2,), jnp.float32),)
@@ -912,14 +915,14 @@ def test_handlers_decode_every_operand_and_attribute(sj):
             "forward_bias": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, True, bias),
             "backward_bias": lambda q, k, v: backward(q, k, v, bias=bias, bias_wanted=bias),
             "backward_constant_bias": lambda q, k, v: backward(q, k, v, bias=bias),
-            "forward_all": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, True, bias),
-            "backward_all": lambda q, k, v: backward(q, k, v, lengths, padded, sinks, bias, bias),
+            "forward_all": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded_all, True, bias),
+            "backward_all": lambda q, k, v: backward(q, k, v, lengths, padded_all, sinks, bias, bias),
             "inference_alibi": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, False, (), slopes)[0],
             "forward_alibi": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, True, (), slopes),
             "backward_alibi": lambda q, k, v: backward(q, k, v, slopes=slopes),
-            "forward_all_alibi": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, True, bias,
+            "forward_all_alibi": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded_all, True, bias,
                                                                   slopes),
-            "backward_all_alibi": lambda q, k, v: backward(q, k, v, lengths, padded, sinks, bias, (), slopes),
+            "backward_all_alibi": lambda q, k, v: backward(q, k, v, lengths, padded_all, sinks, bias, (), slopes),
             "control": wrong_attribute_type,
         }
         for name, f in calls.items():
@@ -944,3 +947,15 @@ def test_handlers_decode_every_operand_and_attribute(sj):
     # The control passes scale as f32: decoding must report that attribute too (operand 8: after
     # 3 contexts, 3 arguments, the remaining arguments and 1 result, scale is the first attribute).
     assert "bad operands at: 0, 8)" in lines["control"], lines["control"]
+
+
+def test_what_the_plan_refuses_is_refused_while_tracing():
+    """_jax_validate plans the call as the handler would: a bias' gradient under a softcap, a band
+    that cannot be shifted, are typed errors at trace time, not XLA runtime failures."""
+    bias = ((S_Q, S_KV), "bfloat16")
+    with pytest.raises(stridedfa.UnsupportedError, match="the bias' gradient with a softcap"):
+        _core._jax_validate(True, 0, JAX_BACKWARD, "bfloat16", softcap=30.0, bias=bias, grad_bias=True)
+    _core._jax_validate(True, 0, JAX_BACKWARD, "bfloat16", softcap=30.0, bias=bias, grad_bias=False)
+    with pytest.raises(stridedfa.UnsupportedError, match="because the bias' gradient keeps every key"):
+        _core._jax_validate(True, 0, JAX_BACKWARD, "bfloat16", causal_alignment="bottom_right", window=(3, None),
+                            bias=bias, grad_bias=True)

@@ -178,12 +178,15 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     may be None) in ``layout`` (0: bshd, 1: bhsd), padding ``lengths`` as ((shape, dtype) of
     seqlens_q, of seqlens_kv), ``sinks``, ``bias`` and ``alibi_slopes`` each as (shape, dtype)
     when given (a backward's grad_sinks of the sinks', its grad_bias, with ``grad_bias``, of the
-    bias' shape; the slopes have no gradient), and the options' rules. Needs no GPU. Returns what
-    validation established, or raises LayoutError / UnsupportedError."""
+    bias' shape; the slopes have no gradient), and the options' rules -- then plans the call and
+    describes its graph as the handler would, so what the plan refuses (a bias' gradient cuDNN does
+    not compute, a band it cannot shift, ...) is refused while tracing, not when XLA runs it. Needs
+    no GPU. Returns what validation established, or raises LayoutError / UnsupportedError."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef Problem problem
     cdef SdpaOptions options
+    cdef vector[int64_t] key
     cdef TensorView* views[kNumSlots]
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
     slot_views(backward, &fwd, &bwd, views)
@@ -197,6 +200,11 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
         validate_options(options, problem)
+        # cuDNN 9.26's rules for the statistics: JAX's lse is packed, which every version reads
+        if backward:
+            key = backward_graph_key(bwd, options, 90, 92600)
+        else:
+            key = forward_graph_key(fwd, options, 90, 92600)
     return problem_dict(problem)
 
 
