@@ -118,7 +118,7 @@ void set_alibi(GraphSpec& spec, const Plan& plan, const SdpaOptions& o) {
         "ALiBi with bottom-right alignment and padding lengths (a distance offset per sequence) is not "
         "supported yet; use top-left alignment with padding, or bottom-right without padding lengths.");
   }
-  spec.alibi_per_sequence = bottom_right && lengths_given;
+  spec.alibi_per_sequence = false;  // the graph builder's per-sequence path, kept for when it runs right
   const int64_t full_offset = bottom_right && !lengths_given ? plan.full_s_kv - plan.full_s_q : 0;
   spec.alibi_offset = plan.row_begin - plan.key_begin + full_offset;
 }

@@ -128,6 +128,8 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
     """
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("attention_backward", q))
+    if bias_grad and bias is None:
+        raise ValueError("bias_grad=True asks for the bias' gradient, but no bias was given")
     for name, x in (("k", k), ("v", v)):
         if not isinstance(x, _ndarray):  # its gradient is allocated like it, by CuPy
             raise TypeError(f"stridedfa.cupy.attention_backward takes {name} as a cupy.ndarray, "
