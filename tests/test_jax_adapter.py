@@ -853,6 +853,186 @@ def test_vmapped_alibi_slopes(sj, jax):
     assert re.search(r"\} : \((.*)\) -> ", _custom_calls(text)[0]).group(1).endswith("tensor<8xf32>")
 
 
+# --- Attention sinks under jax.vmap ------------------------------------------------------------------
+
+def _sinks_reference(jnp, q, k, v, sinks):
+    """Attention with sinks in bshd, h_kv == h_q, default scale, in float32: (out, lse)."""
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    top = jnp.maximum(scores.max(-1), sinks[None, :, None])
+    weights = jnp.exp(scores - top[..., None])
+    total = weights.sum(-1) + jnp.exp(sinks[None, :, None] - top)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights / total[..., None], v)
+    return out, top + jnp.log(total)
+
+
+@pytest.fixture
+def handler_stand_in(jax, monkeypatch):
+    """jax.ffi.ffi_call replaced by a jnp stand-in of the handlers, which fold every leading axis
+    into the batch as they do (so grad_sinks sums over the whole folded batch)."""
+    jnp = jax.numpy
+    calls = []
+
+    def ffi_call(target, result_shape_dtypes, vmap_method=None):
+        def run(*args, **attributes):
+            assert attributes["optional_operands"] == 2, attributes  # the sinks only
+            calls.append((target, tuple(tuple(x.shape) for x in args)))
+            q, k, v, *rest = args
+            shapes = [tuple(x.shape) for x in (q, k, v)]
+            q, k, v = (x.reshape(-1, *x.shape[-3:]) for x in (q, k, v))
+            if target == "stridedfa_sdpa_backward":
+                out, lse, grad_out, sinks = rest[0], rest[1], rest[2], rest[3]
+                assert sinks.shape == (q.shape[2],), sinks.shape
+                _, vjp = jax.vjp(lambda q, k, v, s: _sinks_reference(jnp, q, k, v, s)[0], q, k, v, sinks)
+                dq, dk, dv, ds = vjp(grad_out.reshape(-1, *grad_out.shape[-3:]).astype(jnp.float32))
+                results = [g.reshape(shape) for g, shape in zip((dq, dk, dv), shapes)] + [ds]
+            else:
+                (sinks,) = rest
+                assert sinks.shape == (q.shape[2],), sinks.shape
+                out, lse = _sinks_reference(jnp, q, k, v, sinks)
+                results = [out.reshape(shapes[0]), lse.reshape(*shapes[0][:-3], *lse.shape[1:])]
+            specs = result_shape_dtypes if isinstance(result_shape_dtypes, tuple) else (result_shape_dtypes,)
+            assert [tuple(r.shape) for r in results[:len(specs)]] == [tuple(s.shape) for s in specs]
+            results = tuple(r.astype(s.dtype) for r, s in zip(results, specs))
+            return results if isinstance(result_shape_dtypes, tuple) else results[0]
+
+        return run
+
+    monkeypatch.setattr(jax.ffi, "ffi_call", ffi_call)
+    return calls
+
+
+def test_vmapped_sinks_values_with_a_handler_stand_in(sj, jax, handler_stand_in):
+    """With a jnp stand-in of the handlers: under jax.vmap the unmapped sinks reach the calls as
+    one (h_q,) array; the forward folds the mapped calls into one, and the sinks' gradient is right
+    both ways round: jax.grad of a vmapped loss (the sum over the mapped calls) and jax.vmap of
+    jax.grad (one gradient per mapped call), also under nested vmaps."""
+    jnp = jax.numpy
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    q = jax.random.normal(keys[0], (3, 2, 16, 4, 64), jnp.float32).astype(jnp.bfloat16)
+    k = jax.random.normal(keys[1], (3, 2, 32, 4, 64), jnp.float32).astype(jnp.bfloat16)
+    v = jax.random.normal(keys[2], (3, 2, 32, 4, 64), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(keys[3], (3, 2, 16, 4, 64), jnp.float32)
+    sinks = jnp.linspace(-1.0, 2.0, 4, dtype=jnp.float32)
+
+    def loss(q, k, v, s, w):
+        return (sj.attention(q, k, v, sinks=s).astype(jnp.float32) * w).sum()
+
+    def reference(q, k, v, s, w):
+        return (_sinks_reference(jnp, q, k, v, s)[0] * w).sum()
+
+    axes = (0, 0, 0, None, 0)
+    out = jax.jit(jax.vmap(lambda q, k, v, s: sj.attention(q, k, v, sinks=s), in_axes=axes[:4]))(q, k, v, sinks)
+    expected = jax.vmap(lambda q, k, v, s: _sinks_reference(jnp, q, k, v, s)[0], in_axes=axes[:4])(q, k, v, sinks)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected), atol=2e-2)
+    # (custom_vmap traces the call per example first, for its shapes; the last call is the one run)
+    assert handler_stand_in[-1] == ("stridedfa_sdpa_forward_inference", (q.shape, k.shape, v.shape, (4,)))
+
+    total = jax.jit(jax.grad(lambda *a: jax.vmap(loss, in_axes=axes)(*a).sum(), (0, 3)))(q, k, v, sinks, w)
+    expected = jax.grad(lambda *a: jax.vmap(reference, in_axes=axes)(*a).sum(), (0, 3))(q, k, v, sinks, w)
+    assert total[1].shape == (4,)
+    np.testing.assert_allclose(np.asarray(total[1]), np.asarray(expected[1]), rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(np.asarray(total[0], np.float32), np.asarray(expected[0]), atol=5e-2)
+
+    per_call = jax.jit(jax.vmap(jax.grad(loss, (0, 3)), in_axes=axes))(q, k, v, sinks, w)
+    expected = jax.vmap(jax.grad(reference, (0, 3)), in_axes=axes)(q, k, v, sinks, w)
+    assert per_call[1].shape == (3, 4)
+    np.testing.assert_allclose(np.asarray(per_call[1]), np.asarray(expected[1]), rtol=2e-2, atol=2e-2)
+    assert not np.allclose(np.asarray(per_call[1][0]), np.asarray(per_call[1][1]))  # not one sum for all
+    np.testing.assert_allclose(np.asarray(per_call[0], np.float32), np.asarray(expected[0]), atol=5e-2)
+
+    nest = lambda x: x.reshape(3, 1, *x.shape[1:])  # noqa: E731
+    inner = jax.vmap(jax.grad(loss, 3), in_axes=axes)
+    nested = jax.jit(jax.vmap(inner, in_axes=axes))(nest(q), nest(k), nest(v), sinks, nest(w))
+    assert nested.shape == (3, 1, 4)
+    np.testing.assert_allclose(np.asarray(nested[:, 0]), np.asarray(expected[1]), rtol=2e-2, atol=2e-2)
+
+
+def test_vmapped_sinks(sj, jax):
+    """Under jax.vmap sinks shared by the mapped calls (in_axes=None, or closed over) reach the calls
+    unbroadcast, one (h_q,) array: the forward as one folded call, the backward per mapped call
+    (its grad_sinks is that call's own). Mapped sinks are refused while tracing, also when jax.jit
+    is inside the vmap."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (3, 2, 128, 8, 64)), _spec(jax, (3, 2, 256, 2, 64))
+    sinks = _spec(jax, (8,), "float32")
+
+    def f(q, k, v, s):
+        return sj.attention(q, k, v, causal=True, sinks=s)
+
+    def loss(q, k, v, s):
+        return f(q, k, v, s).astype(jnp.float32).sum()
+
+    axes = (0, 0, 0, None)
+    assert jax.eval_shape(jax.vmap(f, in_axes=axes), q, kv, kv, sinks).shape == (3, 2, 128, 8, 64)
+    grads = jax.eval_shape(jax.vmap(jax.grad(loss, (0, 1, 2, 3)), in_axes=axes), q, kv, kv, sinks)
+    assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape, (3, 8)]
+    summed = jax.eval_shape(jax.grad(lambda *a: jax.vmap(loss, in_axes=axes)(*a).sum(), 3), q, kv, kv, sinks)
+    assert summed.shape == (8,)
+    text = jax.jit(jax.grad(lambda *a: jax.vmap(loss, in_axes=axes)(*a).sum(), (0, 3))).lower(
+        q, kv, kv, sinks).as_text()
+    forward, backward = _custom_calls(text)
+    arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", forward).groups()
+    assert "optional_operands = 2 : i64" in forward and arguments.split(", ") == [
+        "tensor<3x2x128x8x64xbf16>", "tensor<3x2x256x2x64xbf16>", "tensor<3x2x256x2x64xbf16>", "tensor<8xf32>"]
+    arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", backward).groups()
+    arguments = arguments.split(", ")
+    assert "optional_operands = 2 : i64" in backward and arguments[0] == "tensor<2x128x8x64xbf16>", backward
+    assert arguments[-1] == "tensor<8xf32>" and results.count("tensor<") == 4 and "tensor<8xf32>" in results, backward
+    closed = jnp.zeros((8,), jnp.float32)
+    assert jax.eval_shape(jax.vmap(lambda q, k, v: f(q, k, v, closed)), q, kv, kv).shape == (3, 2, 128, 8, 64)
+    assert jax.eval_shape(jax.vmap(jax.grad(lambda q, k, v: loss(q, k, v, closed))), q, kv, kv).shape == q.shape
+    nested = jax.eval_shape(jax.vmap(jax.vmap(jax.grad(loss, (0, 3)), in_axes=axes), in_axes=axes),
+                            _spec(jax, (4, 3, 2, 128, 8, 64)), _spec(jax, (4, 3, 2, 256, 2, 64)),
+                            _spec(jax, (4, 3, 2, 256, 2, 64)), sinks)
+    assert [g.shape for g in nested] == [(4, 3, 2, 128, 8, 64), (4, 3, 8)]
+    # With the slopes too, both stay (8,).
+    text = jax.jit(jax.vmap(lambda q, k, v, s: sj.attention(q, k, v, sinks=s, alibi_slopes=s), in_axes=axes)).lower(
+        q, kv, kv, sinks).as_text()
+    (call,) = _custom_calls(text)
+    assert "optional_operands = 18 : i64" in call
+    assert re.search(r"\} : \((.*)\) -> ", call).group(1).endswith("tensor<8xf32>, tensor<8xf32>"), call
+
+    mapped = _spec(jax, (3, 8), "float32")
+    refused = r"^sinks: mapped by jax.vmap .* pass them unmapped \(in_axes=None"
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):
+        jax.eval_shape(jax.vmap(f), q, kv, kv, mapped)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):
+        jax.eval_shape(jax.vmap(jax.grad(loss, (0, 3))), q, kv, kv, mapped)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):  # jax.jit inside: batched from its jaxpr
+        jax.eval_shape(jax.vmap(jax.jit(f)), q, kv, kv, mapped)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):
+        jax.jit(jax.vmap(jax.jit(jax.grad(loss)))).lower(q, kv, kv, mapped)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):  # mapped by the outer of two vmaps
+        jax.eval_shape(jax.vmap(lambda q, k, v, s: jax.vmap(lambda q: f(q, k, v, s))(q), in_axes=(0, None, None, 0)),
+                       _spec(jax, (4, 3, 2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64)), _spec(jax, (2, 256, 2, 64)),
+                       _spec(jax, (4, 8), "float32"))
+
+
+@pytest.mark.parametrize("extra", ["sinks", "alibi_slopes"])
+@pytest.mark.parametrize("how", ["eval_shape", "jit_lower", "vmap_of_jit"])
+def test_vmapped_batch_shared_bias_is_refused_while_tracing(sj, jax, extra, how):
+    """A call with sinks or ALiBi slopes goes through the custom_vmap rule, which validates the
+    folded batch: a bias shared across the batch (1, h_q, s_q, s_kv) with b > 1 under jax.vmap is
+    a typed error while tracing, not an XLA runtime error. Its own batch of the vmapped call folds."""
+    q, kv = _spec(jax, (3, 2, 128, 8, 64)), _spec(jax, (3, 2, 256, 2, 64))
+    per_head = _spec(jax, (8,), "float32")
+
+    def f(q, k, v, bias, x):
+        return sj.attention(q, k, v, bias=bias, **{extra: x})
+
+    vmapped = {"eval_shape": lambda g, *a: jax.eval_shape(jax.vmap(g, in_axes=(0, 0, 0, None, None)), *a),
+               "jit_lower": lambda g, *a: jax.jit(jax.vmap(g, in_axes=(0, 0, 0, None, None))).lower(*a),
+               "vmap_of_jit": lambda g, *a: jax.eval_shape(jax.vmap(jax.jit(g), in_axes=(0, 0, 0, None, None)), *a)}
+    with pytest.raises(stridedfa.LayoutError, match=r"^bias: under jax.vmap .* needs q's batch axis"):
+        vmapped[how](f, q, kv, kv, _spec(jax, (1, 8, 128, 256)), per_head)
+    assert vmapped["eval_shape"](f, q, kv, kv, _spec(jax, (2, 8, 128, 256)), per_head).shape == q.shape
+    # Under jax.grad too (refused by the forward's rule, traced before the backward).
+    with pytest.raises(stridedfa.LayoutError, match=r"^bias: under jax.vmap .* needs q's batch axis"):
+        vmapped[how](jax.grad(lambda *a: f(*a).astype("float32").sum(), 0), q, kv, kv,
+                     _spec(jax, (1, 8, 128, 256)), per_head)
+
+
 def test_dispatcher_passes_alibi_slopes_to_the_jax_adapter(sj, jax):
     q, kv, slopes = _spec(jax, (2, 8, 128, 64)), _spec(jax, (2, 2, 256, 64)), _spec(jax, (8,), "float32")
     text = jax.jit(lambda q, k, v, s: stridedfa.attention(q, k, v, alibi_slopes=s)).lower(q, kv, kv, slopes).as_text()

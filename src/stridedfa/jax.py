@@ -148,7 +148,11 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             ``jax.nn.dot_product_attention`` calls ``query_seq_lengths`` / ``key_value_seq_lengths``.
         sinks: float32 (h_q,) attention-sink logits, differentiable (gpt-oss): an extra term per
             query head in each row's softmax denominator (see :func:`stridedfa.sdpa_forward`).
-            Not under ``jax.vmap`` (batched sinks are refused when the call runs).
+            Under ``jax.vmap`` the sinks must not be mapped (``in_axes=None``, or closed over: one
+            set shared by every mapped call; mapped sinks are refused while tracing); the forward
+            folds the mapped calls into one, the backward runs them one after another
+            (``jax.lax.map``: each mapped call gets its own sinks' gradient, which ``jax.grad`` of
+            a vmapped function sums).
         bias: additive score bias in q's dtype, differentiable (T5 / ALiBi-style positions, or a
             mask as 0 / -inf): ``S = softcap(scale * q @ k^T) + bias``, then the masks. Its axes
             are the logical (batch, h_q, s_q, s_kv) in either layout (what
@@ -161,7 +165,8 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             (``stridedfa.UnsupportedError`` while tracing): broadcast it to full seq axes first
             (``jnp.broadcast_to``), or ``jax.lax.stop_gradient`` a constant mask. Under ``jax.vmap``
             (mapped or not) it needs q's batch axis, (batch, h_q or 1, s_q or 1, s_kv) (e.g.
-            ``jnp.broadcast_to``): a bias shared across the batch is refused when the call runs.
+            ``jnp.broadcast_to``): a bias shared across the batch is refused when the call runs
+            (while tracing in a call with ``sinks`` or ``alibi_slopes``).
             With a bottom-right ``window`` cuDNN takes it only where the band is a shifted top-left
             one (otherwise ``stridedfa UnsupportedError`` when the call runs).
         alibi_slopes: float32 (h_q,) array of ALiBi slopes (BLOOM, MPT; FlashAttention's
@@ -379,35 +384,95 @@ def _optional_operands(lengths, sinks, bias, grad_bias=False, alibi_slopes=()) -
             | (_WITH_GRAD_BIAS if grad_bias else 0) | (_WITH_ALIBI_SLOPES if alibi_slopes else 0))
 
 
-def _custom_call(target: str, results, args, attributes, shared_last: bool = False):
+def _custom_call(target: str, results, args, attributes, shared=None, validate=None, per_call: bool = False):
     """The XLA custom call `target` on `args`, its results' shapes `results(args)` (a
     ShapeDtypeStruct or a tuple of them).
 
     Under jax.vmap (vmap_method "broadcast_all") every operand gets the mapped axes in front, those
-    not mapped broadcast. With `shared_last` (the ALiBi slopes are the last operand) the slopes
-    stay as they are instead, shared by every mapped call (the handler reads one (h_q,) array),
-    and slopes that are mapped -- one set per mapped call -- are refused while tracing: a
-    custom_vmap rule sees which operands are mapped, also under jax.jit inside jax.vmap."""
-    if not shared_last:
+    not mapped broadcast, and the handler folds them into the batch. `shared` ({operand index:
+    name}: the sinks, the ALiBi slopes) names per-head operands that stay as they are instead, one
+    (h_q,) array shared by every mapped call (the handler reads one); those mapped -- one set per
+    mapped call -- are refused while tracing. Such calls go through a custom_vmap rule, which sees
+    which operands are mapped (also under jax.jit inside jax.vmap) and runs `validate(args)` on the
+    batched operands first, so that what the folded batch breaks (a bias shared across the batch,
+    a buffer beyond 4 GiB) is a typed error while tracing. With `per_call` (the backward with
+    sinks, whose grad_sinks the handler sums over the whole folded batch, while each mapped call
+    needs its own: jax.vmap of jax.grad) the mapped calls run one after another (jax.lax.map)."""
+    def ffi(*args):
         return jax.ffi.ffi_call(target, results(args), vmap_method="broadcast_all")(*args, **attributes)
+
+    if not shared:
+        return ffi(*args)
 
     @jax.custom_batching.custom_vmap
     def call(*args):
-        return jax.ffi.ffi_call(target, results(args), vmap_method="broadcast_all")(*args, **attributes)
+        return ffi(*args)
 
     @call.def_vmap
     def _batched(axis_size, in_batched, *args):
-        if in_batched[-1]:
-            raise UnsupportedError(
-                "alibi_slopes: mapped by jax.vmap (a set of slopes per mapped call) is not supported: the slopes "
-                "are per head, one (heads of q,) array shared by every mapped call; pass them unmapped "
-                "(in_axes=None, or closed over)")
-        args = [x if batched or i == len(args) - 1 else jnp.broadcast_to(x, (axis_size, *x.shape))
-                for i, (x, batched) in enumerate(zip(args, in_batched))]
-        outs = call(*args)
+        for i, name in shared.items():
+            if in_batched[i]:
+                raise UnsupportedError(
+                    f"{name}: mapped by jax.vmap (a set of {name} per mapped call) is not supported: the {name} "
+                    f"are per head, one (heads of q,) array shared by every mapped call; pass them unmapped "
+                    f"(in_axes=None, or closed over)")
+        if per_call:
+            mapped = [i for i, batched in enumerate(in_batched) if batched]
+
+            def one(xs):
+                operands = list(args)
+                for i, x in zip(mapped, xs):
+                    operands[i] = x
+                return call(*operands)
+
+            outs = jax.lax.map(one, [args[i] for i in mapped])
+        else:
+            args = [x if batched or i in shared else jnp.broadcast_to(x, (axis_size, *x.shape))
+                    for i, (x, batched) in enumerate(zip(args, in_batched))]
+            if validate is not None:
+                validate(args)
+            outs = call(*args)
         return outs, jax.tree.map(lambda _: True, outs)
 
     return call(*args)
+
+
+def _shared(first: int, lengths, sinks, bias, alibi_slopes) -> dict[int, str]:
+    """{operand index: name} of the per-head operands kept unmapped under jax.vmap (_custom_call);
+    `first` is the index of the first optional operand."""
+    shared = {}
+    if sinks:
+        shared[first + len(lengths)] = "sinks"
+    if alibi_slopes:
+        shared[first + len(lengths) + len(sinks) + len(bias)] = "alibi_slopes"
+    return shared
+
+
+def _validator(backward: bool, options: _Options, first: int, lengths, sinks, bias, alibi_slopes,
+               grad_bias: bool = False):
+    """validate(args) for _custom_call: the core's validation of the batched operands, whose
+    leading axes the handler folds into the batch."""
+    n_lengths, n_sinks, n_bias = len(lengths), len(sinks), len(bias)
+
+    def validate(args):
+        rest = args[first:]
+        lengths = _described(rest[:n_lengths])
+        sinks = _described(rest[n_lengths:n_lengths + n_sinks])
+        bias = _described(rest[n_lengths + n_sinks:n_lengths + n_sinks + n_bias])
+        slopes = _described(rest[n_lengths + n_sinks + n_bias:])
+        q, k, v = (tuple(x.shape) for x in args[:3])
+        if backward:
+            shapes = (*(tuple(x.shape) for x in args[:6]), q, k, v)
+            dtypes = str(args[0].dtype)
+        else:
+            shapes = (q, k, v, _out_shape(q, v[-1]), _lse_shape(q, options.layout))
+            dtypes = (*(str(x.dtype) for x in args[:3]), str(args[0].dtype), "float32")
+        _core._jax_validate(backward, _LAYOUTS[options.layout], shapes, dtypes, lengths=lengths or None,
+                            sinks=sinks[0] if sinks else None, bias=bias[0] if bias else None,
+                            alibi_slopes=slopes[0] if slopes else None,
+                            **({"grad_bias": grad_bias} if backward else {}), **options.core_options())
+
+    return validate
 
 
 def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bias=(), alibi_slopes=()):
@@ -420,9 +485,11 @@ def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bi
         return (out, jax.ShapeDtypeStruct(_lse_shape(q.shape, layout), jnp.float32)) if with_lse else out
 
     args = (q, k, v, *lengths, *sinks, *bias, *alibi_slopes)
+    shared = _shared(3, lengths, sinks, bias, alibi_slopes)
+    validate = _validator(False, options, 3, lengths, sinks, bias, alibi_slopes)
     if not with_lse:
-        return _custom_call(_FORWARD_INFERENCE, results, args, attributes, bool(alibi_slopes)), None
-    out, lse = _custom_call(_FORWARD, results, args, attributes, bool(alibi_slopes))
+        return _custom_call(_FORWARD_INFERENCE, results, args, attributes, shared, validate), None
+    out, lse = _custom_call(_FORWARD, results, args, attributes, shared, validate)
     return out, lse
 
 
@@ -430,7 +497,8 @@ def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bi
 # dtype) and `alibi_slopes` (0 or 1 float32 array) follow q, k, v as operands; the lengths and the
 # slopes get no cotangent (None), the sinks and the bias their gradients. Under vmap_method
 # "broadcast_all" jax.vmap puts its axes in front of every operand; q's, k's and v's fold into the
-# batch, and so does a bias' (jax_ffi.hpp, scores_view); the slopes stay unmapped (_custom_call).
+# batch, and so does a bias' (jax_ffi.hpp, scores_view); the sinks and the slopes stay unmapped
+# (_custom_call).
 #
 # symbolic_zeros: the forward rule learns which inputs are differentiated (CustomVJPPrimal), so
 # that the backward computes grad_bias only for a bias that is (an undifferentiated bias, such as
@@ -497,7 +565,10 @@ def _attention_bwd(options: _Options, residuals, grad_out):
         return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *wanted))
 
     args = (q, k, v, out, lse, grad_out, *lengths, *sinks, *bias, *alibi_slopes)
-    grad_q, grad_k, grad_v, *more = _custom_call(_BACKWARD, results, args, attributes, bool(alibi_slopes))
+    shared = _shared(6, lengths, sinks, bias, alibi_slopes)
+    validate = _validator(True, options, 6, lengths, sinks, bias, alibi_slopes, grad_bias=with_grad_bias)
+    grad_q, grad_k, grad_v, *more = _custom_call(_BACKWARD, results, args, attributes, shared, validate,
+                                                 per_call=bool(sinks))
     grad_sinks = tuple(more[:len(sinks)])
     grad_bias = tuple(more[len(sinks):]) if bias_wanted else tuple(None for _ in bias)
     return (grad_q, grad_k, grad_v, tuple(None for _ in lengths), grad_sinks, grad_bias,
