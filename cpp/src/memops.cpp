@@ -8,7 +8,6 @@
 #include <string>
 
 #include "stridedfa/errors.hpp"
-#include "stridedfa/runtime.hpp"
 
 namespace stridedfa {
 namespace {
@@ -102,7 +101,6 @@ void for_each_plane(const Planes& p, Fn&& fn) {
 
 void fill_strided(const TensorView& region, uint32_t pattern, std::uintptr_t stream) {
   if (region.numel() == 0) return;
-  bind_device_context(region.device_id);
   const Driver& d = driver();
   const int64_t item = region.itemsize();
   if (item != 2 && item != 4) throw BackendError("fill_strided: items must be 2 or 4 bytes");
@@ -136,7 +134,6 @@ void copy_to_packed(const TensorView& src, void* dst, std::uintptr_t stream) {
 
 void copy_strided(const TensorView& src, const TensorView& dst, std::uintptr_t stream) {
   if (src.numel() == 0) return;
-  bind_device_context(dst.device_id);
   const Driver& d = driver();
   const int64_t item = src.itemsize();
   // Rows along the innermost logical axis with extent > 1 (one 2-D copy each, with both pitches),

@@ -338,6 +338,10 @@ int64_t own_workspace_allocations() { return own_workspace_count.load(std::memor
 void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   if (call.problem.nothing_to_do && call.n_fills == 0) return;
   DeviceGuard guard(call.problem.device);
+  // The fills, copies and staging below are driver calls: once per call, the context made current.
+  const bool memops = call.n_fills > 0 || call.n_copies > 0 || call.staged_lse_ptr >= 0 ||
+                      call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0;
+  if (memops) bind_device_context(call.problem.device);
   for (int i = 0; i < call.n_fills; ++i) fill_strided(call.fills[i].region, call.fills[i].pattern, stream);
   for (int i = 0; i < call.n_copies; ++i) copy_strided(call.copies[i].from, call.copies[i].to, stream);
   if (!call.graph) return;

@@ -1,6 +1,7 @@
 // Stream-ordered fills and copies of strided device regions, for what the mask leaves out of
 // cuDNN's graph (visibility.hpp): the CUDA driver's 2-D memset and memcpy, one call per 2-D plane
-// of the region (usually one or a handful). Capturable into CUDA graphs.
+// of the region (usually one or a handful). Capturable into CUDA graphs. Driver calls: the
+// device's context must be current on the calling thread (runtime.hpp bind_device_context).
 #pragma once
 
 #include <cstdint>
