@@ -101,22 +101,33 @@ TensorView lengths_view(const char* name, const int64_t* dims, int64_t rank, DLD
   return t;
 }
 
-TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch,
-                       DLDataType dtype, int32_t device, std::uintptr_t data) {
+namespace {
+void require_rank_at_most_max(const char* name, int64_t rank) {
   if (rank > kMaxDims) {
     throw LayoutError(std::string(name) + ": " + std::to_string(rank) + " axes; stridedfa reads at most " +
                       std::to_string(kMaxDims));
   }
-  if (mapped <= 0) {  // the caller's own axes: the validator checks their number and extents
-    TensorView t = dense_view(name, static_cast<int32_t>(rank), dtype, device, data);
-    int64_t stride = 1;
-    for (int64_t i = rank - 1; i >= 0; --i) {
-      t.dims[i] = dims[i];
-      t.strides[i] = stride;
-      stride *= dims[i];
-    }
-    return t;
+}
+}  // namespace
+
+TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                       std::uintptr_t data) {
+  require_rank_at_most_max(name, rank);
+  TensorView t = dense_view(name, static_cast<int32_t>(rank), dtype, device, data);
+  int64_t stride = 1;
+  for (int64_t i = rank - 1; i >= 0; --i) {
+    t.dims[i] = dims[i];
+    t.strides[i] = stride;
+    stride *= dims[i];
   }
+  return t;
+}
+
+TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch,
+                       DLDataType dtype, int32_t device, std::uintptr_t data) {
+  require_rank_at_most_max(name, rank);
+  // the caller's own axes: the validator checks their number and extents
+  if (mapped <= 0) return slopes_view(name, dims, rank, dtype, device, data);
   const int64_t own = rank - mapped;
   if (own < 1 || own > 4) {
     throw LayoutError(std::string(name) + ": expected 1 to 4 axes broadcastable to (batch, heads of q, seq of q, " +
@@ -146,22 +157,6 @@ TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int6
     t.dims[axis] = axis == 0 ? calls * logical[0] : logical[axis];
     t.strides[axis] = strides[axis];
     t.caller_axes[axis] = caller[axis];
-  }
-  return t;
-}
-
-TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
-                       std::uintptr_t data) {
-  if (rank > kMaxDims) {
-    throw LayoutError(std::string(name) + ": " + std::to_string(rank) + " axes; stridedfa reads at most " +
-                      std::to_string(kMaxDims));
-  }
-  TensorView t = dense_view(name, static_cast<int32_t>(rank), dtype, device, data);
-  int64_t stride = 1;
-  for (int64_t i = rank - 1; i >= 0; --i) {
-    t.dims[i] = dims[i];
-    t.strides[i] = stride;
-    stride *= dims[i];
   }
   return t;
 }
