@@ -96,6 +96,24 @@ def dense_mask(torch, variant, b, s, lengths):
     return (j <= i) & (j >= i - WINDOW)
 
 
+def window_mask(b_, h_, i, j):
+    """FlexAttention's mask_mod of causal attention with the sliding window."""
+    return (j <= i) & (j >= i - WINDOW)
+
+
+def add_flex(torch, fns, s, mask_mod, *, score_mod=None, mask_batch=None):
+    """fns["flex_attention"]: compiled FlexAttention with a block mask from `mask_mod` (None: no mask,
+    `mask_batch`: a mask per batch) and `score_mod`; where FlexAttention is missing, said and left out."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        block = None if mask_mod is None else create_block_mask(mask_mod, mask_batch, None, s, s, device="cuda")
+        flex = torch.compile(flex_attention, dynamic=False)
+        fns["flex_attention"] = lambda q, k, v: flex(q, k, v, block_mask=block, score_mod=score_mod)
+    except Exception as error:  # noqa: BLE001 (reported, the run goes on)
+        log(f"  flex_attention unavailable: {type(error).__name__}: {error}")
+
+
 def contenders(torch, sfa_torch, variant, q, k, v, lengths):
     """{name: fn(q, k, v) -> out (b, h, s, d)} for the variant."""
     import torch.nn.functional as F
@@ -121,19 +139,9 @@ def contenders(torch, sfa_torch, variant, q, k, v, lengths):
     if variant == "softcap":
         fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True, window=(WINDOW, 0),
                                                                softcap=SOFTCAP)
-        try:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-            def mask_mod(b_, h_, i, j):
-                return (j <= i) & (j >= i - WINDOW)
-
-            def score_mod(score, b_, h_, i, j):
-                return SOFTCAP * torch.tanh(score / SOFTCAP)
-            block = create_block_mask(mask_mod, None, None, s, s, device="cuda")
-            flex = torch.compile(flex_attention, dynamic=False)
-            fns["flex_attention"] = lambda q, k, v: flex(q, k, v, block_mask=block, score_mod=score_mod)
-        except Exception as error:  # noqa: BLE001 (reported, the run goes on)
-            log(f"  flex_attention unavailable: {type(error).__name__}: {error}")
+        def score_mod(score, b_, h_, i, j):
+            return SOFTCAP * torch.tanh(score / SOFTCAP)
+        add_flex(torch, fns, s, window_mask, score_mod=score_mod)
         return fns
     if variant == "padding":
         fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, seqlens_q=lengths, seqlens_kv=lengths)
@@ -141,21 +149,12 @@ def contenders(torch, sfa_torch, variant, q, k, v, lengths):
         fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True, window=(WINDOW, 0))
     mask = dense_mask(torch, variant, b, s, lengths)
     fns["torch_sdpa_mask"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        if variant == "padding":
-            def mask_mod(b_, h_, i, j):
-                return (i < lengths[b_]) & (j < lengths[b_])
-            block = create_block_mask(mask_mod, b, None, s, s, device="cuda")
-        else:
-            def mask_mod(b_, h_, i, j):
-                return (j <= i) & (j >= i - WINDOW)
-            block = create_block_mask(mask_mod, None, None, s, s, device="cuda")
-        flex = torch.compile(flex_attention, dynamic=False)
-        fns["flex_attention"] = lambda q, k, v: flex(q, k, v, block_mask=block)
-    except Exception as error:  # noqa: BLE001 (reported, the run goes on)
-        log(f"  flex_attention unavailable: {type(error).__name__}: {error}")
+    if variant == "padding":
+        def padding_mask(b_, h_, i, j):
+            return (i < lengths[b_]) & (j < lengths[b_])
+        add_flex(torch, fns, s, padding_mask, mask_batch=b)
+    else:
+        add_flex(torch, fns, s, window_mask)
     return fns
 
 
@@ -173,7 +172,7 @@ def bias_contenders(torch, sfa_torch, variant, h, s):
 
         def score_mod(score, b_, h_, i, j):
             return score + bias[0, h_, i, j]
-        block = None
+        add_flex(torch, fns, s, None, score_mod=score_mod)
     else:
         slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, device="cuda") / h)
         fns["stridedfa"] = lambda q, k, v: sfa_torch.attention(q, k, v, causal=True, alibi_slopes=slopes)
@@ -184,18 +183,10 @@ def bias_contenders(torch, sfa_torch, variant, h, s):
 
         def score_mod(score, b_, h_, i, j):
             return score - slopes[h_] * (i - j)
-        block = "causal"
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        if block == "causal":
-            def mask_mod(b_, h_, i, j):
-                return j <= i
-            block = create_block_mask(mask_mod, None, None, s, s, device="cuda")
-        flex = torch.compile(flex_attention, dynamic=False)
-        fns["flex_attention"] = lambda q, k, v: flex(q, k, v, block_mask=block, score_mod=score_mod)
-    except Exception as error:  # noqa: BLE001 (reported, the run goes on)
-        log(f"  flex_attention unavailable: {type(error).__name__}: {error}")
+        def causal_mask(b_, h_, i, j):
+            return j <= i
+        add_flex(torch, fns, s, causal_mask, score_mod=score_mod)
     return fns
 
 

@@ -653,6 +653,17 @@ BAD_BIAS = [
 ]
 
 
+def _trace(jax, how, f, args, wrt):
+    """Traces f(*args) as named: eval_shape, jit's lowering, or the lowering of jit(grad) w.r.t.
+    argument `wrt` of a scalar loss."""
+    if how == "eval_shape":
+        jax.eval_shape(f, *args)
+    elif how == "jit_lower":
+        jax.jit(f).lower(*args)
+    else:
+        jax.jit(jax.grad(lambda *a: f(*a).astype("float32").sum(), wrt)).lower(*args)
+
+
 @pytest.mark.parametrize("shape, dtype, message", BAD_BIAS)
 @pytest.mark.parametrize("how", ["eval_shape", "jit_lower", "grad"])
 def test_bad_bias_raises_typed_errors_while_tracing(sj, jax, shape, dtype, message, how):
@@ -662,12 +673,7 @@ def test_bad_bias_raises_typed_errors_while_tracing(sj, jax, shape, dtype, messa
         return sj.attention(q, k, v, bias=bias)
 
     with pytest.raises(stridedfa.LayoutError, match=message):
-        if how == "eval_shape":
-            jax.eval_shape(f, q, kv, kv, bias)
-        elif how == "jit_lower":
-            jax.jit(f).lower(q, kv, kv, bias)
-        else:
-            jax.jit(jax.grad(lambda *a: f(*a).astype("float32").sum(), 3)).lower(q, kv, kv, bias)
+        _trace(jax, how, f, (q, kv, kv, bias), wrt=3)
 
 
 def test_dispatcher_passes_bias_to_the_jax_adapter(sj, jax):
@@ -777,12 +783,7 @@ def test_bad_alibi_slopes_raise_typed_errors_while_tracing(sj, jax, shape, dtype
         return sj.attention(q, k, v, alibi_slopes=slopes)
 
     with pytest.raises(stridedfa.LayoutError, match=message):
-        if how == "eval_shape":
-            jax.eval_shape(f, q, kv, kv, slopes)
-        elif how == "jit_lower":
-            jax.jit(f).lower(q, kv, kv, slopes)
-        else:
-            jax.jit(jax.grad(lambda *a: f(*a).astype("float32").sum(), 0)).lower(q, kv, kv, slopes)
+        _trace(jax, how, f, (q, kv, kv, slopes), wrt=0)
 
 
 def test_alibi_slopes_as_numpy_array(sj, jax):
