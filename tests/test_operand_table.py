@@ -20,7 +20,7 @@ from stridedfa import _core
 
 GiB = 1 << 30
 _bases = itertools.count(1)
-PROBLEM = {"batch": 2, "h_q": 4, "h_kv": 2, "s_q": 16, "s_kv": 32, "d_qk": 64, "d_v": 128, 1: 1}
+PROBLEM = {"batch": 2, "h_q": 4, "h_kv": 2, "s_q": 16, "s_kv": 32, "d_qk": 64, "d_v": 128, 1: 1, 2: 2}
 TABLE = _core._operands()
 OPS = {"forward": stridedfa.sdpa_forward, "backward": stridedfa.sdpa_backward}
 
@@ -32,14 +32,15 @@ def operands(op):
 def shape_of(row, **change):
     extents = dict(PROBLEM, **change)
     shape = tuple(extents[e] for e in row["shape"])
-    # statistics as (b, h, s), lengths as (b,), per-head values as (h,)
-    return {"stats": shape[:3], "lengths": shape[:1], "per_head": shape[1:2]}.get(row["kind"], shape)
+    # statistics as (b, h, s), lengths as (b,), per-head values as (h,), the Philox pair as (2,)
+    return {"stats": shape[:3], "lengths": shape[:1], "per_head": shape[1:2], "philox": shape[3:]}.get(
+        row["kind"], shape)
 
 
 DTYPES = {"stats": "float32", "lengths": "int32", "per_head": "float32", "attention": "bfloat16",
-          "scores": "bfloat16"}
+          "scores": "bfloat16", "philox": "int64"}
 WRONG_DTYPES = {"stats": "float16", "lengths": "int64", "per_head": "float16", "attention": "float32",
-                "scores": "float32"}
+                "scores": "float32", "philox": "int32"}
 
 
 def make(row, shape=None, dtype=None, strides=None):
@@ -110,7 +111,7 @@ def test_every_operand_has_its_shape_checked_and_named(op, row):
     axis = max(i for i, e in enumerate(row["shape"]) if e != 1)
     extent = row["shape"][axis]
     shape = list(shape_of(row))
-    shape[axis - (1 if row["kind"] == "per_head" else 0)] += 8  # per-head values are given as (h,)
+    shape[axis - {"per_head": 1, "philox": 3}.get(row["kind"], 0)] += 8  # given as (h,) and (2,)
     args = call_args(op, **{row["name"]: make(row, shape=tuple(shape))})
     with pytest.raises(stridedfa.LayoutError) as error:
         validate(op, args)
@@ -143,6 +144,10 @@ def test_the_cache_key_holds_every_operands_strides(op, row):
     args = call_args(op, **({row["name"]: make(row)} if row["name"] in EXCLUSIVE else {}))
     base = key(op, args)
     shape = shape_of(row)
+    if row["kind"] == "philox":  # read as two scalars at any strides: dropout_p, which needs it, is keyed
+        assert key(op, dict(args, dropout_p=0.1)) != base
+        assert key(op, dict(args, dropout_p=0.1)) != key(op, dict(args, dropout_p=0.2))
+        return
     # Contiguous vectors, and grad_bias (cuDNN writes it packed only): their presence is the layout.
     if row["kind"] in ("lengths", "per_head") or row["name"] == "grad_bias":
         # (one side of the lengths alone is the same graph: the core makes the other side)

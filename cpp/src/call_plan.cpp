@@ -73,8 +73,11 @@ void restrict_to(GraphOp op, const Visibility& visible, const TensorView* const*
   const Problem full = plan.problem;
   // With a bias' gradient every key stays: cuDNN writes dbias only packed, which a key cut would
   // break (keys no row sees take no part in the softmax, and their dbias columns come out 0).
+  // Dropout draws its mask by the positions of the scores cuDNN is given: with a bias (whose
+  // gradient the backward may keep every key for) the forward keeps them too, so both draw alike.
   Visibility seen = visible;
-  if (operands[kGradBias] && !seen.empty()) {
+  plan.keeps_keys = operands[kGradBias] || (plan.slots[kRngState] && operands[kBias]);
+  if (plan.keeps_keys && !seen.empty()) {
     seen.key_begin = 0;
     seen.key_end = full.s_kv;
   }
@@ -130,6 +133,11 @@ void restrict_to(GraphOp op, const Visibility& visible, const TensorView* const*
 // stays: cuDNN computes P = exp(S - lse) from the forward's lse, which includes it.
 void one_query_one_key_backward(Plan& plan) {
   Problem& p = plan.problem;
+  if (plan.slots[kRngState]) {  // which of the one key's weights were dropped only cuDNN knows
+    throw UnsupportedError(
+        "the backward with s_q = s_kv = 1 (after the mask) and dropout is not supported: cuDNN refuses "
+        "s_q = s_kv = 1, and the dropped weights are known only to its generator; use dropout_p=0 here.");
+  }
   plan.slots[kGradBias] = plan.slots[kAlibiSlopes] = nullptr;
   if (plan.slots[kSinks]) {
     throw UnsupportedError(
@@ -173,6 +181,12 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   const bool has_lengths = operands[kSeqLensQ] || operands[kSeqLensKV];
   const Visibility seen = visible_region(options, problem, has_lengths);
   std::copy(operands, operands + kNumSlots, plan.slots);
+  if (options.dropout_p > 0 && !operands[kRngState]) {
+    throw LayoutError(
+        "dropout_p > 0 needs rng_state, an int64 (2,) device tensor holding the Philox seed and offset "
+        "(the framework adapters draw it from their generator); pass the same rng_state to the backward.");
+  }
+  if (!(options.dropout_p > 0)) plan.slots[kRngState] = nullptr;  // no dropout: the state is not read
   if (problem.nothing_to_do) return;
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);

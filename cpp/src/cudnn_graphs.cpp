@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "stridedfa/cudnn_graphs.hpp"
 #include "stridedfa/errors.hpp"
@@ -44,6 +45,27 @@ Tensor_attributes describe(const GraphSpec& spec, Slot slot) {
   }
   if (kOperands[slot].kind == OperandKind::lengths) t.set_data_type(fe::DataType_t::INT32);
   return t;
+}
+
+// The Philox seed and offset: the two int64 values of rng_state, each a (1, 1, 1, 1) tensor.
+std::pair<std::shared_ptr<Tensor_attributes>, std::shared_ptr<Tensor_attributes>> philox_tensors(
+    fe::graph::Graph& graph) {
+  auto scalar = [&](int64_t uid, const char* name) {
+    return graph.tensor(Tensor_attributes()
+                            .set_name(name)
+                            .set_uid(uid)
+                            .set_dim({1, 1, 1, 1})
+                            .set_stride({1, 1, 1, 1})
+                            .set_data_type(fe::DataType_t::INT64));
+  };
+  return {scalar(uid_of(kRngState), "dropout_seed"), scalar(int64_t(kRngOffsetTensor) + 1, "dropout_offset")};
+}
+
+template <class Attributes>
+void set_dropout(fe::graph::Graph& graph, Attributes& attributes, const GraphSpec& spec) {
+  if (!(spec.dropout_p > 0) || !spec.operands[kRngState].present) return;
+  auto [seed, offset] = philox_tensors(graph);
+  attributes.set_dropout(spec.dropout_p, seed, offset);
 }
 
 void mark_output(const std::shared_ptr<Tensor_attributes>& t, const GraphSpec& spec, Slot slot) {
@@ -211,6 +233,7 @@ void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   }
   if (spec.operands[kSinks].present) attributes.set_sink_token(graph.tensor(describe(spec, kSinks)));
   if (spec.operands[kBias].present) attributes.set_bias(graph.tensor(describe(spec, kBias)));
+  set_dropout(graph, attributes, spec);
   auto [o, lse] = graph.sdpa(q, k, v, attributes);
   mark_output(o, spec, kO);
   if (stats) mark_output(lse, spec, kLse);
@@ -251,6 +274,7 @@ void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
     grad_bias->set_output(true);
     attributes.set_dbias(grad_bias);
   }
+  set_dropout(graph, attributes, spec);
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, lse, attributes);
   mark_output(dq, spec, kGradQ);
   mark_output(dk, spec, kGradK);
@@ -275,7 +299,7 @@ std::shared_ptr<const BuiltGraph> build_graph(const GraphSpec& spec, void* cudnn
 
     auto built = std::make_shared<FrontendGraph>(graph);
     built->workspace_bytes = graph->get_workspace_size();
-    for (int64_t uid : graph->get_variant_pack_uids_sorted()) built->operand_order.push_back(Slot(uid - 1));
+    for (int64_t uid : graph->get_variant_pack_uids_sorted()) built->operand_order.push_back(int(uid - 1));
     return built;
   } catch (const Error&) {
     throw;

@@ -69,36 +69,39 @@ void check_version_gates(const GraphSpec& spec) {
       ", 1). Pass a contiguous lse (e.g. lse.contiguous()), or let stridedfa allocate it.");
 }
 
-// cuDNN takes a bias only with a top-left band. A bottom-right band is the top-left band shifted by
-// s_kv - s_q (the diagonal of the last query on the last key), which is what it is given then.
+// cuDNN takes a bias or dropout only with a top-left band. A bottom-right band is the top-left band
+// shifted by s_kv - s_q (the diagonal of the last query on the last key), which is what it is
+// given then.
 // Whether the caller gave padding lengths, on either side (the core makes the other one).
 bool caller_gave_lengths(const Plan& plan) {
   return (plan.slots[kSeqLensQ] && plan.made_lengths[0] < 0) || (plan.slots[kSeqLensKV] && plan.made_lengths[1] < 0);
 }
 
 // With padding lengths the bottom-right diagonal moves per sequence, which no static band says.
-// `keeps_keys`: a bias' gradient keeps every key (call_plan.cpp), so no cut brings the band's left
-// edge back to the diagonal.
+// `keeps_keys`: the plan kept every key (call_plan.cpp), so no cut brings the band's left edge back
+// to the diagonal.
 void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given, bool keeps_keys) {
   const bool band = spec.left_bound != SdpaOptions::kUnbounded || spec.right_bound != SdpaOptions::kUnbounded;
   if (spec.alignment != CausalAlignment::bottom_right || !band) return;
+  const bool bias = spec.operands[kBias].present;
+  const std::string what = bias ? "a bias" : "dropout";
   if (lengths_given) {
     throw UnsupportedError(
-        "a bias with a bottom-right causal mask or window and padding lengths (seqlens_q / seqlens_kv) is not "
-        "supported: cuDNN's bottom-right mask takes no bias, and with padding the diagonal moves per sequence. "
-        "Use top-left alignment, or fold the mask into the bias.");
+        what + " with a bottom-right causal mask or window and padding lengths (seqlens_q / seqlens_kv) is not "
+        "supported: cuDNN's bottom-right mask takes no " + (bias ? "bias" : "dropout") +
+        ", and with padding the diagonal moves per sequence. Use top-left alignment" +
+        (bias ? ", or fold the mask into the bias." : "."));
   }
   const int64_t shift = p.s_kv - p.s_q;
   const int64_t left = spec.left_bound == SdpaOptions::kUnbounded ? 0 : spec.left_bound - shift;
   const int64_t right = spec.right_bound == SdpaOptions::kUnbounded ? 0 : spec.right_bound + shift;
   if (left < 0 || right < 0) {
     throw UnsupportedError(
-        "a bias with this bottom-right band is not supported: cuDNN takes a bias only with "
-        "top-left bands, and this one would need a negative " +
-        std::string(left < 0 ? "left" : "right") + " bound (s_q = " + std::to_string(p.s_q) +
-        ", s_kv = " + std::to_string(p.s_kv) + ")" +
-        (keeps_keys ? " because the bias' gradient keeps every key; leave grad_bias out, use" : "; use") +
-        " top-left alignment, or fold the mask into the bias.");
+        what + " with this bottom-right band is not supported: cuDNN takes " + what +
+        " only with top-left bands, and this one would need a negative " + std::string(left < 0 ? "left" : "right") +
+        " bound (s_q = " + std::to_string(p.s_q) + ", s_kv = " + std::to_string(p.s_kv) + ")" +
+        (keeps_keys ? " because every key is kept (for the bias' gradient, or dropout with a bias); use" : "; use") +
+        " top-left alignment" + (bias ? ", or fold the mask into the bias." : "."));
   }
   spec.alignment = CausalAlignment::top_left;
   if (spec.left_bound != SdpaOptions::kUnbounded) spec.left_bound = left;
@@ -161,8 +164,9 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   spec.alignment = o.alignment;
   spec.left_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.left_bound();
   spec.right_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.right_bound();
-  if (spec.operands[kBias].present) {
-    as_top_left(spec, p, caller_gave_lengths(plan), plan.slots[kGradBias] != nullptr);
+  spec.dropout_p = plan.slots[kRngState] ? static_cast<float>(o.dropout_p) : 0.0f;
+  if (spec.operands[kBias].present || spec.dropout_p > 0) {
+    as_top_left(spec, p, caller_gave_lengths(plan), plan.keeps_keys);
   }
   spec.deterministic = op == GraphOp::backward && o.deterministic;
   spec.softcap = static_cast<float>(o.softcap);
@@ -224,7 +228,12 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   call.workspace_bytes = call.graph->workspace_bytes;
   call.n_ptrs = static_cast<int>(call.graph->operand_order.size());
   for (int i = 0; i < call.n_ptrs; ++i) {
-    const Slot slot = call.graph->operand_order[size_t(i)];
+    const int slot = call.graph->operand_order[size_t(i)];
+    if (slot == kRngOffsetTensor) {  // rng_state's second value
+      const TensorView& rng = *plan.slots[kRngState];
+      call.ptrs[i] = reinterpret_cast<void*>(rng.data + std::uintptr_t(rng.strides[3] * 8));
+      continue;
+    }
     call.ptrs[i] = reinterpret_cast<void*>(plan.slots[slot]->data);
     if (slot == kLse && plan.stage_lse) {
       call.staged_lse_ptr = i;
@@ -264,6 +273,9 @@ int GraphSpec::write_key(int64_t* out) const {
   out[n++] = softcap_bits;
   out[n++] = alibi_offset;
   out[n++] = alibi_per_sequence;
+  int32_t dropout_bits;
+  std::memcpy(&dropout_bits, &dropout_p, sizeof dropout_bits);
+  out[n++] = dropout_bits;
   out[n++] = device;
   out[n++] = sm_version;
   out[n++] = cudnn_version;
@@ -349,7 +361,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   void* pooled = nullptr;
   void* staged = nullptr;
   void* lengths = nullptr;
-  void* ptrs[kNumSlots];
+  void* ptrs[kMaxGraphTensors];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
     if (call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0) {

@@ -106,6 +106,24 @@ class Validator {
            "per-head values (attention sinks, ALiBi slopes) are float32 (torch: x.float())");
   }
 
+  // Dropout's Philox seed and offset: int64 (2,) on the device, read by cuDNN as two scalars (so
+  // any stride), never on the host (CUDA graphs replay with the values of the moment).
+  void philox(const TensorView& t) {
+    if (t.ndim != 1 || t.dims[0] != 2) {
+      throw LayoutError(std::string(t.name) + ": expected shape (2,) holding the Philox seed and offset, got " +
+                        shape_str(t) + ".");
+    }
+    check_addressable(t);
+    device(t);
+    if (!(t.dtype.code == kDLInt && t.dtype.bits == 64 && t.dtype.lanes == 1)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
+                        " is not supported; the Philox seed and offset are int64 (torch: x.long()).");
+    }
+    if (t.data % 8 != 0) {
+      throw LayoutError(std::string(t.name) + ": data pointer is not 8-byte aligned; pass a contiguous copy.");
+    }
+  }
+
   // An additive score bias or its gradient: up to 4 axes (fewer are leading axes of 1).
   void scores(const TensorView& t) {
     if (t.ndim < 1 || t.ndim > 4) {
@@ -457,6 +475,21 @@ TensorView scores_as_4d(const TensorView& scores) {
   return t;
 }
 
+// (2,) -> (1, 1, 1, 2)
+TensorView philox_as_4d(const TensorView& pair) {
+  TensorView t = pair;
+  if (t.ndim == 1) {
+    t.ndim = 4;
+    t.dims[3] = t.dims[0];
+    t.strides[3] = t.strides[0];
+    t.caller_axes[3] = 0;
+    t.dims[0] = t.dims[1] = t.dims[2] = 1;
+    t.strides[0] = t.strides[1] = t.strides[2] = 1;
+    t.caller_axes[0] = t.caller_axes[1] = t.caller_axes[2] = -1;
+  }
+  return t;
+}
+
 TensorView lengths_as_4d(const TensorView& lengths) {
   TensorView t = lengths;
   if (t.ndim == 1) {
@@ -480,6 +513,8 @@ TensorView as_4d(const TensorView& t, OperandKind kind) {
       return per_head_as_4d(t);
     case OperandKind::scores:
       return scores_as_4d(t);
+    case OperandKind::philox:
+      return philox_as_4d(t);
     default:
       return t;
   }
@@ -521,6 +556,9 @@ Problem validate(GraphOp op, const SlotViews& given) {
         break;
       case OperandKind::scores:
         check.scores(*given[s]);
+        break;
+      case OperandKind::philox:
+        check.philox(*given[s]);
         break;
     }
     as4[s] = as_4d(*given[s], kOperands[s].kind);
@@ -598,6 +636,9 @@ void validate_options(const SdpaOptions& options, const Problem& p) {
   (void)p;
   if (options.has_scale && !std::isfinite(options.scale)) {
     throw LayoutError("scale must be a finite number, got " + std::to_string(options.scale));
+  }
+  if (!(options.dropout_p >= 0 && options.dropout_p < 1)) {
+    throw LayoutError("dropout_p must be a probability in [0, 1), got " + std::to_string(options.dropout_p));
   }
   if (options.window_left < SdpaOptions::kUnbounded || options.window_right < SdpaOptions::kUnbounded) {
     throw LayoutError("window bounds must be non-negative token counts (or None for unbounded), got (" +

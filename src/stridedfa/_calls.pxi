@@ -22,15 +22,15 @@ cdef tuple int_tuple(const int64_t* values, int n, int64_t factor):
     return tuple(items)
 
 
-_EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1)
-KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores")
+_EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1, 2)
+KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores", "philox")
 
 
 def _operands():
     """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
     one dict per operand with its name, its role in the forward and the backward (None, "input" or
     "output"), whether each op may leave it out, its kind ("attention", "stats", "lengths",
-    "per_head" or "scores") and the logical extents of its (b, h, s, d) axes. Intake, validation,
+    "per_head", "scores" or "philox") and the logical extents of its (b, h, s, d) axes. Intake, validation,
     the cache key and the graph builder all walk this table."""
     cdef int slot, n = kNumSlots
     cdef const OperandInfo* info
@@ -57,7 +57,7 @@ cdef int64_t window_bound(object bound, const char* side) except -2:
 
 
 cdef int parse_options(object scale, object causal, object causal_alignment, object window,
-                       object softcap, object deterministic, SdpaOptions* options) except -1:
+                       object softcap, object deterministic, object dropout_p, SdpaOptions* options) except -1:
     """The one parse of a call's options (every entry point goes through it)."""
     if scale is None:
         options.has_scale = False
@@ -90,6 +90,11 @@ cdef int parse_options(object scale, object causal, object causal_alignment, obj
         options.softcap = float(softcap)
         if not 1.1754943508222875e-38 <= options.softcap <= 3.4028234663852886e38:  # a float32 > 0
             raise ValueError(f"softcap must be a positive finite float32 (None: no cap), got {softcap!r}")
+    if isinstance(dropout_p, bool) or dropout_p is None:
+        raise TypeError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    options.dropout_p = float(dropout_p)
+    if not 0.0 <= options.dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p!r}")
     return 0
 
 
@@ -103,7 +108,7 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[9], views[10] = &bwd.seqlens_q, &bwd.seqlens_kv
         views[11], views[12] = &bwd.sinks, &bwd.grad_sinks
         views[13], views[14] = &bwd.bias, &bwd.grad_bias
-        views[15] = &bwd.alibi_slopes
+        views[15], views[16] = &bwd.alibi_slopes, &bwd.rng_state
     else:
         views[0], views[1], views[2] = &fwd.q, &fwd.k, &fwd.v
         views[3], views[4] = &fwd.out, &fwd.lse
@@ -113,7 +118,7 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[12] = NULL
         views[13] = &fwd.bias
         views[14] = NULL
-        views[15] = &fwd.alibi_slopes
+        views[15], views[16] = &fwd.alibi_slopes, &fwd.rng_state
 
 
 cdef ensure_libraries():
@@ -195,23 +200,24 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
         release(owned, n)
 
 
-cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes):
+cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
+                                rng_state):
     """A forward call's tensors in slot order (the operand table's): None where not given or where
     the forward has no such operand."""
     return (q, k, v, out, lse, None, None, None, None, seqlens_q, seqlens_kv, sinks, None, bias, None,
-            alibi_slopes)
+            alibi_slopes, rng_state)
 
 
 cdef inline tuple backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q,
-                                 seqlens_kv, sinks, grad_sinks, bias, grad_bias, alibi_slopes):
+                                 seqlens_kv, sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state):
     """A backward call's tensors in slot order."""
     return (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks,
-            bias, grad_bias, alibi_slopes)
+            bias, grad_bias, alibi_slopes, rng_state)
 
 
 def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_alignment="top_left",
                  window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None,
-                 stream=None):
+                 dropout_p=0.0, rng_state=None, stream=None):
     """Scaled-dot-product attention forward, written into ``out`` (and ``lse``) in place.
 
     ``out = softmax(scale * q @ k^T + mask) @ v`` for every batch and query head, computed by
@@ -280,6 +286,17 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
             ``off`` the alignment's diagonal offset (0 top-left; s_kv - s_q bottom-right, per
             sequence with padding lengths: FlashAttention's definition with ``"bottom_right"``).
             Any slopes, with or without causal. Not differentiable.
+        dropout_p: attention dropout (torch SDPA's ``dropout_p``): each weight of the softmax is
+            zeroed with probability ``dropout_p`` and the kept ones scaled by ``1 / (1 -
+            dropout_p)``, ``out = (P * keep / (1 - dropout_p)) @ v``; lse is the statistics of the
+            undropped softmax. The mask comes from cuDNN's Philox generator keyed by
+            ``rng_state``: equal states, shapes and mask give equal masks, and the backward
+            given the same state regenerates it. With a bottom-right mask, not with padding
+            lengths; a bottom-right window with a bias then keeps every key.
+        rng_state: int64 (2,) device tensor, the Philox seed and offset (FlashAttention's
+            ``rng_state``); needed when ``dropout_p > 0``, read on the device only (under a CUDA
+            graph each replay reads the values of that moment). stridedfa.torch draws it from
+            torch's CUDA generator, stridedfa.jax from a key, stridedfa.cupy from CuPy's generator.
         stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, q
             decides: the call runs on its producer's current stream where the DLPack C exchange
             API reports it (torch) and on CuPy's current stream for a CuPy array, else on the
@@ -301,16 +318,16 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
         stridedfa.sdpa_forward(q, k, v, out, causal=True)
     """
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes), options, stream,
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
+                             rng_state), options, stream,
         None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
                   causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
                   seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None, alibi_slopes=None,
-                  deterministic=False,
-                  stream=None):
+                  dropout_p=0.0, rng_state=None, deterministic=False, stream=None):
     """Gradients of :func:`sdpa_forward`, written into ``grad_q``, ``grad_k``, ``grad_v`` in place.
 
     Args:
@@ -328,6 +345,8 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
             cuDNN sums it in an order that varies from call to call: equal to float rounding
             (~1e-6 relative), not bitwise, also with ``deterministic``.
         alibi_slopes: the forward's slopes.
+        dropout_p, rng_state: the forward's: the same mask is regenerated on the device (not with
+            s_q = s_kv = 1 after the mask, which cuDNN's backward refuses).
         bias: the forward's bias. grad_bias: optional output of bias' shape receiving its gradient
             ``dS = P * (dP - rowsum(grad_out * out))`` summed over bias' shared batch and head axes
             (zero where a score is masked); q's dtype, contiguous. cuDNN 9.19 computes it only for a
@@ -341,81 +360,85 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
     The same rules as the forward apply; the gradients must not overlap each other or any input.
     """
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state)
     run(True, slots, options, stream, None)
 
 
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
              window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-             alibi_slopes=None):
+             alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """sdpa_forward for framework adapters: ``workspace_allocator(nbytes, device) -> (pointer,
     owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes), options, stream,
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
+                             rng_state), options, stream,
         workspace_allocator)
 
 
 def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
               causal_alignment, stream, workspace_allocator, window=None, softcap=None, seqlens_q=None,
               seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False, bias=None, grad_bias=None,
-              alibi_slopes=None):
+              alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """sdpa_backward for framework adapters (see _forward)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state)
     run(True, slots, options, stream, workspace_allocator)
 
 
 def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None, sinks=None,
-                      bias=None, alibi_slopes=None, scale=None, causal=False, causal_alignment="top_left",
+                      bias=None, alibi_slopes=None, dropout_p=0.0, rng_state=None, scale=None, causal=False,
+                      causal_alignment="top_left",
                       window=None, softcap=None):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
     the pointers are never dereferenced). Returns what validation established, or raises."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes), options,
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
+                             rng_state), options,
                stream, None, VALIDATE)
 
 
 def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None, *,
                        seqlens_q=None, seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
-                       alibi_slopes=None,
+                       alibi_slopes=None, dropout_p=0.0, rng_state=None,
                        scale=None, causal=False,
                        causal_alignment="top_left", window=None, softcap=None, deterministic=False):
     """Intake and validation of a backward call, nothing else (see _validate_forward)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state)
     return run(True, slots, options, stream, None, VALIDATE)
 
 
 def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, causal_alignment="top_left",
                        window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-                       alibi_slopes=None, sm_version=90,
+                       alibi_slopes=None, dropout_p=0.0, rng_state=None, sm_version=90,
                        cudnn_version=91900):
     """The graph-cache key a forward call would use on a device with these facts (validates
     first; needs no GPU). Calls with equal keys share one cuDNN graph; () when cuDNN has nothing
     to compute (every row masked)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes), options,
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
+                             rng_state), options,
                None, None, KEY, sm_version, cudnn_version)
 
 
 def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
                         causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
                         seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
-                        alibi_slopes=None,
+                        alibi_slopes=None, dropout_p=0.0, rng_state=None,
                         deterministic=False, sm_version=90,
                         cudnn_version=91900):
     """The graph-cache key of a backward call (see _forward_graph_key)."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state)
     return run(True, slots, options, None, None, KEY, sm_version, cudnn_version)

@@ -72,6 +72,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         int64_t window_right
         cbool deterministic
         double softcap
+        double dropout_p
 
     cdef enum class Role(int32_t):
         absent
@@ -84,6 +85,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         lengths
         per_head
         scores
+        philox
 
     cdef enum class Reach(int32_t):
         unlimited
@@ -92,7 +94,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
     cdef enum Slot:
         kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kSinks, kGradSinks, kBias,
-        kGradBias, kAlibiSlopes, kNumSlots
+        kGradBias, kAlibiSlopes, kRngState, kNumSlots
 
     cdef struct OperandInfo:
         const char* name
@@ -105,7 +107,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         const char* shape_meaning
         Reach backward_reach
 
-    const OperandInfo kOperands[16]
+    const OperandInfo kOperands[17]
 
     cdef cppclass Problem:
         int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
@@ -116,11 +118,11 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cdef cppclass ForwardArgs:
-        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes
+        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state
 
     cdef cppclass BackwardArgs:
         TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks
-        TensorView bias, grad_bias, alibi_slopes
+        TensorView bias, grad_bias, alibi_slopes, rng_state
 
     cdef cppclass PreparedCall:
         Problem problem

@@ -82,16 +82,16 @@ cdef int cupy_execute(const PreparedCall& call, uintptr_t stream, object hooks, 
 
 def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks,
                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-                  alibi_slopes=None):
+                  alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[8]
+    cdef Owned owned[9]
     cdef CallStream st
     cdef PreparedCall call
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    for i in range(8):
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    for i in range(9):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(stream, &st)
@@ -103,12 +103,13 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
         intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
         intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[7])
+        intake_optional(rng_state, b"rng_state", &st, &fwd.rng_state, &owned[8])
         out, lse = cupy_forward_outputs(q, hooks, allocation, with_lse, &fwd)
         call = prepared_forward(fwd, options)
         cupy_execute(call, st.handle, hooks, allocation)
         return out, lse
     finally:
-        release(owned, 8)
+        release(owned, 9)
 
 
 cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, BackwardArgs* bwd):
@@ -141,19 +142,19 @@ cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, Backwar
 
 def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
                    hooks, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, deterministic=False,
-                   bias=None, bint with_grad_bias=False, alibi_slopes=None):
+                   bias=None, bint with_grad_bias=False, alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v, grad_sinks
     or None, grad_bias or None: contiguous, of bias' shape, when `with_grad_bias`)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[11]
+    cdef Owned owned[12]
     cdef CallStream st
     cdef PreparedCall call
     cdef int64_t shape[1]
     cdef int64_t strides[4]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
-    for i in range(11):
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    for i in range(12):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     keep_alive = []
@@ -170,6 +171,7 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
         intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[8])
         intake_optional(bias, b"bias", &st, &bwd.bias, &owned[9])
         intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.alibi_slopes, &owned[10])
+        intake_optional(rng_state, b"rng_state", &st, &bwd.rng_state, &owned[11])
         grads = cupy_gradients((q, k, v), hooks, allocation, &bwd)
         grad_sinks = None
         if sinks is not None:  # one float32 per query head
@@ -185,4 +187,4 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
         cupy_execute(call, st.handle, hooks, allocation)
         return (*grads, grad_sinks, grad_bias)
     finally:
-        release(owned, 11)
+        release(owned, 12)

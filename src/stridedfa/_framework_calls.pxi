@@ -30,7 +30,7 @@ cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& 
 
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
                    window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-                   alibi_slopes=None):
+                   alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream.
 
@@ -43,7 +43,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     """
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[8]
+    cdef Owned owned[9]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* out_tensor = NULL
@@ -58,12 +58,12 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     cdef const int64_t* strides[2]
     cdef DLDataType dtypes[2]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     cdef const DLPackExchangeAPI* api = exchange_api_of(type(q))
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
         raise TypeError(f"q ({type(q).__module__}.{type(q).__qualname__}) does not offer the DLPack C "
                         f"exchange API's allocator; pass preallocated outputs to sdpa_forward instead")
-    for i in range(8):
+    for i in range(9):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -75,6 +75,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
         intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
         intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[7])
+        intake_optional(rng_state, b"rng_state", &st, &fwd.rng_state, &owned[8])
         if fwd.q.ndim != 4 or fwd.v.ndim != 4:
             name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
             raise LayoutError(f"{name} must have 4 axes (batch, heads, seq, head_dim); it has {ndim}")
@@ -112,7 +113,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 8)
+        release(owned, 9)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -135,7 +136,8 @@ cdef int intake_readable(object obj, object make_readable, CallStream* st, Tenso
 
 def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
                     bint together, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
-                    deterministic=False, bias=None, bint with_grad_bias=False, alibi_slopes=None):
+                    deterministic=False, bias=None, bint with_grad_bias=False, alibi_slopes=None,
+                    dropout_p=0.0, rng_state=None):
     """Backward with grad_q, grad_k, grad_v allocated by q's framework (DLPack C exchange API) on
     its current stream, each with its input's strides when the input is dense, else dense in the
     input's axis order (stridedfa._layouts.gradient_strides); cuDNN's workspace from the same
@@ -147,7 +149,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     bias' shape) when `with_grad_bias`, else None."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[11]
+    cdef Owned owned[12]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* grads[3]
@@ -163,9 +165,9 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef DLDataType dtypes[3]
     cdef DLManagedTensorVersioned* sinks_grad = NULL
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     cdef const DLPackExchangeAPI* api = allocating_api(q)
-    for i in range(11):
+    for i in range(12):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     for i in range(3):
@@ -186,6 +188,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
         intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[8])
         intake_optional(bias, b"bias", &st, &bwd.bias, &owned[9])
         intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.alibi_slopes, &owned[10])
+        intake_optional(rng_state, b"rng_state", &st, &bwd.rng_state, &owned[11])
         for i in range(3):
             if inputs[i].ndim != 4:
                 raise LayoutError(f"{SLOT_NAMES[i].decode()} must have 4 axes (batch, heads, seq, head_dim); "
@@ -229,7 +232,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
             bias_grad = NULL
         return tuple(result)
     finally:
-        release(owned, 11)
+        release(owned, 12)
         if bias_grad != NULL:
             bias_grad.deleter(bias_grad)
         for i in range(3):

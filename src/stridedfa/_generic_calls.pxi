@@ -3,21 +3,22 @@
 
 
 def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, stream, window=None, softcap=None,
-                       seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None):
+                       seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None, dropout_p=0.0,
+                       rng_state=None):
     """stridedfa.attention for producers without an adapter: outputs are DeviceBuffers allocated on
     the call's stream (the explicit one, else the one intake settles on: the producer's current work
     stream where it exports the DLPack C exchange API, else the legacy default stream); each input
     is read once; cuDNN's workspace comes from the core's pool."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[8]
+    cdef Owned owned[9]
     cdef CallStream st
     cdef PreparedCall call
     cdef int64_t shape[4]
     cdef int64_t strides[4]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
-    for i in range(8):
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    for i in range(9):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(stream, &st)
@@ -29,6 +30,7 @@ def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, str
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
         intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
         intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[7])
+        intake_optional(rng_state, b"rng_state", &st, &fwd.rng_state, &owned[8])
         if fwd.q.ndim != 4 or fwd.v.ndim != 4:
             raise LayoutError(f"q and v must be 4-D (batch, heads, seq, head_dim); got {fwd.q.ndim}-D q and "
                               f"{fwd.v.ndim}-D v")
@@ -50,4 +52,4 @@ def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, str
             execute(call, st.handle, NULL)
         return (out, lse) if return_lse else out
     finally:
-        release(owned, 8)
+        release(owned, 9)

@@ -188,7 +188,7 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     cdef SdpaOptions options
     cdef vector[int64_t] key
     cdef TensorView* views[kNumSlots]
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, 0.0, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views, lengths)
     if sinks is not None:
@@ -222,7 +222,7 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     cdef TensorView* views[kNumSlots]
     cdef int sm = sm_version
     cdef int64_t cudnn = cudnn_version
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, 0.0, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views)
     if bias is not None:

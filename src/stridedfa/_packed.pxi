@@ -22,7 +22,7 @@ cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
 
 def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
                           bint with_lse, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
-                          bias=None, alibi_slopes=None):
+                          bias=None, alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """Forward of the packed entry point, outputs allocated by packed's framework (see
     _forward_alloc). `packed` holds q, k, v (or k, v with `q` given in the same layout) along
     `dim`; its other axes are in layout order, and `to_logical[i]` is the layout axis holding the
@@ -30,7 +30,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     layout axes, dense in q's memory order; lse or None)."""
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[7]
+    cdef Owned owned[8]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, v_layout, out_layout
@@ -40,10 +40,10 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     cdef int64_t out_shape[4]
     cdef int64_t out_strides[4]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, softcap, False, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(7):
+    for i in range(8):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -54,6 +54,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
         intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[4])
         intake_optional(bias, b"bias", &st, &fwd.bias, &owned[5])
         intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[6])
+        intake_optional(rng_state, b"rng_state", &st, &fwd.rng_state, &owned[7])
         if q is None:
             q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
             fwd.k = select_packed(packed_view, dim, 1, perm, b"k")
@@ -88,7 +89,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 7)
+        release(owned, 8)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -97,7 +98,8 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
 
 def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
                            causal_alignment, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
-                           deterministic=False, bias=None, bint with_grad_bias=False, alibi_slopes=None):
+                           deterministic=False, bias=None, bint with_grad_bias=False, alibi_slopes=None,
+                           dropout_p=0.0, rng_state=None):
     """Backward of the packed entry point: allocates one gradient buffer with packed's strides
     (dense in its axis order if packed is not dense) and, with a separate q, q's gradient (same
     rule); cuDNN writes dQ/dK/dV straight into their slices. `out` and `grad_out` are in layout
@@ -105,7 +107,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     bias' shape, when `with_grad_bias`)."""
     cdef SdpaOptions options
     cdef BackwardArgs bwd
-    cdef Owned owned[10]
+    cdef Owned owned[11]
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
@@ -116,10 +118,10 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     cdef int perm[4]
     cdef int64_t strides[8]
     cdef int i
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(10):
+    for i in range(11):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -130,6 +132,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
         intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[7])
         intake_optional(bias, b"bias", &st, &bwd.bias, &owned[8])
         intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.alibi_slopes, &owned[9])
+        intake_optional(rng_state, b"rng_state", &st, &bwd.rng_state, &owned[10])
         intake(out, b"out", False, &st, &out_layout, &owned[1])
         intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[2])
         intake(lse, b"lse", False, &st, &bwd.lse, &owned[3])
@@ -185,7 +188,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             bias_grad = NULL
         return grad_packed, grad_q, grad_sinks, grad_bias
     finally:
-        release(owned, 10)
+        release(owned, 11)
         if bias_grad != NULL:
             bias_grad.deleter(bias_grad)
         if grad_packed_tensor != NULL:

@@ -69,8 +69,8 @@ def _execute_repeatedly(q, k, v, out, lse=None, *, int64_t repeats, scale=None, 
     """sdpa_forward whose prepared call is executed `repeats` times back to back in C++, for the
     host-overhead benchmark's floor: per-call cost of the core's execute alone."""
     cdef SdpaOptions options
-    parse_options(scale, causal, causal_alignment, None, None, False, &options)
-    run(False, forward_slots(q, k, v, out, lse, None, None, None, None, None), options, stream, None, RUN, 0, 0,
+    parse_options(scale, causal, causal_alignment, None, None, False, 0.0, &options)
+    run(False, forward_slots(q, k, v, out, lse, None, None, None, None, None, None), options, stream, None, RUN, 0, 0,
         repeats)
 
 

@@ -31,6 +31,7 @@ struct Plan {
   // a caller left out, or both where cuDNN runs a band with s_q > s_kv only in padding mode.
   int64_t made_lengths[2] = {-1, -1};  // value for seqlens_q, seqlens_kv; -1: not made
   bool unmasked = false;               // the sub-problem needs no mask (every pair takes part)
+  bool keeps_keys = false;             // every key described, also those no row sees
   // Where the sub-problem lies in the caller's: its first row and key, and the full extents.
   int64_t row_begin = 0, key_begin = 0, full_s_q = 0, full_s_kv = 0;
 };

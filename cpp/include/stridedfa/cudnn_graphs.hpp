@@ -34,13 +34,14 @@ struct GraphSpec {
   // cuDNN sees, plus seqlens_kv[b] - seqlens_q[b] when alibi_per_sequence (bottom-right, padded).
   int64_t alibi_offset = 0;
   bool alibi_per_sequence = false;
+  float dropout_p = 0.0f;  // > 0 with operands[kRngState]: Philox dropout, the same mask forward and backward
   int32_t device = 0;
   int32_t sm_version = 0;
   int64_t cudnn_version = 0;
 
   // Every field as integers: equal keys, equal graphs. write_key fills `out` (kMaxKeyLength
   // entries) without allocating and returns the length.
-  static constexpr int kMaxKeyLength = 14 + kNumSlots * 9;
+  static constexpr int kMaxKeyLength = 15 + kNumSlots * 9;
   int write_key(int64_t* out) const;
   std::vector<int64_t> key() const;
 };
@@ -52,7 +53,8 @@ class BuiltGraph {
   virtual void execute(void* cudnn_handle, void* const* ptrs, void* workspace) const = 0;
 
   int64_t workspace_bytes = 0;
-  std::vector<Slot> operand_order;  // the operands in cuDNN's sorted-UID order
+  // The operands in cuDNN's sorted-UID order; kRngOffsetTensor stands for rng_state's second value.
+  std::vector<int> operand_order;
 };
 
 // Builds and plans the graph on the current device. Throws UnsupportedError with cuDNN's reason

@@ -31,9 +31,10 @@ struct ForwardArgs {
   TensorView sinks;                  // optional attention sinks
   TensorView bias;                   // optional additive score bias
   TensorView alibi_slopes;           // optional ALiBi slopes, one per query head
+  TensorView rng_state;              // dropout's Philox seed and offset (needed when dropout_p > 0)
   SlotViews slots() const {
-    return {&q,      &k,         &v,          &out,   &lse,    nullptr, nullptr, nullptr,
-            nullptr, &seqlens_q, &seqlens_kv, &sinks, nullptr, &bias,   nullptr, &alibi_slopes};
+    return {&q,         &k,      &v,      &out,    &lse,          nullptr,   nullptr, nullptr, nullptr,
+            &seqlens_q, &seqlens_kv, &sinks, nullptr, &bias, nullptr, &alibi_slopes, &rng_state};
   }
 };
 
@@ -43,9 +44,11 @@ struct BackwardArgs {
   TensorView sinks, grad_sinks;      // optional attention sinks (as in the forward) and their gradient
   TensorView bias, grad_bias;        // optional score bias (as in the forward) and its gradient
   TensorView alibi_slopes;           // optional ALiBi slopes, as in the forward
+  TensorView rng_state;              // the forward's Philox seed and offset: the same dropout mask
   SlotViews slots() const {
-    return {&q,      &k,         &v,          &out,   &lse,        &grad_out, &grad_q,    &grad_k,
-            &grad_v, &seqlens_q, &seqlens_kv, &sinks, &grad_sinks, &bias,     &grad_bias, &alibi_slopes};
+    return {&q,          &k,     &v,         &out,          &lse,      &grad_out,  &grad_q,
+            &grad_k,     &grad_v, &seqlens_q, &seqlens_kv, &sinks,    &grad_sinks, &bias,
+            &grad_bias,  &alibi_slopes, &rng_state};
   }
 };
 
@@ -54,7 +57,7 @@ struct PreparedCall {
   Problem problem;
   int64_t workspace_bytes = 0;
   int n_ptrs = 0;
-  void* ptrs[kNumSlots] = {};  // device pointers in the graph's sorted-UID order
+  void* ptrs[kMaxGraphTensors] = {};  // device pointers in the graph's sorted-UID order
   // Output regions no query or key of the mask takes part in (visibility.hpp), filled at launch.
   int n_fills = 0;
   Fill fills[kMaxFills];

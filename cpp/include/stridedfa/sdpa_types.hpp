@@ -23,6 +23,9 @@ struct SdpaOptions {
   int64_t window_left = kUnbounded, window_right = kUnbounded;
   bool deterministic = false;  // backward: a bitwise-reproducible algorithm
   double softcap = 0.0;        // > 0: scores -> softcap * tanh(scores / softcap) before the mask
+  // > 0: each softmax probability is dropped with this probability and the kept ones scaled by
+  // 1 / (1 - dropout_p), by cuDNN's Philox generator from the rng_state operand.
+  double dropout_p = 0.0;
 
   static constexpr int64_t kUnbounded = -1;
   // The right bound in effect: causal caps it at 0.
@@ -50,8 +53,14 @@ enum Slot : int {
   kBias,
   kGradBias,
   kAlibiSlopes,
+  kRngState,
   kNumSlots
 };
+
+// rng_state holds two int64 values, the Philox seed and offset, which cuDNN takes as two tensors:
+// the seed gets the slot's UID (slot + 1), the offset this one; its pointer is the second element.
+inline constexpr int kRngOffsetTensor = kNumSlots;
+inline constexpr int kMaxGraphTensors = kNumSlots + 1;
 
 enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 
@@ -60,12 +69,13 @@ enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 // lengths: int32 per-batch sequence lengths, (batch,) or (batch, 1, 1, 1), contiguous, read on the
 // device only.
 // per_head: float32 one value per query head, (heads of q,), contiguous.
+// philox: int64 (2,) on the device, the Philox seed and offset of dropout (any stride).
 // scores: one value per score, the attention dtype, broadcastable to (batch, heads of q, seq of q,
 // seq of k) (NumPy rules: fewer axes are leading 1s; an axis of extent 1 or stride 0 is shared).
-enum class OperandKind : int32_t { attention = 0, stats = 1, lengths = 2, per_head = 3, scores = 4 };
+enum class OperandKind : int32_t { attention = 0, stats = 1, lengths = 2, per_head = 3, scores = 4, philox = 5 };
 
-// The logical extents an operand's axes must have (kOne: extent 1).
-enum Extent : int32_t { kBatch = 0, kHeadsQ, kHeadsKV, kSeqQ, kSeqKV, kDimQK, kDimV, kOne };
+// The logical extents an operand's axes must have (kOne: extent 1, kTwo: extent 2).
+enum Extent : int32_t { kBatch = 0, kHeadsQ, kHeadsKV, kSeqQ, kSeqKV, kDimQK, kDimV, kOne, kTwo };
 
 // How far cuDNN's backward can address an operand from its data pointer (validate.cpp says why).
 enum class Reach : int32_t { unlimited = 0, elements_2_32 = 1, bytes_2_32 = 2 };
@@ -116,6 +126,8 @@ inline constexpr OperandInfo kOperands[kNumSlots] = {
      "bias' shape", Reach::unlimited},
     {"alibi_slopes", Role::input, Role::input, true, true, OperandKind::per_head, {kOne, kHeadsQ, kOne, kOne},
      "(heads of q,)", Reach::unlimited},
+    {"rng_state", Role::input, Role::input, true, true, OperandKind::philox, {kOne, kOne, kOne, kTwo},
+     "(2,): the Philox seed and offset", Reach::unlimited},
 };
 // clang-format on
 
@@ -134,7 +146,7 @@ struct Problem {
   bool nothing_to_do = false;  // every output is empty: return without launching
 
   int64_t extent(Extent e) const {
-    const int64_t values[] = {b, h_q, h_kv, s_q, s_kv, d_qk, d_v, 1};
+    const int64_t values[] = {b, h_q, h_kv, s_q, s_kv, d_qk, d_v, 1, 2};
     return values[e];
   }
 };
