@@ -177,7 +177,7 @@ def contenders(torch, sfa):
     op_all_options = torch.ops.stridedfa.attention_inference
     # The operator's options after causal_alignment (stridedfa.torch._OPTIONS): no window, softcap,
     # padding lengths, sinks, bias or ALiBi; non-deterministic.
-    OPERATOR_DEFAULTS = (-1, -1, None, None, None, None, False, None, None)  # noqa: N806
+    OPERATOR_DEFAULTS = (-1, -1, None, None, None, None, False, None, None, 0.0, None)  # noqa: N806
     forward = sfa.sdpa_forward
     validate = sfa._core._validate_forward
     forward_alloc = sfa._core._forward_alloc

@@ -13,15 +13,15 @@ from stridedfa import _core, _layouts  # noqa: E402
 META = dict(device="meta", dtype=torch.bfloat16)
 
 # The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
-# no padding lengths, no sinks, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, None, None, False, None, None)
+# no padding lengths, no sinks, non-deterministic backward, no bias, no ALiBi, no dropout.
+DEFAULTS = (-1, -1, None, None, None, None, False, None, None, 0.0, None)
 
 
 
 def test_operators_are_registered_with_their_schemas():
     options = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
                "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic, "
-               "Tensor? bias, Tensor? alibi_slopes")
+               "Tensor? bias, Tensor? alibi_slopes, float dropout_p, Tensor? rng_state")
     expected = {
         "attention_forward": f"(Tensor q, Tensor k, Tensor v, {options}, bool with_lse) -> (Tensor, Tensor)",
         "attention_inference": f"(Tensor q, Tensor k, Tensor v, {options}) -> Tensor",

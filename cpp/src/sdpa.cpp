@@ -87,9 +87,10 @@ void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given, bool kee
   const std::string what = bias ? "a bias" : "dropout";
   if (lengths_given) {
     throw UnsupportedError(
-        what + " with a bottom-right causal mask or window and padding lengths (seqlens_q / seqlens_kv) is not "
-        "supported: cuDNN's bottom-right mask takes no " + (bias ? "bias" : "dropout") +
-        ", and with padding the diagonal moves per sequence. Use top-left alignment" +
+        what +
+        " with a bottom-right causal mask or window and padding lengths (seqlens_q / seqlens_kv) is not "
+        "supported: cuDNN's bottom-right mask takes no " +
+        (bias ? "bias" : "dropout") + ", and with padding the diagonal moves per sequence. Use top-left alignment" +
         (bias ? ", or fold the mask into the bias." : "."));
   }
   const int64_t shift = p.s_kv - p.s_q;

@@ -399,7 +399,7 @@ def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, se
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                             rng_state), options,
+                                    rng_state), options,
                stream, None, VALIDATE)
 
 
@@ -426,7 +426,7 @@ def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, caus
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                             rng_state), options,
+                                    rng_state), options,
                None, None, KEY, sm_version, cudnn_version)
 
 

@@ -41,14 +41,15 @@ def sdpa_forward(q: Any, k: Any, v: Any, out: Any, *, lse: Any = None, scale: fl
                  causal: bool = False, causal_alignment: str = "top_left", window: Window = None,
                  softcap: float | None = None,
                  seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
-                 alibi_slopes: Any = None,
+                 alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                  stream: Stream = None) -> None: ...
 def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                   grad_v: Any, *, scale: float | None = None, causal: bool = False,
                   causal_alignment: str = "top_left", window: Window = None, softcap: float | None = None,
                   seqlens_q: Any = None,
                   seqlens_kv: Any = None, sinks: Any = None, grad_sinks: Any = None, bias: Any = None,
-                  grad_bias: Any = None, alibi_slopes: Any = None, deterministic: bool = False,
+                  grad_bias: Any = None, alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
+                  deterministic: bool = False,
                   stream: Stream = None) -> None: ...
 def cache_info() -> dict[str, int | float]: ...
 def cache_clear() -> None: ...
@@ -61,24 +62,26 @@ def _operands() -> list[dict[str, Any]]: ...
 def _forward(q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, causal: bool,
              causal_alignment: str, stream: Stream, workspace_allocator: WorkspaceAllocator | None,
              window: Window = None, softcap: float | None = None, seqlens_q: Any = None,
-             seqlens_kv: Any = None, sinks: Any = None, bias: Any = None, alibi_slopes: Any = None) -> None: ...
+             seqlens_kv: Any = None, sinks: Any = None, bias: Any = None, alibi_slopes: Any = None,
+             dropout_p: float = 0.0, rng_state: Any = None) -> None: ...
 def _backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any, grad_v: Any,
               scale: float | None, causal: bool, causal_alignment: str, stream: Stream,
               workspace_allocator: WorkspaceAllocator | None, window: Window = None, softcap: float | None = None,
               seqlens_q: Any = None,
               seqlens_kv: Any = None, sinks: Any = None, grad_sinks: Any = None,
               deterministic: bool = False, bias: Any = None, grad_bias: Any = None,
-              alibi_slopes: Any = None) -> None: ...
+              alibi_slopes: Any = None, dropout_p: float = 0.0,
+                   rng_state: Any = None) -> None: ...
 def _validate_forward(q: Any, k: Any, v: Any, out: Any, lse: Any = None, stream: Stream = None, *,
                       seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
-                      alibi_slopes: Any = None,
+                      alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                       scale: float | None = None,
                       causal: bool = False, causal_alignment: str = "top_left",
                       window: Window = None) -> dict[str, Any]: ...
 def _validate_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                        grad_v: Any, stream: Stream = None, *, seqlens_q: Any = None, seqlens_kv: Any = None,
                        sinks: Any = None, grad_sinks: Any = None, bias: Any = None, grad_bias: Any = None,
-                       alibi_slopes: Any = None,
+                       alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                        scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
                        window: Window = None, softcap: float | None = None, deterministic: bool = False) -> dict[str,
                        Any]: ...
@@ -86,7 +89,7 @@ def _forward_graph_key(q: Any, k: Any, v: Any, out: Any, lse: Any = None, *, sca
                        causal: bool = False, causal_alignment: str = "top_left", window: Window = None,
                        softcap: float | None = None,
                        seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
-                       alibi_slopes: Any = None,
+                       alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                        sm_version: int = 90,
                        cudnn_version: int = 91900) -> tuple[int, ...]: ...
 def _backward_graph_key(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
@@ -94,47 +97,54 @@ def _backward_graph_key(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: An
                         causal_alignment: str = "top_left", window: Window = None, softcap: float | None = None,
                         seqlens_q: Any = None,
                         seqlens_kv: Any = None, sinks: Any = None, grad_sinks: Any = None, bias: Any = None,
-                        grad_bias: Any = None, alibi_slopes: Any = None,
+                        grad_bias: Any = None, alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                         deterministic: bool = False, sm_version: int = 90,
                         cudnn_version: int = 91900) -> tuple[int, ...]: ...
 def _forward_alloc(q: Any, k: Any, v: Any, scale: float | None, causal: bool, causal_alignment: str,
                    with_lse: bool, together: bool = False, window: Window = None, softcap: float | None = None,
                    seqlens_q: Any = None,
                    seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
-                   alibi_slopes: Any = None) -> tuple[Any, Any]: ...
+                   alibi_slopes: Any = None, dropout_p: float = 0.0,
+                   rng_state: Any = None) -> tuple[Any, Any]: ...
 def _backward_alloc(q: Any, k: Any, v: Any, out: Any, lse: Any, grad_out: Any, scale: float | None, causal: bool,
                     causal_alignment: str, make_readable: Callable[[Any], Any], together: bool,
                     window: Window = None, softcap: float | None = None, seqlens_q: Any = None,
                     seqlens_kv: Any = None, sinks: Any = None,
                     deterministic: bool = False, bias: Any = None, with_grad_bias: bool = False,
-                    alibi_slopes: Any = None) -> tuple[Any, Any, Any, Any, Any]: ...
+                    alibi_slopes: Any = None, dropout_p: float = 0.0,
+                   rng_state: Any = None) -> tuple[Any, Any, Any, Any, Any]: ...
 def _packed_forward_alloc(packed: Any, dim: int, to_logical: Sequence[int], q: Any, scale: float | None,
                           causal: bool, causal_alignment: str, with_lse: bool, window: Window = None,
                           softcap: float | None = None,
                           seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None,
-                          bias: Any = None, alibi_slopes: Any = None) -> tuple[Any, Any]: ...
+                          bias: Any = None, alibi_slopes: Any = None, dropout_p: float = 0.0,
+                   rng_state: Any = None) -> tuple[Any, Any]: ...
 def _packed_backward_alloc(packed: Any, dim: int, to_logical: Sequence[int], q: Any, out: Any, lse: Any,
                            grad_out: Any, scale: float | None, causal: bool, causal_alignment: str,
                            window: Window = None, softcap: float | None = None, seqlens_q: Any = None,
                            seqlens_kv: Any = None, sinks: Any = None,
                            deterministic: bool = False, bias: Any = None, with_grad_bias: bool = False,
-                           alibi_slopes: Any = None) -> tuple[Any, Any, Any, Any]: ...
+                           alibi_slopes: Any = None, dropout_p: float = 0.0,
+                   rng_state: Any = None) -> tuple[Any, Any, Any, Any]: ...
 def _attention_generic(q: Any, k: Any, v: Any, scale: float | None, causal: bool, causal_alignment: str,
                        return_lse: bool, stream: Stream, window: Window = None, softcap: float | None = None,
                        seqlens_q: Any = None,
                        seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
-                       alibi_slopes: Any = None) -> Any: ...
+                       alibi_slopes: Any = None, dropout_p: float = 0.0,
+                   rng_state: Any = None) -> Any: ...
 def _cupy_forward(q: Any, k: Any, v: Any, scale: float | None, causal: bool, causal_alignment: str,
                   with_lse: bool, stream: int, allocation: Any, hooks: Any, window: Window = None,
                   softcap: float | None = None,
                   seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
-                  alibi_slopes: Any = None) -> tuple[Any, Any]: ...
+                  alibi_slopes: Any = None, dropout_p: float = 0.0,
+                   rng_state: Any = None) -> tuple[Any, Any]: ...
 def _cupy_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, grad_out: Any, scale: float | None, causal: bool,
                    causal_alignment: str, stream: int, allocation: Any, hooks: Any, window: Window = None,
                    softcap: float | None = None,
                    seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None,
                    deterministic: bool = False, bias: Any = None, with_grad_bias: bool = False,
-                   alibi_slopes: Any = None) -> tuple[Any, Any, Any, Any, Any]: ...
+                   alibi_slopes: Any = None, dropout_p: float = 0.0,
+                   rng_state: Any = None) -> tuple[Any, Any, Any, Any, Any]: ...
 def _can_read(x: Any) -> bool: ...
 def _jax_ffi_targets() -> dict[str, object]: ...
 def _jax_validate(backward: bool, layout: int, shapes: tuple[Shape | None, ...], dtype: str | tuple[str, ...], *,

@@ -22,8 +22,8 @@ _FRAMEWORKS = {
     "jax": ("jax", "Array", "stridedfa.jax"),
 }
 _GENERIC_OPTIONS = frozenset({"scale", "causal", "causal_alignment", "window", "softcap", "seqlens_q",
-                              "seqlens_kv", "sinks", "bias", "alibi_slopes", "return_lse",
-                              "stream"})
+                              "seqlens_kv", "sinks", "bias", "alibi_slopes", "dropout_p", "rng_state",
+                              "return_lse", "stream"})
 
 _kind_by_type: dict[type, str] = {}  # type(q) -> "torch" | "cupy" | "jax" | "dlpack"
 _options_by_function: dict[object, frozenset] = {}
@@ -44,8 +44,8 @@ def attention(q, k, v, **options):
     - anything else with ``__dlpack__`` -> the output is a :class:`stridedfa.DeviceBuffer`
       allocated on the call's stream, which ``torch.from_dlpack``, ``cupy.from_dlpack`` and
       ``jax.dlpack.from_dlpack`` import without a copy. Options: ``scale``, ``causal``,
-      ``causal_alignment``, ``window``, ``softcap``, ``seqlens_q``, ``seqlens_kv``, ``sinks``, ``bias`` and
-      ``alibi_slopes``, as in
+      ``causal_alignment``, ``window``, ``softcap``, ``seqlens_q``, ``seqlens_kv``, ``sinks``, ``bias``,
+      ``alibi_slopes``, ``dropout_p`` and ``rng_state`` (needed with dropout), as in
       :func:`stridedfa.sdpa_forward`, ``return_lse`` (then ``(out, lse)`` is returned) and ``stream`` (an int
       handle or an object with ``__cuda_stream__``; by default the producer's current work stream
       where it exports the DLPack C exchange API, else the legacy default stream).
@@ -67,7 +67,8 @@ def attention(q, k, v, **options):
             q, k, v, options.get("scale"), options.get("causal", False),
             options.get("causal_alignment", "top_left"), options.get("return_lse", False),
             options.get("stream"), options.get("window"), options.get("softcap"), options.get("seqlens_q"),
-            options.get("seqlens_kv"), options.get("sinks"), options.get("bias"), options.get("alibi_slopes"))
+            options.get("seqlens_kv"), options.get("sinks"), options.get("bias"), options.get("alibi_slopes"),
+            options.get("dropout_p", 0.0), options.get("rng_state"))
     adapter = sys.modules.get(_FRAMEWORKS[kind][2])
     if adapter is None:
         adapter = importlib.import_module(_FRAMEWORKS[kind][2])

@@ -87,24 +87,27 @@ def _backward_kernel(op, impl, tensor_args):
     return kernel
 
 
-# Every operator takes the options in one order (`opts` below: 12 values), spelled in its schema
+# Every operator takes the options in one order (`opts` below: 14 values), spelled in its schema
 # as _OPTIONS; window bounds are -1 where unbounded (a schema int cannot be None). The lengths are
 # options 6 and 7; the sinks (option 8) and the bias (option 10) are differentiable, the ALiBi
-# slopes (option 11) not.
+# slopes (option 11) not; dropout_p and the Philox rng_state (options 12, 13: drawn by
+# attention() before the operator, so that the operator itself is a function of its inputs and
+# the backward regenerates the forward's mask).
 _OPTIONS = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
             "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic, "
-            "Tensor? bias, Tensor? alibi_slopes")
-_N_OPTIONS = 12
+            "Tensor? bias, Tensor? alibi_slopes, float dropout_p, Tensor? rng_state")
+_N_OPTIONS = 14
 _LENGTHS = (6, 7)
 _SINKS = 8
 _BIAS = 10
 _ALIBI = 11
-_TENSOR_OPTIONS = (*_LENGTHS, _SINKS, _BIAS, _ALIBI)
+_RNG = 13
+_TENSOR_OPTIONS = (*_LENGTHS, _SINKS, _BIAS, _ALIBI, _RNG)
 
 
 def _option_grads(grad_sinks, grad_bias):
     """The gradients of the options and of the flag after them (with_lse / return_lse)."""
-    return (None,) * _SINKS + (grad_sinks, None, grad_bias, None, None)
+    return (None,) * _SINKS + (grad_sinks, None, grad_bias) + (None,) * (_N_OPTIONS - _BIAS)
 
 
 def _grad_or_none(grad, option):
@@ -165,7 +168,7 @@ _lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
 # the dispatcher boxes every argument into Python on each call, so the call torch.compile'd code
 # and dispatch modes make most often takes three options, not twelve.
 _BASIC_OPTIONS = "float? scale, bool causal, str causal_alignment"
-_VARIANT_DEFAULTS = (-1, -1, None, None, None, None, False, None, None)  # the other options at their defaults
+_VARIANT_DEFAULTS = (-1, -1, None, None, None, None, False, None, None, 0.0, None)  # the others' defaults
 
 
 def _attention_inference_basic_impl(q, k, v, scale, causal, causal_alignment):
@@ -196,10 +199,11 @@ def _attention_backward_impl(q, k, v, out, lse, grad_out, *args, together=False)
     bias' shape, contiguous, or empty unless args' last flag (with_grad_bias) asks for it)."""
     opts, with_grad_bias = args[:_N_OPTIONS], args[_N_OPTIONS] and args[_BIAS] is not None
     if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
-        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, alibi = opts
+        (scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, alibi,
+         dropout_p, rng_state) = opts
         grad_q, grad_k, grad_v, grad_sinks, grad_bias = _core._backward_alloc(
             q, k, v, out, lse, grad_out, scale, causal, alignment, _contiguous, together, _window(left, right),
-            softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, with_grad_bias, alibi)
+            softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, with_grad_bias, alibi, dropout_p, rng_state)
         return (grad_q, grad_k, grad_v, grad_sinks if grad_sinks is not None else _no_lse(q),
                 grad_bias if grad_bias is not None else _no_lse(q))
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
@@ -266,9 +270,9 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, bias, opts, return_lse):
-        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, _, _, alibi = opts
+        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, _, _, alibi, dropout_p, rng = opts
         out, lse = _forward_alloc(q, k, v, scale, causal, alignment, True, True, _window(left, right), softcap,
-                                  seqlens_q, seqlens_kv, sinks, bias, alibi)
+                                  seqlens_q, seqlens_kv, sinks, bias, alibi, dropout_p, rng)
         ctx.save_for_backward(q, k, v, out)
         ctx.lse = lse
         ctx.options = opts
@@ -303,12 +307,13 @@ _lib.impl("attention_forward", _attention_forward_autograd, "Autograd")
 
 
 def _packed_forward_impl(packed, dim, layout, q, *args):  # args: the options, then with_lse
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias, alibi = args[:_N_OPTIONS]
+    (scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias, alibi, dropout_p,
+     rng_state) = args[:_N_OPTIONS]
     with_lse = args[_N_OPTIONS]
     if _HAS_EXCHANGE_API:  # views, allocation and launch in one C call
         out_l, lse = _core._packed_forward_alloc(packed, dim, _to_logical(layout), q, scale, causal, alignment,
                                                  with_lse, _window(left, right), softcap, seqlens_q, seqlens_kv,
-                                                 sinks, bias, alibi)
+                                                 sinks, bias, alibi, dropout_p, rng_state)
         return out_l, (lse if with_lse else _no_lse(packed))
     q_l, k_l, v_l = _unpack(packed, dim, q)
     out_l = _empty_packed_output(q_l, v_l)
@@ -337,7 +342,8 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *args):
     opts, with_grad_bias = args[:_N_OPTIONS], args[_N_OPTIONS] and args[_BIAS] is not None
     sinks = opts[_SINKS]
     if _HAS_EXCHANGE_API:
-        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, alibi = opts
+        (scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, alibi,
+         dropout_p, rng_state) = opts
         to_logical = _to_logical(layout)
         logical = grad_out.permute(to_logical)
         readable = _readable(logical)
@@ -345,7 +351,7 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *args):
             grad_out = readable.permute([to_logical.index(axis) for axis in range(4)])
         grad_packed, grad_q, grad_sinks, grad_bias = _core._packed_backward_alloc(
             packed, dim, to_logical, q, out, lse, grad_out, scale, causal, alignment, _window(left, right),
-            softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, with_grad_bias, alibi)
+            softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, with_grad_bias, alibi, dropout_p, rng_state)
         return (grad_packed, grad_q if grad_q is not None else _no_lse(packed),
                 grad_sinks if grad_sinks is not None else _no_lse(packed),
                 grad_bias if grad_bias is not None else _no_lse(packed))
@@ -458,10 +464,10 @@ def _plain_eager(q, k, v) -> bool:
 
 
 def _forward(q, k, v, opts, with_lse, together=False):
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias, alibi = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias, alibi, dropout_p, rng = opts
     if _HAS_EXCHANGE_API:
         return _forward_alloc(q, k, v, scale, causal, alignment, with_lse, together, _window(left, right),
-                              softcap, seqlens_q, seqlens_kv, sinks, bias, alibi)
+                              softcap, seqlens_q, seqlens_kv, sinks, bias, alibi, dropout_p, rng)
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
     lse = _empty_lse(q) if with_lse else None
@@ -471,20 +477,21 @@ def _forward(q, k, v, opts, with_lse, together=False):
 
 def _core_forward(q, k, v, out, lse, opts, stream):
     """The core's forward through __dlpack__ (torch < 2.10)."""
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias, alibi = opts
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias, alibi, dropout_p, rng = opts
     _core._forward(q, k, v, out, lse, scale, causal, alignment, stream, _workspace, _window(left, right),
                    softcap, seqlens_q, seqlens_kv, None if sinks is None else _raw(sinks),
-                   None if bias is None else _raw(bias), alibi)
+                   None if bias is None else _raw(bias), alibi, dropout_p, rng)
 
 
 def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream, grad_sinks=None,
                    grad_bias=None):
     """The core's backward through __dlpack__ (torch < 2.10)."""
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, alibi = opts
+    (scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, alibi,
+     dropout_p, rng_state) = opts
     _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, alignment, stream,
                     _workspace, _window(left, right), softcap, seqlens_q, seqlens_kv,
                     None if sinks is None else _raw(sinks), grad_sinks, deterministic,
-                    None if bias is None else _raw(bias), grad_bias, alibi)
+                    None if bias is None else _raw(bias), grad_bias, alibi, dropout_p, rng_state)
 
 
 def _bounds(window) -> tuple[int, int]:
@@ -538,6 +545,16 @@ def _check_bias_gradient(bias, s_q: int) -> None:
             f"bias: shape {tuple(bias.shape)} requires grad but is shared over the {s_q} query rows; cuDNN "
             f"9.19 computes the gradient of such a bias wrongly. Pass bias.expand(-1, -1, {s_q}, -1) (the same "
             f"forward, no copy; torch sums the gradient back to your shape) or detach it (a constant mask).")
+
+
+def _draw_rng_state(like, dropout_p) -> torch.Tensor:
+    """dropout's Philox seed and offset as an int64 (2,) tensor on like's device, drawn from torch's
+    generator for that device as any random op draws (torch.manual_seed and the generator's state
+    decide them, the generator advances; under CUDA-graph capture each replay draws anew; under
+    torch.compile it is one more random op of the graph). No host synchronisation."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p!r}")
+    return torch.randint(0, 1 << 62, (2,), dtype=torch.int64, device=like.device)
 
 
 def _no_lse(like):

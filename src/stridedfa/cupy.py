@@ -44,8 +44,8 @@ _HOOKS = types.SimpleNamespace(alloc=cupy.cuda.alloc, new_array=cupy.ndarray,
 
 def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
               causal_alignment: str = "top_left", window=None, softcap: float | None = None,
-              seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None, return_lse: bool = False,
-              stream=None):
+              seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None, dropout_p: float = 0.0,
+              rng_state=None, return_lse: bool = False, stream=None):
     """Scaled-dot-product attention forward with cuDNN's fused kernels, on CuPy arrays.
 
     ``softmax(scale * q @ k^T + mask) @ v`` per batch and query head.
@@ -72,6 +72,12 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
             ``softcap(scale * q @ k^T) + bias`` before the masks (see :func:`stridedfa.sdpa_forward`).
         alibi_slopes: float32 (h_q,) ALiBi slopes: ``scores -= alibi_slopes[h] * |i + off - j|`` (see
             :func:`stridedfa.sdpa_forward`).
+        dropout_p: attention dropout probability (torch SDPA's ``dropout_p``): softmax weights are
+            zeroed with this probability, the kept ones scaled by 1 / (1 - dropout_p).
+        rng_state: with ``dropout_p > 0``, an int64 (2,) array holding the Philox seed and offset
+            that pick the mask -- e.g. ``cupy.random.randint(0, 2**62, size=2, dtype=cupy.int64)``
+            (CuPy's generator: ``cupy.random.seed`` decides it). Pass the same array to
+            :func:`attention_backward`, which regenerates the mask from it; read on the device only.
         return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each score row,
             which :func:`attention_backward` needs (-inf for rows that see no key).
         stream: run on this stream instead of CuPy's current one: a ``cupy.cuda.Stream``, any
@@ -97,14 +103,15 @@ def attention(q, k, v, *, scale: float | None = None, causal: bool = False,
     handle, allocation = _call(stream, q.data.device_id)
     out, lse = _core._cupy_forward(q, k, v, scale, causal, causal_alignment, return_lse, handle,
                                    allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv, sinks, bias,
-                                   alibi_slopes)
+                                   alibi_slopes, dropout_p, rng_state)
     return (out, lse) if return_lse else out
 
 
 def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = None,
                        causal: bool = False, causal_alignment: str = "top_left", window=None,
                        softcap: float | None = None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-                       bias_grad: bool = False, alibi_slopes=None, deterministic: bool = False, stream=None):
+                       bias_grad: bool = False, alibi_slopes=None, dropout_p: float = 0.0, rng_state=None,
+                       deterministic: bool = False, stream=None):
     """Gradients of :func:`attention`: returns ``(grad_q, grad_k, grad_v)``, then the sinks'
     gradient (float32 (h_q,)) when ``sinks`` are given, then the bias' gradient (contiguous, of
     bias' shape, summed over its shared batch and head axes) when ``bias_grad=True``.
@@ -114,7 +121,8 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
         grad_out: (batch, h_q, s_q, d_v) gradient of the loss with respect to ``out``. A layout
             cuDNN cannot read (e.g. a broadcast array with stride 0) is copied first.
         scale, causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, sinks, bias,
-            alibi_slopes: the forward's values.
+            alibi_slopes, dropout_p, rng_state: the forward's values (the same rng_state: the same
+            dropout mask).
         bias_grad: also compute the bias' gradient (off by default: a bias is most often a constant
             mask). cuDNN computes it for a bias with a row per query, without softcap or ALiBi (see
             :func:`stridedfa.sdpa_backward`).
@@ -137,7 +145,7 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
     handle, allocation = _call(stream, q.data.device_id)
     grads = _core._cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle,
                                  allocation, _HOOKS, window, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
-                                 bias, bias_grad, alibi_slopes)
+                                 bias, bias_grad, alibi_slopes, dropout_p, rng_state)
     result: tuple = grads[:3]
     if sinks is not None:
         result += (grads[3],)

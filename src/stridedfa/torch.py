@@ -28,6 +28,7 @@ from stridedfa._torch_ops import (
     _causal,
     _check_bias_gradient,
     _check_packed,
+    _draw_rng_state,
     _eager_attention,
     _eager_packed_attention,
     _forward_alloc,
@@ -46,7 +47,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
               softcap: float | None = None, seqlens_q: torch.Tensor | None = None,
               seqlens_kv: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
               bias: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
-              deterministic: bool = False, return_lse: bool = False):
+              dropout_p: float = 0.0, deterministic: bool = False, return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, differentiable.
 
     ``softmax(scale * q @ k^T + mask) @ v`` with the axes of
@@ -85,6 +86,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
             ``alibi_slopes``): ``scores -= alibi_slopes[h] * |i + off - j|``, off the diagonal
             offset of ``causal_alignment`` (FlashAttention's definition with ``"bottom_right"``);
             any slopes, with or without causal; not differentiable.
+        dropout_p: attention dropout, as torch SDPA's ``dropout_p`` (applied whenever > 0: pass
+            ``dropout_p if module.training else 0.0``, as torch's modules do): each softmax weight
+            is zeroed with probability dropout_p and the kept ones scaled by 1 / (1 - dropout_p).
+            The Philox seed and offset are drawn on the device from torch's CUDA generator, as any
+            random op draws (torch.manual_seed decides them; each CUDA-graph replay draws anew);
+            the backward regenerates the forward's mask from them. lse is that of the undropped
+            softmax. See :func:`stridedfa.sdpa_forward` for what it combines with.
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-identical
             gradients run to run, slower: see benchmarks/).
         return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each row's scaled,
@@ -113,13 +121,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     needs_grad = _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                          or (sinks is not None and sinks.requires_grad)
                                          or (bias is not None and bias.requires_grad))
+    rng_state = _draw_rng_state(q, dropout_p) if dropout_p else None
     if not needs_grad and _plain_eager(q, k, v):  # one C call; the core parses window itself
         out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, return_lse, False, window, softcap,
-                                  seqlens_q, seqlens_kv, sinks, bias, alibi_slopes)
+                                  seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, dropout_p, rng_state)
         return (out, lse) if return_lse else out
     left, right = (-1, -1) if window is None else _bounds(window)
     opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
-            bias, alibi_slopes)
+            bias, alibi_slopes, float(dropout_p), rng_state)
     if needs_grad and bias is not None:
         _check_bias_gradient(bias, q.shape[2])
     if needs_grad and _plain_eager(q, k, v):
@@ -128,7 +137,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         out, lse = _attention_forward(q, k, v, *opts, True)
         return (out, lse) if return_lse else out
     if (window is None and softcap is None and seqlens_q is None and seqlens_kv is None and sinks is None
-            and bias is None and alibi_slopes is None):
+            and bias is None and alibi_slopes is None and rng_state is None):
         return _attention_inference_basic(q, k, v, scale, causal, causal_alignment)
     return _attention_inference(q, k, v, *opts)
 
@@ -139,8 +148,8 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
                      window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
                      seqlens_q: torch.Tensor | None = None, seqlens_kv: torch.Tensor | None = None,
                      sinks: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                     alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
-                     return_lse: bool = False):
+                     alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0,
+                     deterministic: bool = False, return_lse: bool = False):
     """Attention on a packed projection, read in place and differentiated into one packed gradient.
 
     ``packed`` holds q, k and v interleaved along axis ``dim`` (extent 3), or k and v (extent 2)
@@ -159,7 +168,7 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
         layout: the order of the remaining four axes, e.g. ``"bshd"`` or ``"bhsd"``.
         q: with an extent-2 ``packed`` (k/v only): the queries, 4-D in the same ``layout``.
         scale, causal, is_causal, causal_alignment, window, softcap, seqlens_q, seqlens_kv, sinks,
-        alibi_slopes, deterministic, return_lse: as in :func:`attention`.
+        alibi_slopes, dropout_p, deterministic, return_lse: as in :func:`attention`.
         bias: as in :func:`attention`, in the logical (batch, h_q, s_q, s_kv) axes whatever the
             layout.
 
@@ -177,8 +186,9 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     causal = _causal(causal, is_causal)
     dim = _check_packed(packed, dim, layout, q)
     left, right = (-1, -1) if window is None else _bounds(window)
+    rng_state = _draw_rng_state(packed, dropout_p) if dropout_p else None
     opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
-            bias, alibi_slopes)
+            bias, alibi_slopes, float(dropout_p), rng_state)
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad)
                                               or (sinks is not None and sinks.requires_grad)
                                               or (bias is not None and bias.requires_grad))

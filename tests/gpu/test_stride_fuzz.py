@@ -223,9 +223,14 @@ class Case:
             if not err <= tol.grad_rel * scale:  # NaN fails too
                 problems.append(f"{name} max error {err:.3e} > {tol.grad_rel} * max(max|ref|, 1) = "
                                 f"{tol.grad_rel * scale:.3e}")
+        # The sinks' gradient is a sum over every batch and row of terms that each carry the
+        # rounding of the forward's out (cuDNN reads it back): that error grows as sqrt(terms).
+        rows = self.shapes["q"][0] * self.shapes["q"][2]
         for name in ("grad_sinks", "grad_bias"):
             if f"{name} max error" in got:
                 err, scale = got[f"{name} max error"], max(got[f"{name} scale"], 1.0)
+                if name == "grad_sinks":
+                    scale *= max(1.0, (rows / 64) ** 0.5)
                 if not err <= tol.grad_rel * scale:  # NaN (unwritten) fails too
                     problems.append(f"{name} max error {err:.3e} > {tol.grad_rel * scale:.3e}")
         return problems

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 # The options after causal_alignment, as the operators take them: no window (-1, -1), no softcap,
 # no padding lengths, no sinks, non-deterministic backward.
-DEFAULTS = (-1, -1, None, None, None, None, False, None, None)
+DEFAULTS = (-1, -1, None, None, None, None, False, None, None, 0.0, None)
 
 B, H, S, D = 2, 4, 128, 64
 
@@ -84,20 +84,22 @@ def _option_sets(b=B, s=S):
     bias = torch.randn(1, H, s, s, device=DEVICE, dtype=torch.bfloat16).requires_grad_()
     mask_bias = torch.randn(b, 1, s, s, device=DEVICE, dtype=torch.bfloat16)  # shared heads, no gradient
     slopes = torch.rand(H, device=DEVICE)
-    return {"window": (16, 0, None, None, None, None, False, None, None),
-            "window_both": (8, 24, None, None, None, None, False, None, None),
-            "softcap": (-1, -1, 30.0, None, None, None, False, None, None),
-            "padding": (-1, -1, None, *lengths, None, False, None, None),
-            "sinks": (-1, -1, None, None, None, sinks, False, None, None),
-            "deterministic": (-1, -1, None, None, None, None, True, None, None),
-            "bias": (-1, -1, None, None, None, None, False, bias, None),
-            "mask_bias": (-1, -1, None, None, None, None, False, mask_bias, None),
-            "alibi": (-1, -1, None, None, None, None, False, None, slopes),
-            "all": (31, 0, 50.0, *lengths, sinks, True, mask_bias, slopes)}
+    rng = torch.tensor([1234, 5678], device=DEVICE, dtype=torch.int64)  # Philox seed and offset
+    return {"window": (16, 0, None, None, None, None, False, None, None, 0.0, None),
+            "window_both": (8, 24, None, None, None, None, False, None, None, 0.0, None),
+            "softcap": (-1, -1, 30.0, None, None, None, False, None, None, 0.0, None),
+            "padding": (-1, -1, None, *lengths, None, False, None, None, 0.0, None),
+            "sinks": (-1, -1, None, None, None, sinks, False, None, None, 0.0, None),
+            "deterministic": (-1, -1, None, None, None, None, True, None, None, 0.0, None),
+            "bias": (-1, -1, None, None, None, None, False, bias, None, 0.0, None),
+            "mask_bias": (-1, -1, None, None, None, None, False, mask_bias, None, 0.0, None),
+            "alibi": (-1, -1, None, None, None, None, False, None, slopes, 0.0, None),
+            "dropout": (-1, -1, None, None, None, None, False, None, None, 0.1, rng),
+            "all": (31, 0, 50.0, *lengths, sinks, True, mask_bias, slopes, 0.1, rng)}
 
 
 @pytest.mark.parametrize("name", ["window", "window_both", "softcap", "padding", "sinks", "deterministic", "bias",
-                                  "mask_bias", "alibi", "all"])
+                                  "mask_bias", "alibi", "dropout", "all"])
 def test_opcheck_every_option(name, seed):
     """Each option through the operators: fake kernels, schema, autograd registration."""
     q, k, v = _inputs("packed", seed, requires_grad=True)

@@ -33,7 +33,7 @@ struct ForwardArgs {
   TensorView alibi_slopes;           // optional ALiBi slopes, one per query head
   TensorView rng_state;              // dropout's Philox seed and offset (needed when dropout_p > 0)
   SlotViews slots() const {
-    return {&q,         &k,      &v,      &out,    &lse,          nullptr,   nullptr, nullptr, nullptr,
+    return {&q,         &k,          &v,     &out,    &lse,  nullptr, nullptr,       nullptr,   nullptr,
             &seqlens_q, &seqlens_kv, &sinks, nullptr, &bias, nullptr, &alibi_slopes, &rng_state};
   }
 };
@@ -46,9 +46,8 @@ struct BackwardArgs {
   TensorView alibi_slopes;           // optional ALiBi slopes, as in the forward
   TensorView rng_state;              // the forward's Philox seed and offset: the same dropout mask
   SlotViews slots() const {
-    return {&q,          &k,     &v,         &out,          &lse,      &grad_out,  &grad_q,
-            &grad_k,     &grad_v, &seqlens_q, &seqlens_kv, &sinks,    &grad_sinks, &bias,
-            &grad_bias,  &alibi_slopes, &rng_state};
+    return {&q,         &k,          &v,     &out,        &lse,  &grad_out,  &grad_q,       &grad_k,   &grad_v,
+            &seqlens_q, &seqlens_kv, &sinks, &grad_sinks, &bias, &grad_bias, &alibi_slopes, &rng_state};
   }
 };
 
