@@ -145,6 +145,8 @@ def test_the_cache_key_holds_every_operands_strides(op, row):
     base = key(op, args)
     shape = shape_of(row)
     if row["kind"] == "philox":  # read as two scalars at any strides: dropout_p, which needs it, is keyed
+        args.pop("grad_sinks", None)  # cuDNN gets the sinks' gradient wrong under dropout: refused
+        base = key(op, args)
         assert key(op, dict(args, dropout_p=0.1)) != base
         assert key(op, dict(args, dropout_p=0.1)) != key(op, dict(args, dropout_p=0.2))
         return

@@ -73,10 +73,11 @@ void restrict_to(GraphOp op, const Visibility& visible, const TensorView* const*
   const Problem full = plan.problem;
   // With a bias' gradient every key stays: cuDNN writes dbias only packed, which a key cut would
   // break (keys no row sees take no part in the softmax, and their dbias columns come out 0).
-  // Dropout draws its mask by the positions of the scores cuDNN is given: with a bias (whose
-  // gradient the backward may keep every key for) the forward keeps them too, so both draw alike.
+  // Dropout draws its mask by the positions of the scores cuDNN is given, so with dropout the
+  // backward cuts exactly what the forward cut (a bias' gradient that is then not packed is
+  // refused by name, spec_for).
   Visibility seen = visible;
-  plan.keeps_keys = operands[kGradBias] || (plan.slots[kRngState] && operands[kBias]);
+  plan.keeps_keys = operands[kGradBias] && !plan.slots[kRngState];
   if (plan.keeps_keys && !seen.empty()) {
     seen.key_begin = 0;
     seen.key_end = full.s_kv;

@@ -101,7 +101,7 @@ void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given, bool kee
         what + " with this bottom-right band is not supported: cuDNN takes " + what +
         " only with top-left bands, and this one would need a negative " + std::string(left < 0 ? "left" : "right") +
         " bound (s_q = " + std::to_string(p.s_q) + ", s_kv = " + std::to_string(p.s_kv) + ")" +
-        (keeps_keys ? " because every key is kept (for the bias' gradient, or dropout with a bias); use" : "; use") +
+        (keeps_keys ? " because the bias' gradient keeps every key; leave grad_bias out, use" : "; use") +
         " top-left alignment" + (bias ? ", or fold the mask into the bias." : "."));
   }
   spec.alignment = CausalAlignment::top_left;
@@ -152,6 +152,34 @@ void check_bias_gradient(const GraphSpec& spec) {
   }
 }
 
+// What cuDNN 9.19 gets wrong with these operands, refused by name (GPU run 32): the sinks'
+// gradient under dropout comes back scaled by 1 - dropout_p; and at s_q = s_kv = 1 (here: the one
+// row and key a mask left, of a (1, h, 33, 1) bias) a bias that is not packed is misread into lse
+// (out, one key's value, is right; a packed bias there is read right, run 31), which the
+// backward's P = exp(S - lse) would carry into the gradients.
+void check_known_wrong(const GraphSpec& spec) {
+  if (spec.operands[kGradSinks].present && spec.dropout_p > 0) {
+    throw UnsupportedError(
+        "the sinks' gradient with dropout is not supported: cuDNN 9.19 returns it scaled by 1 - dropout_p. "
+        "Use dropout_p=0 with trainable sinks, or sinks that do not require grad.");
+  }
+  const OperandDesc& bias = spec.operands[kBias];
+  const bool one_by_one = spec.operands[kQ].dims[2] == 1 && spec.operands[kK].dims[2] == 1;
+  if (spec.op != GraphOp::forward || !one_by_one || !bias.present || !spec.operands[kLse].present) return;
+  int64_t inner = 1;
+  for (int i = 3; i >= 0; --i) {
+    if (bias.dims[i] != 1 && bias.strides[i] != inner) {
+      throw UnsupportedError(
+          "bias: with s_q = s_kv = 1 (after the mask leaves one row and one key) cuDNN 9.19 reads only a packed "
+          "bias into lse; this one has strides " +
+          strides_of(bias, 4) +
+          " as cuDNN would see them. Pass a contiguous bias (e.g. its slice for that row, .contiguous()), "
+          "or call without lse (inference), whose output is right.");
+    }
+    inner *= bias.dims[i];
+  }
+}
+
 GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t sm_version, int64_t cudnn_version) {
   const Problem& p = plan.problem;
   GraphSpec spec;
@@ -177,6 +205,7 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   spec.cudnn_version = cudnn_version;
   check_version_gates(spec);
   check_bias_gradient(spec);
+  check_known_wrong(spec);
   return spec;
 }
 

@@ -557,6 +557,15 @@ def _draw_rng_state(like, dropout_p) -> torch.Tensor:
     return torch.randint(0, 1 << 62, (2,), dtype=torch.int64, device=like.device)
 
 
+def _check_sinks_gradient(sinks, dropout_p) -> None:
+    """Before the forward: sinks that require grad with dropout (cuDNN 9.19 returns their gradient
+    scaled by 1 - dropout_p; the core refuses it in the backward, too late for a step to fail cleanly)."""
+    if dropout_p and sinks is not None and sinks.requires_grad:
+        raise UnsupportedError(
+            "sinks that require grad with dropout are not supported: cuDNN 9.19 returns the sinks' gradient "
+            "scaled by 1 - dropout_p. Use dropout_p=0 with trainable sinks, or detach them.")
+
+
 def _no_lse(like):
     return like.new_empty((0,), dtype=torch.float32)
 

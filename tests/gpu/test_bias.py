@@ -758,3 +758,23 @@ def test_torch_attention_bias_compiled_fullgraph_equals_eager(seed):
         err = (got.float() - want.float()).abs().max().item()
         limit = 1e-2 * want.float().abs().max().item() + 1e-6
         assert err <= limit, f"{name}: compiled differs from eager by {err:.3e} (> {limit:.3e})"
+
+
+def test_a_bias_cut_to_one_row_and_key_is_refused_with_lse(seed):
+    """GPU run 31's fuzz failure, isolated by run 32's diagnostic: s_kv = 1, causal bottom-right with
+    s_q = 33 (only the last row sees the key, so the core describes one row and one key) and a (1, h,
+    33, 1) bias: cuDNN 9.19 put a wrong value into lse (2.4 off) for the non-packed slice of the bias.
+    Refused with lse, before anything is written; without lse the output (the key's value) is right."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(2, 6, 33, 128, generator=gen, device="cuda").bfloat16()
+    k, v = (torch.randn(2, 6, 1, 128, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    bias = torch.randn(1, 6, 33, 1, generator=gen, device="cuda").bfloat16()
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((2, 6, 33), float("nan"), device="cuda")
+    options = dict(causal=True, causal_alignment="bottom_right", bias=bias)
+    with pytest.raises(stridedfa.UnsupportedError, match="s_q = s_kv = 1 .*packed"):
+        stridedfa.sdpa_forward(q, k, v, out, lse=lse, **options)
+    assert torch.isnan(out).all() and torch.isnan(lse).all(), "a refusal writes nothing"
+    stridedfa.sdpa_forward(q, k, v, out, **options)
+    assert (out[:, :, :32] == 0).all(), "rows that see no key are 0"
+    assert torch.equal(out[:, :, 32], v[:, :, 0]), "the one row that sees the one key gets its value"

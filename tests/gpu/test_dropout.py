@@ -99,8 +99,6 @@ def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat1
     grads = {}
     if bias_grad:
         grads["grad_bias"] = torch.full(extra["bias"].shape, float("nan"), device="cuda", dtype=dtype)
-    if sinks:
-        grads["grad_sinks"] = torch.full((h_q,), float("nan"), device="cuda")
     stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, dq, dk, dv, **options, **extra, **grads)
 
     keep = keep_mask(q, k, v, lambda q_, k_, v_, o_: stridedfa.sdpa_forward(q_, k_, v_, o_, **options, **extra))
@@ -123,8 +121,6 @@ def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat1
     pairs = [("grad_q", dq, ref_dq), ("grad_k", dk, ref_dk), ("grad_v", dv, ref_dv)]
     if bias_grad:
         pairs.append(("grad_bias", grads["grad_bias"], ref_grads["dbias"]))
-    if sinks:
-        pairs.append(("grad_sinks", grads["grad_sinks"], ref_grads["dsinks"]))
     for name, g, want in pairs:
         g = g.float()
         assert not torch.isnan(g).any(), f"{name}: elements left unwritten (NaN)"
@@ -156,7 +152,7 @@ CASES = [
                       window=(40, None)), id="bias-causal_br-window"),
     pytest.param(dict(softcap=30.0, causal=True), id="softcap-causal"),
     pytest.param(dict(alibi=True, causal=True), id="alibi-causal"),
-    pytest.param(dict(sinks=True), id="sinks"),
+    pytest.param(dict(sinks=True), id="sinks-without_their_gradient"),
     pytest.param(dict(layout="packed", h_q=4, h_kv=4, dtype=torch.float16), id="packed-fp16"),
     pytest.param(dict(b=4, h_q=8, h_kv=2, s_q=1, s_kv=200, d=128), id="decode-sq1-gqa"),
 ]
@@ -246,6 +242,24 @@ def test_what_cudnn_cannot_run_with_dropout_is_refused_before_launch(seed):
     with pytest.raises(stridedfa.UnsupportedError, match="s_q = s_kv = 1"):
         stridedfa.sdpa_backward(*one, o1, o1, lse1, *grads, dropout_p=0.1, rng_state=_state(1))
     assert all(torch.isnan(g).all() for g in grads)
+    # cuDNN 9.19 returns the sinks' gradient scaled by 1 - p under dropout (GPU run 32): refused.
+    sinks, grad_sinks = torch.randn(4, device="cuda"), torch.full((4,), float("nan"), device="cuda")
+    o2, lse2 = torch.empty_like(q), torch.empty(2, 4, 96, device="cuda")
+    stridedfa.sdpa_forward(q, k, v, o2, lse=lse2, sinks=sinks, dropout_p=0.1, rng_state=_state(1))
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    with pytest.raises(stridedfa.UnsupportedError, match="sinks' gradient with dropout"):
+        stridedfa.sdpa_backward(q, k, v, o2, o2, lse2, *grads, sinks=sinks, grad_sinks=grad_sinks, dropout_p=0.1,
+                                rng_state=_state(1))
+    with pytest.raises(stridedfa.UnsupportedError, match="sinks that require grad with dropout"):
+        sfa_torch.attention(q, k, v, sinks=sinks.requires_grad_(), dropout_p=0.1)
+    # With dropout the backward cuts the keys the forward cut: a bias' gradient there is not packed.
+    bias = torch.randn(1, 4, 96, 160, device="cuda").bfloat16()
+    o3, lse3 = torch.empty_like(q), torch.empty(2, 4, 96, device="cuda")
+    options = dict(causal=True, causal_alignment="bottom_right", window=(30, None), dropout_p=0.1,
+                   rng_state=_state(2), bias=bias)
+    stridedfa.sdpa_forward(q, k, v, o3, lse=lse3, **options)
+    with pytest.raises(stridedfa.UnsupportedError, match="grad_bias: cuDNN writes the bias' gradient only"):
+        stridedfa.sdpa_backward(q, k, v, o3, o3, lse3, *grads, grad_bias=torch.empty_like(bias), **options)
 
 
 # --- stridedfa.torch -------------------------------------------------------------------------------
