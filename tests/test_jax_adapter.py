@@ -368,6 +368,90 @@ def test_alibi_with_a_bias_gradient_is_refused_by_the_core():
     assert _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", bias=bias, grad_bias=False, alibi_slopes=slopes)
 
 
+# --- Dropout's Philox state: its view, validation and graph keys (no JAX needed) -------------------
+
+JAX_STATE = ((4,), "uint32")  # what stridedfa.jax passes: jax.random.bits(key, (4,), jnp.uint32)
+
+
+def _core_state():
+    return _fake((2,), (1,), "int64", 16)
+
+
+@pytest.mark.parametrize("options", [{}, {"causal": True}, {"causal": True, "causal_alignment": "bottom_right"}],
+                         ids=["bidirectional", "causal", "bottom_right"])
+@pytest.mark.parametrize("state", [JAX_STATE, ((2,), "int64"), ((2,), "uint64"), ((4,), "int32")], ids=str)
+def test_dropout_graph_keys_equal_other_callers(options, state):
+    """The handler reads a uint32 (4,) state (or an int64/uint64 (2,) one) as the core's int64 (2,)
+    rng_state: the key is an sdpa_forward / sdpa_backward call's with the same dropout_p, and
+    dropout_p is in it."""
+    q, k, v = _bshd_view(B, H_Q, S_Q, D, slot=0), _bshd_view(B, H_KV, S_KV, D, slot=1), \
+        _bshd_view(B, H_KV, S_KV, D, slot=2)
+    out, grad_out = _bshd_view(B, H_Q, S_Q, D, slot=3), _bshd_view(B, H_Q, S_Q, D, slot=5)
+    lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4)
+    grads = (_bshd_view(B, H_Q, S_Q, D, slot=6), _bshd_view(B, H_KV, S_KV, D, slot=7),
+             _bshd_view(B, H_KV, S_KV, D, slot=8))
+    forward = _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", dropout_p=0.2, rng_state=state, **options)
+    assert forward == _core._forward_graph_key(q, k, v, out, lse, dropout_p=0.2, rng_state=_core_state(), **options)
+    assert forward != _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", **options)
+    assert forward != _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", dropout_p=0.1, rng_state=state,
+                                           **options)
+    backward = _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", dropout_p=0.2, rng_state=state, **options)
+    assert backward == _core._backward_graph_key(q, k, v, out, grad_out, lse, *grads, dropout_p=0.2,
+                                                 rng_state=_core_state(), **options)
+    assert backward != _core._jax_graph_key(True, 0, JAX_BACKWARD, "bfloat16", **options)
+    # With dropout_p=0 the state is not read: the graph without dropout.
+    assert _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", rng_state=state, **options) == \
+        _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", **options)
+
+
+@pytest.mark.parametrize("state", [((2,), "uint32"), ((8,), "uint32"), ((4,), "int64"), ((1,), "int64"),
+                                   ((2, 2), "uint32"), ((), "uint32"), ((4,), "float32"), ((4,), "int16")],
+                         ids=str)
+@pytest.mark.parametrize("backward", [False, True])
+def test_bad_rng_state_is_refused(state, backward):
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    with pytest.raises(stridedfa.LayoutError, match=r"^rng_state: expected the Philox seed and offset as a uint32 "
+                                                     r"\(4,\) array .* or an int64 \(2,\) one, got "):
+        _core._jax_validate(backward, 0, shapes, "bfloat16", dropout_p=0.2, rng_state=state)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_dropout_validation_through_the_handler_views(backward):
+    """dropout_p > 0 needs the state, dropout_p must be a probability; an unmapped state with
+    jax.vmap's axes on q, k, v is the folded problem's."""
+    shapes = JAX_BACKWARD if backward else JAX_FORWARD
+    with pytest.raises(stridedfa.LayoutError, match="dropout_p > 0 needs rng_state"):
+        _core._jax_validate(backward, 0, shapes, "bfloat16", dropout_p=0.2)
+    for p in (1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match=r"dropout_p must be a probability in \[0, 1\)"):
+            _core._jax_validate(backward, 0, shapes, "bfloat16", dropout_p=p, rng_state=JAX_STATE)
+    assert _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16", dropout_p=0.2,
+                               rng_state=JAX_STATE)["b"] == 3 * B
+    folded = tuple(None if s is None else (3 * B, *s[1:]) for s in shapes)
+    assert _core._jax_graph_key(backward, 0, _vmapped(3, shapes), "bfloat16", dropout_p=0.2, rng_state=JAX_STATE) \
+        == _core._jax_graph_key(backward, 0, folded, "bfloat16", dropout_p=0.2, rng_state=JAX_STATE)
+
+
+def test_what_the_plan_refuses_with_dropout_is_refused_while_tracing():
+    """Dropout with a bottom-right mask and padding lengths, and the s_q = s_kv = 1 backward, are
+    typed errors of _jax_validate (hence while tracing), not when XLA runs the call."""
+    lengths = (((B,), "int32"), ((B,), "int32"))
+    for backward in (False, True):
+        shapes = JAX_BACKWARD if backward else JAX_FORWARD
+        with pytest.raises(stridedfa.UnsupportedError, match="dropout with a bottom-right causal mask or window and "
+                                                             "padding lengths"):
+            _core._jax_validate(backward, 0, shapes, "bfloat16", causal=True, causal_alignment="bottom_right",
+                                lengths=lengths, dropout_p=0.2, rng_state=JAX_STATE)
+        _core._jax_validate(backward, 0, shapes, "bfloat16", causal=True, lengths=lengths, dropout_p=0.2,
+                            rng_state=JAX_STATE)
+    q, kv = (B, 1, H_Q, D), (B, 1, H_KV, D)
+    single = (q, kv, kv, q, (B, H_Q, 1), q, q, kv, kv)
+    with pytest.raises(stridedfa.UnsupportedError, match="s_q = s_kv = 1 .* and dropout is not supported"):
+        _core._jax_validate(True, 0, single, "bfloat16", dropout_p=0.2, rng_state=JAX_STATE)
+    _core._jax_validate(False, 0, single[:5], "bfloat16", dropout_p=0.2, rng_state=JAX_STATE)
+    _core._jax_validate(True, 0, single, "bfloat16")
+
+
 # --- With JAX (CPU backend) ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -854,6 +938,233 @@ def test_vmapped_alibi_slopes(sj, jax):
     assert re.search(r"\} : \((.*)\) -> ", _custom_calls(text)[0]).group(1).endswith("tensor<8xf32>")
 
 
+# --- Dropout through stridedfa.jax (CPU backend: tracing and lowering) -----------------------------
+
+def _stridedfa_calls(text: str) -> list[str]:
+    """The lowering's stridedfa custom calls (a typed key adds a @Sharding one of JAX's own)."""
+    return [line for line in _custom_calls(text) if "@stridedfa_" in line]
+
+
+def _operands(call: str) -> list[str]:
+    """The SSA names of a custom call's operands."""
+    return re.search(r"custom_call @\w+\(([^)]*)\)", call).group(1).split(", ")
+
+
+KEYS = {"typed": lambda jax: jax.random.key(3), "legacy": lambda jax: jax.random.PRNGKey(3)}
+
+
+@pytest.mark.parametrize("key_kind", list(KEYS))
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_dropout_shapes_and_grad(sj, jax, key_kind, layout):
+    """With dropout the output, lse and the q, k, v cotangents keep their shapes, under jax.grad and
+    jax.jit, with either kind of key (traced too)."""
+    jnp = jax.numpy
+    shape = (lambda b, h, s, d: (b, s, h, d)) if layout == "bshd" else (lambda b, h, s, d: (b, h, s, d))
+    q, kv = _spec(jax, shape(2, 8, 128, 64), "float16"), _spec(jax, shape(2, 2, 256, 64), "float16")
+    key = KEYS[key_kind](jax)
+
+    def f(q, k, v, key):
+        return sj.attention(q, k, v, layout=layout, causal=True, dropout_p=0.2, dropout_key=key)
+
+    def loss(q, k, v, key):
+        return f(q, k, v, key).astype(jnp.float32).sum()
+
+    out = jax.eval_shape(f, q, kv, kv, key)
+    assert (out.shape, str(out.dtype)) == (shape(2, 8, 128, 64), "float16")
+    grads = jax.eval_shape(jax.jit(jax.grad(loss, (0, 1, 2))), q, kv, kv, key)
+    assert [(g.shape, str(g.dtype)) for g in grads] == [(x.shape, "float16") for x in (q, kv, kv)]
+    closed = jax.eval_shape(jax.grad(lambda q, k, v: loss(q, k, v, key), (0, 1, 2)), q, kv, kv)
+    assert [g.shape for g in closed] == [q.shape, kv.shape, kv.shape]
+    out, lse = jax.eval_shape(lambda q, k, v: sj.attention(q, k, v, layout=layout, dropout_p=0.2, dropout_key=key,
+                                                           return_lse=True), q, kv, kv)
+    assert out.shape == shape(2, 8, 128, 64) and lse.shape == (2, 8, 128)
+
+
+def test_lowering_with_dropout_passes_one_state_to_forward_and_backward(sj, jax):
+    """Dropout adds the dropout_p attribute (f64) and one trailing uint32 (4,) input (bit 32 of
+    optional_operands), after every other optional operand; the backward gets the forward's state
+    (the same SSA value: one mask), and no result for it."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
+    key = jax.random.key(0)
+
+    calls = _stridedfa_calls(jax.jit(lambda q, k, v, key: sj.attention(q, k, v, dropout_p=0.2, dropout_key=key))
+                             .lower(q, kv, kv, key).as_text())
+    assert len(calls) == 1 and "@stridedfa_sdpa_forward_inference(" in calls[0], calls
+    assert "dropout_p = 2.000000e-01 : f64" in calls[0] and "optional_operands = 32 : i64" in calls[0], calls[0]
+    assert re.search(r"\} : \((.*)\) -> ", calls[0]).group(1).split(", ")[-1] == "tensor<4xui32>", calls[0]
+
+    slopes, bias, sinks = _spec(jax, (8,), "float32"), _spec(jax, (1, 8, 128, 256)), _spec(jax, (8,), "float32")
+    lengths = _spec(jax, (2,), "int32")
+
+    def loss(q, k, v, slopes, bias, sinks, lengths, key):
+        out = sj.attention(q, k, v, alibi_slopes=slopes, bias=bias, sinks=sinks, seqlens_kv=lengths, causal=True,
+                           dropout_p=0.25, dropout_key=key)
+        return out.astype(jnp.float32).sum()
+
+    text = jax.jit(jax.grad(loss, (0, 1, 2, 5))).lower(q, kv, kv, slopes, bias, sinks, lengths, key).as_text()
+    forward, backward = _stridedfa_calls(text)
+    assert "@stridedfa_sdpa_forward(" in forward and "@stridedfa_sdpa_backward(" in backward
+    for call in (forward, backward):  # 1 + 2 + 4 + 16 + 32: a constant bias
+        assert "optional_operands = 55 : i64" in call and "dropout_p = 2.500000e-01 : f64" in call, call
+    arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", backward).groups()
+    arguments = arguments.split(", ")
+    assert len(arguments) == 12 and arguments[-2:] == ["tensor<8xf32>", "tensor<4xui32>"], arguments
+    assert results.count("tensor<") == 4, results  # grad_q, grad_k, grad_v, grad_sinks
+    assert len(_operands(forward)) == 9 and re.search(r"\} : \((.*)\) -> ", forward).group(1).endswith(
+        "tensor<4xui32>")
+    assert _operands(forward)[-1] == _operands(backward)[-1], (forward, backward)
+
+    # dropout_p=0: no state, no dropout (a key given anyway is not used)
+    for call in _stridedfa_calls(jax.jit(jax.grad(lambda q, k, v, key: sj.attention(
+            q, k, v, dropout_p=0.0, dropout_key=key).astype(jnp.float32).sum())).lower(q, kv, kv, key).as_text()):
+        assert "optional_operands = 0 : i64" in call and "dropout_p = 0.000000e+00 : f64" in call, call
+    # without dropout the attribute is there too, 0
+    call = _stridedfa_calls(jax.jit(lambda q, k, v: sj.attention(q, k, v)).lower(q, kv, kv).as_text())[0]
+    assert "dropout_p = 0.000000e+00 : f64" in call, call
+
+
+def test_equal_keys_give_one_state_and_different_keys_another(sj, jax):
+    """The state is jax.random.bits(key, (4,), uint32), computed on whatever device runs it: equal
+    keys give equal states (equal masks), split keys other ones."""
+    jnp = jax.numpy
+    key = jax.random.key(7)
+    state = np.asarray(sj._rng_state(key))
+    assert state.dtype == np.uint32 and state.shape == (4,)
+    assert np.array_equal(state, np.asarray(jax.random.bits(jax.random.key(7), (4,), jnp.uint32)))
+    assert np.array_equal(state, np.asarray(sj._rng_state(jax.random.PRNGKey(7))))
+    assert not np.array_equal(state, np.asarray(sj._rng_state(jax.random.split(key)[0])))
+
+
+BAD_DROPOUT = [
+    # (kwargs, error, message)
+    ({"dropout_p": 0.2}, ValueError, r"^dropout_key: dropout_p=0.2 needs a jax.random key"),
+    ({"dropout_p": 1.0, "dropout_key": "key"}, ValueError, r"dropout_p must be a probability in \[0, 1\), got 1.0"),
+    ({"dropout_p": -0.1, "dropout_key": "key"}, ValueError, r"dropout_p must be a probability in \[0, 1\)"),
+    ({"dropout_p": float("nan"), "dropout_key": "key"}, ValueError, r"dropout_p must be a probability"),
+    ({"dropout_p": True, "dropout_key": "key"}, TypeError, r"dropout_p must be a number in \[0, 1\), got bool"),
+    ({"dropout_p": "0.1", "dropout_key": "key"}, TypeError, r"dropout_p must be a number"),
+    ({"dropout_p": 0.2, "dropout_key": 5}, TypeError, r"^dropout_key: expected one jax.random key"),
+    ({"dropout_p": 0.2, "dropout_key": "keys"}, ValueError, r"^dropout_key: expected one jax.random key .* a key "
+                                                            r"array of shape \(3,\)"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, message", BAD_DROPOUT)
+@pytest.mark.parametrize("how", ["eval_shape", "jit_lower", "grad"])
+def test_bad_dropout_arguments_raise_while_tracing(sj, jax, kwargs, error, message, how):
+    q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
+    stand_in = {"key": jax.random.key(0), "keys": jax.random.split(jax.random.key(0), 3)}
+    kwargs = {name: stand_in.get(x, x) if isinstance(x, str) and name == "dropout_key" else x
+              for name, x in kwargs.items()}
+
+    def f(q, k, v):
+        return sj.attention(q, k, v, **kwargs)
+
+    with pytest.raises(error, match=message):
+        _trace(jax, how, f, (q, kv, kv), wrt=0)
+
+
+def test_traced_dropout_p_is_refused(sj, jax):
+    q = _spec(jax, (1, 16, 2, 64))
+    with pytest.raises(TypeError, match="dropout_p must be a Python number"):
+        jax.jit(lambda q, p: sj.attention(q, q, q, dropout_p=p, dropout_key=jax.random.key(0))).lower(q, 0.5)
+
+
+def test_what_the_plan_refuses_with_dropout_is_refused_while_tracing_a_jax_call(sj, jax):
+    """The core's refusals reach a JAX caller while tracing, in the forward's check (a bottom-right
+    mask with padding lengths) or in the backward's rule (the s_q = s_kv = 1 backward)."""
+    jnp = jax.numpy
+    key = jax.random.key(0)
+    q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
+    lengths = jnp.asarray([256, 100], jnp.int32)
+    with pytest.raises(stridedfa.UnsupportedError, match="dropout with a bottom-right causal mask"):
+        jax.eval_shape(lambda q, k, v: sj.attention(q, k, v, causal=True, causal_alignment="bottom_right",
+                                                    seqlens_kv=lengths, dropout_p=0.2, dropout_key=key), q, kv, kv)
+    one = _spec(jax, (2, 1, 2, 64))
+
+    def loss(q, k, v):
+        return sj.attention(q, k, v, dropout_p=0.2, dropout_key=key).astype(jnp.float32).sum()
+
+    assert jax.eval_shape(lambda q: sj.attention(q, q, q, dropout_p=0.2, dropout_key=key), one).shape == one.shape
+    with pytest.raises(stridedfa.UnsupportedError, match="s_q = s_kv = 1 .* and dropout is not supported"):
+        jax.eval_shape(jax.grad(loss), one, one, one)
+
+
+def test_vmapped_dropout(sj, jax):
+    """Under jax.vmap one key shared by the mapped calls (in_axes=None, or closed over) is fine, also
+    for the backward: the calls get one (4,) state, unbroadcast. A mapped key (a key per example)
+    is refused while tracing, also with jax.jit inside, and so is the backward of dropout with
+    sinks under jax.vmap (it runs the mapped calls one by one)."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (3, 2, 128, 8, 64)), _spec(jax, (3, 2, 256, 2, 64))
+    key = jax.random.key(1)
+
+    def f(q, k, v, key):
+        return sj.attention(q, k, v, causal=True, dropout_p=0.2, dropout_key=key)
+
+    def loss(q, k, v, key):
+        return f(q, k, v, key).astype(jnp.float32).sum()
+
+    axes = (0, 0, 0, None)
+    assert jax.eval_shape(jax.vmap(f, in_axes=axes), q, kv, kv, key).shape == q.shape
+    grads = jax.eval_shape(jax.vmap(jax.grad(loss, (0, 1, 2)), in_axes=axes), q, kv, kv, key)
+    assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
+    text = jax.jit(jax.vmap(jax.grad(loss), in_axes=axes)).lower(q, kv, kv, key).as_text()
+    calls = _stridedfa_calls(text)
+    assert len(calls) == 2, calls
+    for call in calls:
+        arguments = re.search(r"\} : \((.*)\) -> ", call).group(1).split(", ")
+        assert "optional_operands = 32 : i64" in call and arguments[-1] == "tensor<4xui32>", call
+        assert arguments[0] == "tensor<3x2x128x8x64xbf16>", arguments
+    assert _operands(calls[0])[-1] == _operands(calls[1])[-1]
+    assert jax.eval_shape(jax.vmap(lambda q, k, v: f(q, k, v, key)), q, kv, kv).shape == q.shape
+
+    keys = jax.random.split(key, 3)
+    refused = r"^dropout_key: mapped by jax.vmap .* one call per example; pass one key unmapped \(in_axes=None"
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):
+        jax.eval_shape(jax.vmap(f), q, kv, kv, keys)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):
+        jax.eval_shape(jax.vmap(jax.grad(loss, (0, 1, 2))), q, kv, kv, keys)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):  # jax.jit inside: batched from its jaxpr
+        jax.eval_shape(jax.vmap(jax.jit(f)), q, kv, kv, keys)
+    with pytest.raises(stridedfa.UnsupportedError, match=refused):  # derived from a mapped value
+        jax.eval_shape(jax.vmap(lambda q, k, v, i: f(q, k, v, jax.random.fold_in(key, i))), q, kv, kv,
+                       jnp.arange(3))
+
+    sinks = jnp.zeros((8,), jnp.float32)
+
+    def with_sinks(q, k, v):
+        return sj.attention(q, k, v, sinks=sinks, dropout_p=0.2, dropout_key=key)
+
+    assert jax.eval_shape(jax.vmap(with_sinks), q, kv, kv).shape == q.shape
+    with pytest.raises(stridedfa.UnsupportedError, match="dropout with sinks under jax.vmap cannot be differentiated"):
+        jax.eval_shape(jax.vmap(jax.grad(lambda *a: with_sinks(*a).astype(jnp.float32).sum())), q, kv, kv)
+    # without jax.vmap, dropout with sinks differentiates
+    one = jax.eval_shape(jax.grad(lambda *a: with_sinks(*a).astype(jnp.float32).sum()), _spec(jax, q.shape[1:]),
+                         _spec(jax, kv.shape[1:]), _spec(jax, kv.shape[1:]))
+    assert one.shape == q.shape[1:]
+
+
+def test_dispatcher_passes_dropout_to_the_jax_adapter(sj, jax):
+    """stridedfa.attention on jax arrays takes dropout_p and dropout_key (layout bhsd); the generic
+    entry point's rng_state is not the JAX adapter's."""
+    q, kv = _spec(jax, (2, 8, 128, 64)), _spec(jax, (2, 2, 256, 64))
+    key = jax.random.key(2)
+    text = jax.jit(lambda q, k, v, key: stridedfa.attention(q, k, v, dropout_p=0.2, dropout_key=key)).lower(
+        q, kv, kv, key).as_text()
+    calls = _stridedfa_calls(text)
+    assert len(calls) == 1 and "layout = 1 : i64" in calls[0] and "optional_operands = 32 : i64" in calls[0]
+    assert "dropout_p = 2.000000e-01 : f64" in calls[0]
+    grads = jax.eval_shape(jax.grad(lambda q, k, v: stridedfa.attention(q, k, v, dropout_p=0.2, dropout_key=key)
+                                    .astype("float32").sum(), (0, 1, 2)), q, kv, kv)
+    assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
+    with pytest.raises(ValueError, match="^dropout_key: "):
+        jax.eval_shape(lambda q, k, v: stridedfa.attention(q, k, v, dropout_p=0.2), q, kv, kv)
+    with pytest.raises(TypeError, match="takes no option 'rng_state'"):
+        jax.eval_shape(lambda q, k, v: stridedfa.attention(q, k, v, dropout_p=0.2, rng_state=key), q, kv, kv)
+
+
 # --- Attention sinks under jax.vmap ------------------------------------------------------------------
 
 def _sinks_reference(jnp, q, k, v, sinks):
@@ -1076,9 +1387,15 @@ def test_handlers_decode_every_operand_and_attribute(sj):
         sinks = (jnp.zeros((2,), jnp.float32),)
         bias = (jnp.zeros((16, 32), jnp.bfloat16),)
         slopes = (jnp.ones((2,), jnp.float32),)
-        def backward(q, k, v, lengths=(), options=options, sinks=(), bias=(), bias_wanted=(), slopes=()):
+        state = (sj._rng_state(jax.random.key(0)),)
+        dropout = sj._Options("bshd", 0.5, True, "bottom_right", dropout_p=0.2)
+        # top-left: the core refuses dropout with a bottom-right mask and padding
+        dropout_all = sj._Options("bshd", 0.5, True, "top_left", window=(7, None), deterministic=True, padded=True,
+                                  dropout_p=0.2)
+        def backward(q, k, v, lengths=(), options=options, sinks=(), bias=(), bias_wanted=(), slopes=(), rng=()):
             out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)  # inputs made up
-            return sj._attention_bwd(options, (q, k, v, lengths, sinks, bias, bias_wanted, slopes, out, lse), out)
+            residuals = (q, k, v, lengths, sinks, bias, bias_wanted, slopes, rng, out, lse)
+            return sj._attention_bwd(options, residuals, out)
         def wrong_attribute_type(q, k, v):
             attributes = dict(options.attributes(), scale=np.float32(0.5))
             return jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))(
@@ -1104,6 +1421,13 @@ def test_handlers_decode_every_operand_and_attribute(sj):
             "forward_all_alibi": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded_all, True, bias,
                                                                   slopes),
             "backward_all_alibi": lambda q, k, v: backward(q, k, v, lengths, padded_all, sinks, bias, (), slopes),
+            "inference_dropout": lambda q, k, v: sj._forward_call(q, k, v, (), (), dropout, False, rng_state=state)[0],
+            "forward_dropout": lambda q, k, v: sj._forward_call(q, k, v, (), (), dropout, True, rng_state=state),
+            "backward_dropout": lambda q, k, v: backward(q, k, v, options=dropout, rng=state),
+            "forward_all_dropout": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, dropout_all, True, bias,
+                                                                    slopes, state),
+            "backward_all_dropout": lambda q, k, v: backward(q, k, v, lengths, dropout_all, sinks, bias, (), slopes,
+                                                             state),
             "control": wrong_attribute_type,
         }
         for name, f in calls.items():
@@ -1120,7 +1444,8 @@ def test_handlers_decode_every_operand_and_attribute(sj):
     decoded = ("inference", "forward", "backward", "inference_padded", "forward_padded", "backward_padded",
                "forward_sinks", "backward_sinks", "inference_bias", "forward_bias", "backward_bias",
                "backward_constant_bias", "forward_all", "backward_all", "inference_alibi", "forward_alibi",
-               "backward_alibi", "forward_all_alibi", "backward_all_alibi")
+               "backward_alibi", "forward_all_alibi", "backward_all_alibi", "inference_dropout", "forward_dropout",
+               "backward_dropout", "forward_all_dropout", "backward_all_dropout")
     assert set(lines) == {*decoded, "control"}, result.stdout
     for name in decoded:
         assert "bad operands at: 0)" in lines[name], (name, lines[name])

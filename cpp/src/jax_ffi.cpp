@@ -123,6 +123,23 @@ TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, DLDa
   return t;
 }
 
+TensorView rng_state_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                          std::uintptr_t data) {
+  const bool integer = (dtype.code == kDLInt || dtype.code == kDLUInt) && dtype.lanes == 1;
+  const int64_t words = integer && dtype.bits == 32 ? 4 : integer && dtype.bits == 64 ? 2 : 0;
+  if (words == 0 || rank != 1 || dims[0] != words) {
+    std::string shape = "(";
+    for (int64_t i = 0; i < rank; ++i) shape += (i > 0 ? ", " : "") + std::to_string(dims[i]);
+    throw LayoutError(std::string(name) + ": expected the Philox seed and offset as a uint32 (4,) array " +
+                      "(jax.random.bits(key, (4,), jnp.uint32)) or an int64 (2,) one, got " + dtype_name(dtype) +
+                      " of shape " + shape + (rank == 1 ? ",)" : ")"));
+  }
+  TensorView t = dense_view(name, 1, {kDLInt, 64, 1}, device, data);  // the same bytes, as the core reads them
+  t.dims[0] = 2;
+  t.strides[0] = 1;
+  return t;
+}
+
 TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch,
                        DLDataType dtype, int32_t device, std::uintptr_t data) {
   require_rank_at_most_max(name, rank);
@@ -179,6 +196,10 @@ DLDataType dl_dtype(const char* name, ffi::DataType type) {
       return {kDLInt, 32, 1};
     case ffi::DataType::S64:
       return {kDLInt, 64, 1};
+    case ffi::DataType::U32:
+      return {kDLUInt, 32, 1};
+    case ffi::DataType::U64:
+      return {kDLUInt, 64, 1};
     default:
       throw LayoutError(std::string(name) + ": XLA element type " + std::to_string(static_cast<int>(type)) +
                         " is not float16 or bfloat16");
@@ -208,6 +229,7 @@ struct Attrs {
   bool deterministic;
   int64_t layout;
   int64_t optional_operands;  // OptionalOperand bits
+  double dropout_p;
 };
 
 SdpaOptions options_of(const Attrs& a) {
@@ -224,6 +246,7 @@ SdpaOptions options_of(const Attrs& a) {
   o.window_right = a.window_right;
   o.softcap = a.softcap;
   o.deterministic = a.deterministic;
+  o.dropout_p = a.dropout_p;
   return o;
 }
 
@@ -234,18 +257,20 @@ struct Optional {
   TensorView& sinks;
   TensorView& bias;
   TensorView& alibi_slopes;
+  TensorView& rng_state;
 };
 
 // How many trailing arguments the OptionalOperand bits `present` announce.
 int64_t count_optional(int64_t present, bool backward) {
-  const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias : 0) | kWithAlibiSlopes;
+  const int64_t known =
+      kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias : 0) | kWithAlibiSlopes | kWithRngState;
   if (present < 0 || (present & ~known) != 0 || ((present & kWithGradBias) && !(present & kWithBias))) {
     throw LayoutError("unknown optional_operands code " + std::to_string(present) +
                       " (bits: 1 seqlens_q and seqlens_kv, 2 sinks, 4 bias, 8 grad_bias: backward, with bias, " +
-                      "16 alibi_slopes)");
+                      "16 alibi_slopes, 32 rng_state)");
   }
   return ((present & kWithLengths) ? 2 : 0) + ((present & kWithSinks) ? 1 : 0) + ((present & kWithBias) ? 1 : 0) +
-         ((present & kWithAlibiSlopes) ? 1 : 0);
+         ((present & kWithAlibiSlopes) ? 1 : 0) + ((present & kWithRngState) ? 1 : 0);
 }
 
 // A bias (or its gradient) buffer as the core's view: q's buffer has 4 axes plus those jax.vmap put
@@ -260,7 +285,7 @@ TensorView bias_of(const char* name, const ffi::AnyBuffer& buffer, const ffi::An
 }
 
 // The trailing arguments `present` (OptionalOperand bits) announces, in that order: seqlens_q and
-// seqlens_kv, sinks, bias, alibi_slopes. `q` is q's buffer and `q_view` its view (see bias_of).
+// seqlens_kv, sinks, bias, alibi_slopes, rng_state. `q` is q's buffer and `q_view` its view (see bias_of).
 void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, const ffi::AnyBuffer& q,
                const TensorView& q_view, int32_t device, Optional views) {
   const int64_t expected = count_optional(present, backward);
@@ -293,6 +318,13 @@ void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, c
     const auto dims = b.dimensions();
     views.alibi_slopes = slopes_view("alibi_slopes", dims.begin(), static_cast<int64_t>(dims.size()),
                                      dl_dtype("alibi_slopes", b.element_type()), device,
+                                     reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+  }
+  if (present & kWithRngState) {
+    const auto b = buffer("rng_state");
+    const auto dims = b.dimensions();
+    views.rng_state = rng_state_view("rng_state", dims.begin(), static_cast<int64_t>(dims.size()),
+                                     dl_dtype("rng_state", b.element_type()), device,
                                      reinterpret_cast<std::uintptr_t>(b.untyped_data()));
   }
 }
@@ -342,7 +374,7 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
     args.out = array_of("out", out, layout, device);
     if (lse) args.lse = stats_of("lse", *lse, device);
     read_rest(rest, attrs.optional_operands, false, q, args.q, device,
-              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes});
+              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state});
     launch(prepare_forward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -354,20 +386,20 @@ ffi::Error forward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scr
                         ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, double scale, bool has_scale, bool causal,
                         int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
-                        bool deterministic, int64_t layout, int64_t optional_operands) {
+                        bool deterministic, int64_t layout, int64_t optional_operands, double dropout_p) {
   return forward(stream, device, scratch, q, k, v, rest, *out, &*lse,
                  {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout,
-                  optional_operands});
+                  optional_operands, dropout_p});
 }
 
 ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                                   ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest,
                                   ffi::Result<ffi::AnyBuffer> out, double scale, bool has_scale, bool causal,
                                   int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
-                                  bool deterministic, int64_t layout, int64_t optional_operands) {
+                                  bool deterministic, int64_t layout, int64_t optional_operands, double dropout_p) {
   return forward(stream, device, scratch, q, k, v, rest, *out, nullptr,
                  {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout,
-                  optional_operands});
+                  optional_operands, dropout_p});
 }
 
 // The backward's trailing result `i` (the sinks' or the bias' gradient).
@@ -383,7 +415,7 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
                          ffi::Result<ffi::AnyBuffer> grad_k, ffi::Result<ffi::AnyBuffer> grad_v,
                          ffi::RemainingRets more, double scale, bool has_scale, bool causal, int64_t causal_alignment,
                          int64_t window_left, int64_t window_right, double softcap, bool deterministic, int64_t layout,
-                         int64_t optional_operands) {
+                         int64_t optional_operands, double dropout_p) {
   try {
     const auto array_layout = static_cast<ArrayLayout>(layout);
     BackwardArgs args;
@@ -397,7 +429,7 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
     args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
     read_rest(rest, optional_operands, true, q, args.q, device,
-              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes});
+              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state});
     // The optional gradients: grad_sinks with sinks, then grad_bias where asked for.
     const bool with_sinks = (optional_operands & kWithSinks) != 0;
     const bool with_bias = (optional_operands & kWithGradBias) != 0;
@@ -416,8 +448,8 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
                                       reinterpret_cast<std::uintptr_t>(grad_sinks.untyped_data()));
     }
     if (with_bias) args.grad_bias = bias_of("grad_bias", result_at(more, next++, "grad_bias"), q, args.q, device);
-    const Attrs attrs{scale,        has_scale, causal,        causal_alignment, window_left,
-                      window_right, softcap,   deterministic, layout,           optional_operands};
+    const Attrs attrs{scale,   has_scale,     causal, causal_alignment,  window_left, window_right,
+                      softcap, deterministic, layout, optional_operands, dropout_p};
     launch(prepare_backward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -438,7 +470,8 @@ auto with_attrs(Binding binding) {
       .template Attr<double>("softcap")
       .template Attr<bool>("deterministic")
       .template Attr<int64_t>("layout")
-      .template Attr<int64_t>("optional_operands");
+      .template Attr<int64_t>("optional_operands")
+      .template Attr<double>("dropout_p");
 }
 
 // The execution context every handler takes: XLA's stream, the device ordinal, its scratch memory.

@@ -153,12 +153,14 @@ def _jax_validate(backward: bool, layout: int, shapes: tuple[Shape | None, ...],
                   lengths: tuple[tuple[Shape, str], ...] | None = None,
                   sinks: tuple[Shape, str] | None = None,
                   bias: tuple[Shape, str] | None = None, grad_bias: bool = True,
-                  alibi_slopes: tuple[Shape, str] | None = None) -> dict[str, Any]: ...
+                  alibi_slopes: tuple[Shape, str] | None = None, dropout_p: float = 0.0,
+                  rng_state: tuple[Shape, str] | None = None) -> dict[str, Any]: ...
 def _jax_graph_key(backward: bool, layout: int, shapes: tuple[Shape | None, ...], dtype: str, *,
                    scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
                    window: Window = None, softcap: float | None = None, deterministic: bool = False,
                    bias: tuple[Shape, str] | None = None, grad_bias: bool = True,
-                   alibi_slopes: tuple[Shape, str] | None = None, sm_version: int = 90,
+                   alibi_slopes: tuple[Shape, str] | None = None, dropout_p: float = 0.0,
+                   rng_state: tuple[Shape, str] | None = None, sm_version: int = 90,
                    cudnn_version: int = 91900) -> tuple[int, ...]: ...
 def _own_workspace_allocations() -> int: ...
 def _set_cache_capacity(capacity: int) -> None: ...

@@ -30,7 +30,8 @@ from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buff
                              device_count, device_info, DeviceInfo, dtype_name, ErrorKind, execute,  # no-cython-lint
                              ExportQuirk, forward_graph_key, ForwardArgs, gradient_strides,  # no-cython-lint
                              graph_cache, jax_array_view, jax_backward_handler, jax_forward_handler,  # no-cython-lint
-                             jax_forward_inference_handler, jax_lengths_view, jax_per_head_view, jax_stats_view,  # no-cython-lint
+                             jax_forward_inference_handler, jax_lengths_view, jax_per_head_view,  # no-cython-lint
+                             jax_rng_state_view, jax_stats_view,  # no-cython-lint
                              kNumSlots, kOperands,  # no-cython-lint
                              libraries_loaded, OperandInfo, OperandKind, own_workspace_allocations,  # no-cython-lint
                              pool_stats, PoolStats, prepare_backward, prepare_forward, PreparedCall,  # no-cython-lint

@@ -212,6 +212,9 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
     TensorView jax_per_head_view "stridedfa::jax_ffi::per_head_view"(
         const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
         uintptr_t data) except +raise_core_error
+    TensorView jax_rng_state_view "stridedfa::jax_ffi::rng_state_view"(
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
+        uintptr_t data) except +raise_core_error
     void* jax_forward_handler "stridedfa::jax_ffi::forward_handler"()
     void* jax_forward_inference_handler "stridedfa::jax_ffi::forward_inference_handler"()
     void* jax_backward_handler "stridedfa::jax_ffi::backward_handler"()

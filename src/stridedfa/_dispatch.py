@@ -41,6 +41,7 @@ def attention(q, k, v, **options):
     - ``cupy.ndarray`` -> :func:`stridedfa.cupy.attention` (CuPy's pool and current stream);
     - ``jax.Array`` -> :func:`stridedfa.jax.attention` with ``layout="bhsd"`` unless ``layout`` is
       given (that adapter defaults to bshd; here the axes stay (b, h, s, d) like everywhere else);
+      with ``dropout_p`` it takes a ``dropout_key`` (a ``jax.random`` key), not ``rng_state``;
     - anything else with ``__dlpack__`` -> the output is a :class:`stridedfa.DeviceBuffer`
       allocated on the call's stream, which ``torch.from_dlpack``, ``cupy.from_dlpack`` and
       ``jax.dlpack.from_dlpack`` import without a copy. Options: ``scale``, ``causal``,

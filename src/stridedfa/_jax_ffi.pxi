@@ -160,6 +160,24 @@ cdef int jax_alibi_views(object alibi_slopes, int device, TensorView** views) ex
     return 0
 
 
+cdef int jax_rng_views(object rng_state, int device, TensorView** views) except -1:
+    """Dropout's Philox state as the handler reads it, from (shape, dtype): a uint32 (4,) array
+    (what stridedfa.jax passes) or an int64 (2,) one, as int64 (2,) either way; an input of the
+    forward and of the backward alike, never mapped by jax.vmap, without a gradient."""
+    cdef int64_t dims[8]
+    cdef int j, rank
+    cdef uintptr_t address = 0x7c00000000
+    shape, name = rng_state
+    shape = tuple(shape)
+    rank = len(shape)
+    if rank > 8:
+        raise LayoutError(f"rng_state: {rank} axes; stridedfa reads at most 8")
+    for j in range(rank):
+        dims[j] = shape[j]
+    views[16][0] = jax_rng_state_view(b"rng_state", dims, rank, jax_dtype(name, b"rng_state"), device, address)
+    return 0
+
+
 cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
     cdef DLDataType t
     t.lanes = 1
@@ -172,13 +190,14 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
 
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
                   causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
-                  sinks=None, bias=None, grad_bias=True, alibi_slopes=None):
+                  sinks=None, bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
     may be None) in ``layout`` (0: bshd, 1: bhsd), padding ``lengths`` as ((shape, dtype) of
-    seqlens_q, of seqlens_kv), ``sinks``, ``bias`` and ``alibi_slopes`` each as (shape, dtype)
-    when given (a backward's grad_sinks of the sinks', its grad_bias, with ``grad_bias``, of the
-    bias' shape; the slopes have no gradient), and the options' rules -- then plans the call and
+    seqlens_q, of seqlens_kv), ``sinks``, ``bias``, ``alibi_slopes`` and dropout's ``rng_state``
+    each as (shape, dtype) when given (a backward's grad_sinks of the sinks', its grad_bias, with
+    ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the
+    options' rules (``dropout_p`` > 0 needs ``rng_state``) -- then plans the call and
     describes its graph as the handler would, so what the plan refuses (a bias' gradient cuDNN does
     not compute, a band it cannot shift, ...) is refused while tracing, not when XLA runs it. Needs
     no GPU. Returns what validation established, or raises LayoutError / UnsupportedError."""
@@ -188,7 +207,7 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     cdef SdpaOptions options
     cdef vector[int64_t] key
     cdef TensorView* views[kNumSlots]
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, 0.0, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views, lengths)
     if sinks is not None:
@@ -197,6 +216,8 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
         jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
     if alibi_slopes is not None:
         jax_alibi_views(alibi_slopes, 0, views)
+    if rng_state is not None:
+        jax_rng_views(rng_state, 0, views)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
         validate_options(options, problem)
@@ -210,11 +231,12 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
 
 def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, scale=None,
                    causal=False, causal_alignment="top_left", window=None, softcap=None, deterministic=False,
-                   bias=None, grad_bias=True, alibi_slopes=None, sm_version=90, cudnn_version=91900):
+                   bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0, rng_state=None, sm_version=90,
+                   cudnn_version=91900):
     """The graph-cache key of the handler's call for these shapes on device 0 (see
-    _forward_graph_key), with ``bias`` and ``alibi_slopes`` as (shape, dtype) when given (and a
-    backward's grad_bias with ``grad_bias``): equal keys mean JAX and other callers share one cuDNN
-    graph."""
+    _forward_graph_key), with ``bias``, ``alibi_slopes`` and ``rng_state`` as (shape, dtype) when
+    given (and a backward's grad_bias with ``grad_bias``): equal keys mean JAX and other callers
+    share one cuDNN graph."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef SdpaOptions options
@@ -222,13 +244,15 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     cdef TensorView* views[kNumSlots]
     cdef int sm = sm_version
     cdef int64_t cudnn = cudnn_version
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, 0.0, &options)
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views)
     if bias is not None:
         jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
     if alibi_slopes is not None:
         jax_alibi_views(alibi_slopes, 0, views)
+    if rng_state is not None:
+        jax_rng_views(rng_state, 0, views)
     with nogil:
         if backward:
             key = backward_graph_key(bwd, options, sm, cudnn)

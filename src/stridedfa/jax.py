@@ -70,9 +70,9 @@ _FORWARD_INFERENCE = "stridedfa_sdpa_forward_inference"  # (q, k, v) -> out
 _BACKWARD = "stridedfa_sdpa_backward"  # (q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)
 # The handlers' `optional_operands` attribute: which optional operands follow those above, in this
 # order, and whether the backward returns grad_bias (after grad_sinks, which come with the sinks).
-# The ALiBi slopes are an input of both and have no gradient. OptionalOperand in
-# cpp/include/stridedfa/jax_ffi.hpp.
-_WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS, _WITH_ALIBI_SLOPES = 1, 2, 4, 8, 16
+# The ALiBi slopes and dropout's rng_state are inputs of both and have no gradient. OptionalOperand
+# in cpp/include/stridedfa/jax_ffi.hpp.
+_WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS, _WITH_ALIBI_SLOPES, _WITH_RNG_STATE = 1, 2, 4, 8, 16, 32
 
 # Registered once per process; JAX queues them until its CUDA plugin is loaded.
 for _name, _capsule in _core._jax_ffi_targets().items():
@@ -92,6 +92,7 @@ class _Options:
     softcap: float | None = None
     deterministic: bool = False
     padded: bool = False  # seqlens_q / seqlens_kv follow q, k, v as operands
+    dropout_p: float = 0.0  # > 0: an rng_state operand follows the others
 
     def attributes(self, optional_operands: int = 0) -> dict[str, Any]:
         # Typed numpy scalars fix the attribute types the handlers decode (f64, bool, i64).
@@ -107,18 +108,21 @@ class _Options:
             "deterministic": np.bool_(self.deterministic),
             "layout": np.int64(_LAYOUTS[self.layout]),
             "optional_operands": np.int64(optional_operands),
+            "dropout_p": np.float64(self.dropout_p),
         }
 
     def core_options(self) -> dict[str, Any]:
         """The options as the core's validation takes them."""
         return {"scale": self.scale, "causal": self.causal, "causal_alignment": self.causal_alignment,
-                "window": self.window, "softcap": self.softcap, "deterministic": self.deterministic}
+                "window": self.window, "softcap": self.softcap, "deterministic": self.deterministic,
+                "dropout_p": self.dropout_p}
 
 
 def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, causal: bool = False,
               is_causal: bool | None = None, causal_alignment: str = "top_left", window=None,
               softcap: float | None = None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-              alibi_slopes=None, deterministic: bool = False, return_lse: bool = False):
+              alibi_slopes=None, dropout_p: float = 0.0, dropout_key=None, deterministic: bool = False,
+              return_lse: bool = False):
     """Scaled-dot-product attention with cuDNN's fused kernels, as a differentiable JAX function.
 
     ``softmax(scale * q @ k^T + bias + mask) @ v`` per batch and query head. Works eagerly, under
@@ -178,6 +182,24 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             shared by every mapped call; mapped slopes are refused while tracing). The core refuses
             (``stridedfa UnsupportedError`` when the call runs) ALiBi with ``"bottom_right"``
             alignment together with padding lengths, and a differentiated ``bias`` with ALiBi.
+        dropout_p: attention dropout probability in [0, 1), a Python number (it is compiled into
+            the call; pass ``dropout_p if training else 0.0``): each softmax weight is zeroed with
+            this probability and the kept ones are scaled by ``1 / (1 - dropout_p)``, i.e.
+            ``out = (softmax(S) * keep / (1 - dropout_p)) @ v``; ``lse`` (``return_lse``) is that of
+            the undropped softmax. cuDNN draws the mask with its Philox generator; the backward
+            regenerates the same mask from the forward's state (nothing is stored). Not supported
+            (``stridedfa.UnsupportedError`` while tracing): a bottom-right causal mask or window
+            together with padding lengths, and the backward of a problem that is s_q = s_kv = 1
+            after the mask (cuDNN refuses it, and only its generator knows which weights it dropped).
+        dropout_key: with ``dropout_p > 0``, required: a ``jax.random`` key (``jax.random.key(seed)``
+            or a legacy ``jax.random.PRNGKey(seed)``) that picks the mask, consumed as JAX keys are
+            (split it for each step: the same key, shapes and options give the same mask, bit for
+            bit). It becomes the Philox seed and offset, ``jax.random.bits(dropout_key, (4,),
+            jnp.uint32)``, read on the device (traced keys are fine). Ignored with ``dropout_p=0``.
+            Under ``jax.vmap`` the key must not be mapped (``in_axes=None``, or closed over; a mapped
+            key is refused while tracing): the mapped calls fold into one cuDNN call, which draws
+            from one state, so a key per example would need a call per example. The folded calls
+            still get different masks (the mask depends on the position in the folded batch).
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-reproducible
             gradients, slower).
         return_lse: also return the float32 log-sum-exp of each row, (batch, h_q, s_q) in either
@@ -195,7 +217,8 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             lack) fail when the computation runs, as a JAX runtime error whose message starts
             with ``stridedfa UnsupportedError:``.
         stridedfa.BackendError: cuDNN or the CUDA runtime cannot be loaded.
-        ValueError / TypeError: an unknown ``layout`` or ``causal_alignment``, a bad ``scale``.
+        ValueError / TypeError: an unknown ``layout`` or ``causal_alignment``, a bad ``scale`` or
+            ``dropout_p``, ``dropout_p > 0`` without ``dropout_key``.
 
     Example::
 
@@ -208,7 +231,10 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             raise ValueError("causal=True and is_causal=False disagree; pass one of them")
         causal = bool(is_causal)
     padded = seqlens_q is not None or seqlens_kv is not None
-    options = _options(layout, scale, causal, causal_alignment, window, deterministic, padded, softcap)
+    options = _options(layout, scale, causal, causal_alignment, window, deterministic, padded, softcap, dropout_p)
+    if options.dropout_p > 0 and dropout_key is None:
+        raise ValueError(f"dropout_key: dropout_p={options.dropout_p} needs a jax.random key that picks the mask, "
+                         f"e.g. dropout_key=jax.random.key(0) (split it for each step)")
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
     _check_devices(q, k, v)
     lengths: tuple[Any, ...] = ()
@@ -217,14 +243,16 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
     sink_args: tuple[Any, ...] = () if sinks is None else (jnp.asarray(sinks),)
     bias_args: tuple[Any, ...] = () if bias is None else (jnp.asarray(bias),)
     slopes_args: tuple[Any, ...] = () if alibi_slopes is None else (jnp.asarray(alibi_slopes),)
+    rng_args: tuple[Any, ...] = (_rng_state(dropout_key),) if options.dropout_p > 0 else ()
     _check_problem(tuple(q.shape), tuple(k.shape), tuple(v.shape),
                    (str(q.dtype), str(k.dtype), str(v.dtype)), options,
-                   _described(lengths), _described(sink_args), _described(bias_args), _described(slopes_args))
+                   _described(lengths), _described(sink_args), _described(bias_args), _described(slopes_args),
+                   _described(rng_args))
     _ensure_runtime()
     if return_lse:
-        out, lse = _attention_with_lse(q, k, v, lengths, sink_args, bias_args, slopes_args, options)
+        out, lse = _attention_with_lse(q, k, v, lengths, sink_args, bias_args, slopes_args, rng_args, options)
         return out, lse
-    return _attention(q, k, v, lengths, sink_args, bias_args, slopes_args, options)
+    return _attention(q, k, v, lengths, sink_args, bias_args, slopes_args, rng_args, options)
 
 
 # --- Validation (at trace time: nothing is compiled or launched when it fails) -----------------
@@ -238,6 +266,17 @@ def _lengths(q, k, seqlens_q, seqlens_kv, layout):
     if seqlens_kv is None:
         seqlens_kv = jnp.full((b,), s_kv, jnp.int32)
     return jnp.asarray(seqlens_q), jnp.asarray(seqlens_kv)
+
+
+def _rng_state(key):
+    """Dropout's Philox seed and offset from a jax.random key: uint32 (4,), which the handler reads
+    as the core's int64 (2,) rng_state (words 0-1 the seed, 2-3 the offset; the GPU is
+    little-endian). uint32, as JAX without x64 has no int64."""
+    try:
+        return jax.random.bits(key, (4,), jnp.uint32)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"dropout_key: expected one jax.random key (jax.random.key(seed) or "
+                          f"jax.random.PRNGKey(seed)): {error}") from error
 
 
 def _window(window):
@@ -260,7 +299,7 @@ def _window(window):
 
 
 def _options(layout, scale, causal, causal_alignment, window=None, deterministic=False, padded=False,
-             softcap=None) -> _Options:
+             softcap=None, dropout_p=0.0) -> _Options:
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be 'bshd' or 'bhsd', got {layout!r}")
     if causal_alignment not in _ALIGNMENTS:
@@ -282,8 +321,15 @@ def _options(layout, scale, causal, causal_alignment, window=None, deterministic
         softcap = float(softcap)
         if not (softcap > 0 and math.isfinite(softcap)):
             raise ValueError(f"softcap must be a positive finite number (None: no cap), got {softcap}")
+    if isinstance(dropout_p, jax.core.Tracer):
+        raise TypeError("dropout_p must be a Python number: it is compiled into the call")
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"dropout_p must be a number in [0, 1), got {type(dropout_p).__name__}")
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p}")
     return _Options(layout, scale, bool(causal), causal_alignment, _window(window), softcap, bool(deterministic),
-                    bool(padded))
+                    bool(padded), dropout_p)
 
 
 def _described(arrays) -> tuple[tuple[tuple[int, ...], str], ...]:
@@ -303,7 +349,7 @@ def _logical(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
 
 @functools.lru_cache(maxsize=512)
 def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths=(), sinks=(), bias=(),
-                   alibi_slopes=()) -> None:
+                   alibi_slopes=(), rng_state=()) -> None:
     """Everything about a call that can be known from shapes and dtypes, with messages in the
     caller's terms; then the core's own validation of the views the XLA handler will build.
     Cached: a successful check is a pure function of its arguments."""
@@ -327,7 +373,7 @@ def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths
                         (q_shape, k_shape, v_shape, out_shape, _lse_shape(q_shape, options.layout)),
                         dtypes + (dtypes[0], "float32"), lengths=lengths or None, sinks=sinks[0] if sinks else None,
                         bias=bias[0] if bias else None, alibi_slopes=alibi_slopes[0] if alibi_slopes else None,
-                        **options.core_options())
+                        rng_state=rng_state[0] if rng_state else None, **options.core_options())
 
 
 def _check_devices(*arrays) -> None:
@@ -378,10 +424,11 @@ def _lse_shape(q_shape, layout):
     return (*q_shape[:-4], b, h, s)
 
 
-def _optional_operands(lengths, sinks, bias, grad_bias=False, alibi_slopes=()) -> int:
+def _optional_operands(lengths, sinks, bias, grad_bias=False, alibi_slopes=(), rng_state=()) -> int:
     """The handlers' `optional_operands` attribute for these optional operands."""
     return ((_WITH_LENGTHS if lengths else 0) | (_WITH_SINKS if sinks else 0) | (_WITH_BIAS if bias else 0)
-            | (_WITH_GRAD_BIAS if grad_bias else 0) | (_WITH_ALIBI_SLOPES if alibi_slopes else 0))
+            | (_WITH_GRAD_BIAS if grad_bias else 0) | (_WITH_ALIBI_SLOPES if alibi_slopes else 0)
+            | (_WITH_RNG_STATE if rng_state else 0))
 
 
 def _custom_call(target: str, results, args, attributes, shared=None, validate=None, per_call: bool = False):
@@ -390,14 +437,16 @@ def _custom_call(target: str, results, args, attributes, shared=None, validate=N
 
     Under jax.vmap (vmap_method "broadcast_all") every operand gets the mapped axes in front, those
     not mapped broadcast, and the handler folds them into the batch. `shared` ({operand index:
-    name}: the sinks, the ALiBi slopes) names per-head operands that stay as they are instead, one
-    (h_q,) array shared by every mapped call (the handler reads one); those mapped -- one set per
-    mapped call -- are refused while tracing. Such calls go through a custom_vmap rule, which sees
-    which operands are mapped (also under jax.jit inside jax.vmap) and runs `validate(args)` on the
-    batched operands first, so that what the folded batch breaks (a bias shared across the batch,
-    a buffer beyond 4 GiB) is a typed error while tracing. With `per_call` (the backward with
-    sinks, whose grad_sinks the handler sums over the whole folded batch, while each mapped call
-    needs its own: jax.vmap of jax.grad) the mapped calls run one after another (jax.lax.map)."""
+    name}: the sinks, the ALiBi slopes, dropout's state) names operands that stay as they are
+    instead, one array shared by every mapped call (the handler reads one); those mapped -- one
+    per mapped call -- are refused while tracing (_mapped_refusal). Such calls go through a
+    custom_vmap rule, which sees which operands are mapped (also under jax.jit inside jax.vmap) and
+    runs `validate(args)` on the batched operands first, so that what the folded batch breaks (a
+    bias shared across the batch, a buffer beyond 4 GiB) is a typed error while tracing. With
+    `per_call` (the backward with sinks, whose grad_sinks the handler sums over the whole folded
+    batch, while each mapped call needs its own: jax.vmap of jax.grad) the mapped calls run one
+    after another (jax.lax.map) -- refused with dropout, whose folded forward drew each mapped
+    call's mask at its rows of the folded batch, which a call of its own would not redraw."""
     def ffi(*args):
         return jax.ffi.ffi_call(target, results(args), vmap_method="broadcast_all")(*args, **attributes)
 
@@ -412,11 +461,14 @@ def _custom_call(target: str, results, args, attributes, shared=None, validate=N
     def _batched(axis_size, in_batched, *args):
         for i, name in shared.items():
             if in_batched[i]:
-                raise UnsupportedError(
-                    f"{name}: mapped by jax.vmap (a set of {name} per mapped call) is not supported: the {name} "
-                    f"are per head, one (heads of q,) array shared by every mapped call; pass them unmapped "
-                    f"(in_axes=None, or closed over)")
+                raise UnsupportedError(_mapped_refusal(name))
         if per_call:
+            if "dropout_key" in shared.values():
+                raise UnsupportedError(
+                    "dropout with sinks under jax.vmap cannot be differentiated: the backward with sinks runs "
+                    "the mapped calls one by one (each gets its own sinks' gradient), and one by one they would "
+                    "not redraw the masks the folded forward drew; fold the mapped axis into the batch axis "
+                    "instead of jax.vmap, or use dropout_p=0 there")
             mapped = [i for i, batched in enumerate(in_batched) if batched]
 
             def one(xs):
@@ -437,29 +489,45 @@ def _custom_call(target: str, results, args, attributes, shared=None, validate=N
     return call(*args)
 
 
-def _shared(first: int, lengths, sinks, bias, alibi_slopes) -> dict[int, str]:
-    """{operand index: name} of the per-head operands kept unmapped under jax.vmap (_custom_call);
-    `first` is the index of the first optional operand."""
+def _mapped_refusal(name: str) -> str:
+    if name == "dropout_key":
+        # One folded call reads one Philox state; a state per mapped call would take one call each.
+        return ("dropout_key: mapped by jax.vmap (a key per mapped call) is not supported: the mapped calls fold "
+                "into one cuDNN call, which draws its mask from one Philox state, so a key per example would need "
+                "one call per example; pass one key unmapped (in_axes=None, or closed over): the folded calls "
+                "still get different masks")
+    return (f"{name}: mapped by jax.vmap (a set of {name} per mapped call) is not supported: the {name} are per "
+            f"head, one (heads of q,) array shared by every mapped call; pass them unmapped (in_axes=None, or "
+            f"closed over)")
+
+
+def _shared(first: int, lengths, sinks, bias, alibi_slopes, rng_state=()) -> dict[int, str]:
+    """{operand index: name} of the operands kept unmapped under jax.vmap (_custom_call): the
+    per-head ones and dropout's state (named by the argument it comes from); `first` is the index
+    of the first optional operand."""
     shared = {}
     if sinks:
         shared[first + len(lengths)] = "sinks"
     if alibi_slopes:
         shared[first + len(lengths) + len(sinks) + len(bias)] = "alibi_slopes"
+    if rng_state:
+        shared[first + len(lengths) + len(sinks) + len(bias) + len(alibi_slopes)] = "dropout_key"
     return shared
 
 
 def _validator(backward: bool, options: _Options, first: int, lengths, sinks, bias, alibi_slopes,
-               grad_bias: bool = False):
+               grad_bias: bool = False, rng_state=()):
     """validate(args) for _custom_call: the core's validation of the batched operands, whose
     leading axes the handler folds into the batch."""
-    n_lengths, n_sinks, n_bias = len(lengths), len(sinks), len(bias)
+    n_lengths, n_sinks, n_bias, n_slopes = len(lengths), len(sinks), len(bias), len(alibi_slopes)
 
     def validate(args):
         rest = args[first:]
         lengths = _described(rest[:n_lengths])
         sinks = _described(rest[n_lengths:n_lengths + n_sinks])
         bias = _described(rest[n_lengths + n_sinks:n_lengths + n_sinks + n_bias])
-        slopes = _described(rest[n_lengths + n_sinks + n_bias:])
+        slopes = _described(rest[n_lengths + n_sinks + n_bias:n_lengths + n_sinks + n_bias + n_slopes])
+        rng = _described(rest[n_lengths + n_sinks + n_bias + n_slopes:])
         q, k, v = (tuple(x.shape) for x in args[:3])
         if backward:
             shapes = (*(tuple(x.shape) for x in args[:6]), q, k, v)
@@ -469,14 +537,16 @@ def _validator(backward: bool, options: _Options, first: int, lengths, sinks, bi
             dtypes = (*(str(x.dtype) for x in args[:3]), str(args[0].dtype), "float32")
         _core._jax_validate(backward, _LAYOUTS[options.layout], shapes, dtypes, lengths=lengths or None,
                             sinks=sinks[0] if sinks else None, bias=bias[0] if bias else None,
-                            alibi_slopes=slopes[0] if slopes else None,
+                            alibi_slopes=slopes[0] if slopes else None, rng_state=rng[0] if rng else None,
                             **({"grad_bias": grad_bias} if backward else {}), **options.core_options())
 
     return validate
 
 
-def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bias=(), alibi_slopes=()):
-    attributes = options.attributes(_optional_operands(lengths, sinks, bias, alibi_slopes=alibi_slopes))
+def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bias=(), alibi_slopes=(),
+                  rng_state=()):
+    attributes = options.attributes(_optional_operands(lengths, sinks, bias, alibi_slopes=alibi_slopes,
+                                                       rng_state=rng_state))
     layout = options.layout
 
     def results(args):
@@ -484,9 +554,9 @@ def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bi
         out = jax.ShapeDtypeStruct(_out_shape(q.shape, v.shape[-1]), q.dtype)
         return (out, jax.ShapeDtypeStruct(_lse_shape(q.shape, layout), jnp.float32)) if with_lse else out
 
-    args = (q, k, v, *lengths, *sinks, *bias, *alibi_slopes)
-    shared = _shared(3, lengths, sinks, bias, alibi_slopes)
-    validate = _validator(False, options, 3, lengths, sinks, bias, alibi_slopes)
+    args = (q, k, v, *lengths, *sinks, *bias, *alibi_slopes, *rng_state)
+    shared = _shared(3, lengths, sinks, bias, alibi_slopes, rng_state)
+    validate = _validator(False, options, 3, lengths, sinks, bias, alibi_slopes, rng_state=rng_state)
     if not with_lse:
         return _custom_call(_FORWARD_INFERENCE, results, args, attributes, shared, validate), None
     out, lse = _custom_call(_FORWARD, results, args, attributes, shared, validate)
@@ -494,30 +564,34 @@ def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bi
 
 
 # `lengths` (0 or 2 int32 arrays), `sinks` (0 or 1 float32 array), `bias` (0 or 1 array of q's
-# dtype) and `alibi_slopes` (0 or 1 float32 array) follow q, k, v as operands; the lengths and the
-# slopes get no cotangent (None), the sinks and the bias their gradients. Under vmap_method
-# "broadcast_all" jax.vmap puts its axes in front of every operand; q's, k's and v's fold into the
-# batch, and so does a bias' (jax_ffi.hpp, scores_view); the sinks and the slopes stay unmapped
-# (_custom_call).
+# dtype), `alibi_slopes` (0 or 1 float32 array) and `rng_state` (0 or 1 uint32 (4,) array: dropout's
+# Philox state, a residual so that the backward draws the forward's mask) follow q, k, v as
+# operands; the lengths, the slopes and rng_state get no cotangent (None), the sinks and the bias
+# their gradients. Under vmap_method "broadcast_all" jax.vmap puts its axes in front of every
+# operand; q's, k's and v's fold into the batch, and so does a bias' (jax_ffi.hpp, scores_view);
+# the sinks, the slopes and rng_state stay unmapped (_custom_call).
 #
 # symbolic_zeros: the forward rule learns which inputs are differentiated (CustomVJPPrimal), so
 # that the backward computes grad_bias only for a bias that is (an undifferentiated bias, such as
 # a constant mask, gets a None cotangent and costs cuDNN no dbias). The residuals say it by their
 # structure: `bias_wanted` is the bias when its gradient is wanted, else ().
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _attention(q, k, v, lengths, sinks, bias, alibi_slopes, options: _Options):
-    return _forward_call(q, k, v, lengths, sinks, options, with_lse=False, bias=bias, alibi_slopes=alibi_slopes)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _attention(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, options: _Options):
+    return _forward_call(q, k, v, lengths, sinks, options, with_lse=False, bias=bias, alibi_slopes=alibi_slopes,
+                         rng_state=rng_state)[0]
 
 
-def _forward_rule(q, k, v, lengths, sinks, bias, alibi_slopes, options: _Options):
+def _forward_rule(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, options: _Options):
     """(out, lse), residuals: the forward of both differentiable functions."""
     bias_perturbed = bool(bias) and bias[0].perturbed
-    q, k, v, lengths, sinks, bias, alibi_slopes = jax.custom_derivatives.custom_vjp_primal_tree_values(
-        (q, k, v, lengths, sinks, bias, alibi_slopes))
+    q, k, v, lengths, sinks, bias, alibi_slopes, rng_state = jax.custom_derivatives.custom_vjp_primal_tree_values(
+        (q, k, v, lengths, sinks, bias, alibi_slopes, rng_state))
     if bias_perturbed:
         _check_bias_gradient(q.shape, k.shape, tuple(bias[0].shape), options.layout)
-    out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias, alibi_slopes=alibi_slopes)
-    return (out, lse), (q, k, v, lengths, sinks, bias, bias if bias_perturbed else (), alibi_slopes, out, lse)
+    out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias, alibi_slopes=alibi_slopes,
+                             rng_state=rng_state)
+    return (out, lse), (q, k, v, lengths, sinks, bias, bias if bias_perturbed else (), alibi_slopes, rng_state, out,
+                        lse)
 
 
 def _check_bias_gradient(q_shape, k_shape, bias_shape, layout) -> None:
@@ -538,13 +612,13 @@ def _check_bias_gradient(q_shape, k_shape, bias_shape, layout) -> None:
                 f"jax.lax.stop_gradient(bias)")
 
 
-def _attention_fwd(q, k, v, lengths, sinks, bias, alibi_slopes, options: _Options):
-    (out, _), residuals = _forward_rule(q, k, v, lengths, sinks, bias, alibi_slopes, options)
+def _attention_fwd(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, options: _Options):
+    (out, _), residuals = _forward_rule(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, options)
     return out, residuals
 
 
 def _attention_bwd(options: _Options, residuals, grad_out):
-    q, k, v, lengths, sinks, bias, bias_wanted, alibi_slopes, out, lse = residuals
+    q, k, v, lengths, sinks, bias, bias_wanted, alibi_slopes, rng_state, out, lse = residuals
     if isinstance(grad_out, jax.custom_derivatives.SymbolicZero):  # only lse was used (it has no gradient)
         grad_out = jnp.zeros(out.shape, out.dtype)
     grad_out = grad_out.astype(out.dtype)
@@ -554,9 +628,9 @@ def _attention_bwd(options: _Options, residuals, grad_out):
                         sinks=_described(sinks)[0] if sinks else None,
                         bias=_described(bias)[0] if bias else None, grad_bias=bool(bias_wanted),
                         alibi_slopes=_described(alibi_slopes)[0] if alibi_slopes else None,
-                        **options.core_options())
+                        rng_state=_described(rng_state)[0] if rng_state else None, **options.core_options())
     attributes = options.attributes(_optional_operands(lengths, sinks, bias, grad_bias=bool(bias_wanted),
-                                                       alibi_slopes=alibi_slopes))
+                                                       alibi_slopes=alibi_slopes, rng_state=rng_state))
     n_lengths, n_sinks, with_grad_bias = len(lengths), len(sinks), bool(bias_wanted)
 
     def results(args):  # the gradients of q, k, v, the sinks and a differentiated bias: their shapes
@@ -564,15 +638,16 @@ def _attention_bwd(options: _Options, residuals, grad_out):
         wanted = (*rest[:n_sinks], *(rest[n_sinks:n_sinks + 1] if with_grad_bias else ()))
         return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *wanted))
 
-    args = (q, k, v, out, lse, grad_out, *lengths, *sinks, *bias, *alibi_slopes)
-    shared = _shared(6, lengths, sinks, bias, alibi_slopes)
-    validate = _validator(True, options, 6, lengths, sinks, bias, alibi_slopes, grad_bias=with_grad_bias)
+    args = (q, k, v, out, lse, grad_out, *lengths, *sinks, *bias, *alibi_slopes, *rng_state)
+    shared = _shared(6, lengths, sinks, bias, alibi_slopes, rng_state)
+    validate = _validator(True, options, 6, lengths, sinks, bias, alibi_slopes, grad_bias=with_grad_bias,
+                          rng_state=rng_state)
     grad_q, grad_k, grad_v, *more = _custom_call(_BACKWARD, results, args, attributes, shared, validate,
                                                  per_call=bool(sinks))
     grad_sinks = tuple(more[:len(sinks)])
     grad_bias = tuple(more[len(sinks):]) if bias_wanted else tuple(None for _ in bias)
     return (grad_q, grad_k, grad_v, tuple(None for _ in lengths), grad_sinks, grad_bias,
-            tuple(None for _ in alibi_slopes))
+            tuple(None for _ in alibi_slopes), tuple(None for _ in rng_state))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
@@ -580,9 +655,10 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 # With the statistics returned too: the same forward (with lse) and backward; lse carries no
 # gradient (a cotangent for it is ignored).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _attention_with_lse(q, k, v, lengths, sinks, bias, alibi_slopes, options: _Options):
-    return _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias, alibi_slopes=alibi_slopes)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _attention_with_lse(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, options: _Options):
+    return _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias, alibi_slopes=alibi_slopes,
+                         rng_state=rng_state)
 
 
 def _attention_with_lse_bwd(options: _Options, residuals, cotangents):

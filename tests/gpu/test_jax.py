@@ -2,7 +2,8 @@
 cuDNN attention; inputs never written; one compilation per shape; graphs shared through the core's
 cache with JAX, sdpa_forward and torch callers; typed errors before launch.
 
-Needs JAX with its CUDA backend (skips otherwise); torch only for the cross-framework cache test.
+Needs JAX with its CUDA backend (skips otherwise); torch only for the cross-framework cache and
+dropout tests.
 Run: ``python -m pytest -q -m gpu tests/gpu/test_jax.py`` from outside the source tree's src/.
 """
 
@@ -491,6 +492,128 @@ def test_alibi_through_the_dispatcher(request):
     got = stridedfa.attention(q, k, v, alibi_slopes=slopes)
     want = sj.attention(q, k, v, alibi_slopes=slopes, layout="bhsd")
     assert np.array_equal(_bits(got), _bits(want))
+
+
+# --- Dropout ----------------------------------------------------------------------------------
+
+# (id, layout, b, h_q, h_kv, s_q, s_kv, d_qk, d_v, causal, causal_alignment): GQA, s_q < s_kv, in
+# bhsd, the layout of contiguous (b, h, s, d) torch tensors.
+DROPOUT_CASE = ("dropout", "bhsd", 2, 8, 2, 128, 192, 64, 64, True, "top_left")
+DROPOUT_P = 0.2
+
+
+def _dropout_options(case, **more):
+    return dict(_options(case), dropout_p=DROPOUT_P, **more)
+
+
+def _torch_bits(t):
+    """A torch tensor's bits as NumPy (what _bits gives for a JAX array of its dtype)."""
+    import torch
+
+    return t.view(torch.int16).cpu().numpy().view(np.uint16) if t.element_size() == 2 else t.cpu().numpy()
+
+
+def test_dropout_equal_keys_equal_results_other_keys_other_masks(request):
+    """Under jax.jit with dropout_p=0.2: equal keys (made anew, typed or legacy) give bitwise-equal
+    outputs, eagerly too and through the dispatcher; another key another result; the kept share of
+    the weights is about 1 - p, read through a one-hot v (out = P * keep / (1 - p))."""
+    case = DROPOUT_CASE
+    b, h_kv, s_kv, d_v = case[2], case[4], case[6], case[8]
+    options = _dropout_options(case)
+    seed = _seed(request)
+    q, k, v, _ = _inputs(case, "bfloat16", seed)
+    f = jax.jit(lambda q, k, v, key: sj.attention(q, k, v, dropout_key=key, **options))
+    first = f(q, k, v, jax.random.key(seed))
+    assert np.array_equal(_bits(first), _bits(f(q, k, v, jax.random.key(seed)))), "equal keys, other results"
+    assert np.array_equal(_bits(first), _bits(f(q, k, v, jax.random.PRNGKey(seed)))), "legacy key of the seed"
+    assert np.array_equal(_bits(first), _bits(sj.attention(q, k, v, dropout_key=jax.random.key(seed), **options)))
+    assert np.array_equal(_bits(first), _bits(stridedfa.attention(q, k, v, dropout_p=DROPOUT_P,
+                                                                  dropout_key=jax.random.key(seed),
+                                                                  causal=True)))
+    other = f(q, k, v, jax.random.split(jax.random.key(seed))[0])
+    differ = float(np.mean(_bits(first) != _bits(other)))
+    assert differ > 0.5, f"another key changed only {differ:.1%} of the outputs"
+    without = sj.attention(q, k, v, **_options(case))
+    assert not np.array_equal(_bits(first), _bits(without))
+
+    # The kept share through a one-hot v over keys 0 .. d_v - 1 (causal top-left: rows from d_v on
+    # see them all, each weight > 0).
+    onehot = jnp.zeros((b, h_kv, s_kv, d_v), jnp.bfloat16).at[:, :, jnp.arange(d_v), jnp.arange(d_v)].set(1)
+    onehot = jax.device_put(onehot, GPU)
+    read = np.asarray(f(q, k, onehot, jax.random.key(seed)).astype(jnp.float32))[:, :, d_v:, :]
+    kept = float(np.mean(read != 0))
+    assert abs(kept - (1 - DROPOUT_P)) < 0.02, f"kept {kept:.3f} of the weights, expected about {1 - DROPOUT_P}"
+
+
+def test_dropout_matches_sdpa_forward_and_backward_through_torch(request):
+    """The JAX call is the generic call on the same data with rng_state the same four uint32 words
+    read as two int64 (seed, offset): bitwise, forward without and with statistics, and jax.grad
+    (deterministic backward) against sdpa_backward given that state and the forward's out and lse."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    case = DROPOUT_CASE
+    options = _dropout_options(case, deterministic=True)
+    mask = {"causal": case[9], "causal_alignment": case[10]}
+    q, k, v, w = _inputs(case, "bfloat16", _seed(request))
+    key = jax.random.key(_seed(request))
+    words = np.asarray(jax.random.bits(key, (4,), jnp.uint32))  # what the adapter passes, on the host
+    device = torch.device("cuda", GPU.id)
+    rng_state = torch.from_numpy(words.view(np.int64).copy()).to(device)  # little-endian: (seed, offset)
+
+    out = jax.jit(lambda q, k, v: sj.attention(q, k, v, dropout_key=key, **options))(q, k, v)
+    out_lse, lse = jax.jit(lambda q, k, v: sj.attention(q, k, v, dropout_key=key, return_lse=True, **options))(q, k, v)
+
+    def loss(q, k, v, w):
+        return jnp.sum(sj.attention(q, k, v, dropout_key=key, **options).astype(jnp.float32) * w.astype(jnp.float32))
+
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v, w)
+    jax.block_until_ready((out, out_lse, lse, grads))
+
+    _, _, b, h_q, _, s_q, _, _, d_v, _, _ = case
+    tq, tk, tv, tw = (torch.from_dlpack(x).clone() for x in (q, k, v, w))  # contiguous (b, h, s, d)
+    t_out = torch.full((b, h_q, s_q, d_v), float("nan"), device=device, dtype=torch.bfloat16)
+    stridedfa.sdpa_forward(tq, tk, tv, t_out, dropout_p=DROPOUT_P, rng_state=rng_state, **mask)
+    t_out_lse = torch.full_like(t_out, float("nan"))
+    t_lse = torch.full(lse.shape, float("nan"), device=device, dtype=torch.float32)
+    stridedfa.sdpa_forward(tq, tk, tv, t_out_lse, lse=t_lse, dropout_p=DROPOUT_P, rng_state=rng_state, **mask)
+    t_grads = [torch.full_like(t, float("nan")) for t in (tq, tk, tv)]
+    # jax.grad's cotangent of out is w (loss = sum(out * w), w already bfloat16)
+    stridedfa.sdpa_backward(tq, tk, tv, t_out_lse, tw, t_lse, *t_grads, dropout_p=DROPOUT_P, rng_state=rng_state,
+                            deterministic=True, **mask)
+    torch.cuda.synchronize()
+    assert np.array_equal(_bits(out), _torch_bits(t_out)), "out differs from sdpa_forward's"
+    assert np.array_equal(_bits(out_lse), _torch_bits(t_out_lse)), "out (with lse) differs from sdpa_forward's"
+    assert np.array_equal(np.asarray(lse), t_lse.cpu().numpy()), "lse differs from sdpa_forward's"
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads, t_grads):
+        assert np.array_equal(_bits(got), _torch_bits(want)), f"{name} differs from sdpa_backward's"
+
+
+def test_dropout_under_vmap_is_the_folded_call(request):
+    """Under jax.vmap with one key (in_axes=None) the mapped calls fold into one: equal bitwise to
+    the call on the batch folded by hand, forward and grads; equal inputs in two mapped calls still
+    get different masks."""
+    case = DROPOUT_CASE
+    b = case[2]
+    options = _dropout_options(case, deterministic=True)
+    q, k, v, w = (jnp.stack([x, x]) for x in _inputs(case, "bfloat16", _seed(request)))
+    key = jax.random.key(_seed(request))
+
+    def f(q, k, v, key):
+        return sj.attention(q, k, v, dropout_key=key, **options)
+
+    def loss(q, k, v, w, key):
+        return jnp.sum(f(q, k, v, key).astype(jnp.float32) * w.astype(jnp.float32))
+
+    out = jax.jit(jax.vmap(f, in_axes=(0, 0, 0, None)))(q, k, v, key)
+    fold = lambda x: x.reshape(2 * b, *x.shape[2:])  # noqa: E731
+    folded = jax.jit(f)(fold(q), fold(k), fold(v), key)
+    assert np.array_equal(_bits(fold(out)), _bits(folded))
+    assert not np.array_equal(_bits(out[0]), _bits(out[1])), "the mapped calls drew one mask"
+    grads = jax.jit(jax.vmap(jax.grad(loss, (0, 1, 2)), in_axes=(0, 0, 0, 0, None)))(q, k, v, w, key)
+    folded_grads = jax.jit(jax.grad(loss, (0, 1, 2)))(fold(q), fold(k), fold(v), fold(w), key)
+    for name, a, c in zip(("grad_q", "grad_k", "grad_v"), grads, folded_grads):
+        assert np.array_equal(_bits(fold(a)), _bits(c)), f"vmapped {name} is not the folded call's"
 
 
 def test_vmap_folds_into_batch(request):

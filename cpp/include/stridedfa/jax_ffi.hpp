@@ -60,27 +60,37 @@ TensorView scores_view(const char* name, const int64_t* dims, int64_t rank, int6
 TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
                        std::uintptr_t data);
 
+// Dropout's Philox seed and offset as the core's int64 (2,) view. JAX without x64 has no int64, so
+// stridedfa.jax passes jax.random.bits(key, (4,), jnp.uint32): four 32-bit words that the GPU
+// (little-endian) reads as two int64 values, words 0-1 the seed and 2-3 the offset. Takes a (4,)
+// uint32/int32 buffer, or a (2,) int64/uint64 one (x64 users); anything else throws LayoutError
+// saying what is expected. Under jax.vmap it stays one state (unmapped).
+TensorView rng_state_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                          std::uintptr_t data);
+
 // Bits of the handlers' `optional_operands` attribute (i64): which optional trailing arguments follow
 // the fixed ones, and which optional results the backward has. Arguments present come in this order:
-// seqlens_q and seqlens_kv (both or neither), sinks, bias, alibi_slopes. The backward's trailing results are
-// grad_sinks when sinks are given, then grad_bias when kWithGradBias says so (a bias that is not
-// differentiated needs no gradient; the ALiBi slopes have none). Counting alone cannot tell a bias from
-// the sinks, hence the bits.
+// seqlens_q and seqlens_kv (both or neither), sinks, bias, alibi_slopes, rng_state. The backward's
+// trailing results are grad_sinks when sinks are given, then grad_bias when kWithGradBias says so (a
+// bias that is not differentiated needs no gradient; the ALiBi slopes and rng_state have none).
+// Counting alone cannot tell a bias from the sinks, hence the bits.
 enum OptionalOperand : int64_t {
   kWithLengths = 1,
   kWithSinks = 2,
   kWithBias = 4,
   kWithGradBias = 8,
   kWithAlibiSlopes = 16,
+  kWithRngState = 32,  // dropout's Philox state (see rng_state_view): the forward's and the backward's alike
 };
 
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
 // scale (f64), has_scale (bool: false means 1 / sqrt(d_qk)), causal (bool), causal_alignment
 // (i64: 0 top_left, 1 bottom_right), window_left and window_right (i64, -1: unbounded), softcap
 // (f64, 0: none), deterministic (bool), layout (i64: ArrayLayout), optional_operands (i64: the
-// OptionalOperand bits of the trailing arguments given). Each takes the optional trailing arguments
-// (seqlens_q, seqlens_kv) (padding lengths), sinks, bias and alibi_slopes.
-// (q, k, v[, seqlens_q, seqlens_kv][, sinks][, bias][, alibi_slopes]) -> (out, lse)
+// OptionalOperand bits of the trailing arguments given), dropout_p (f64, 0: none; > 0 needs
+// rng_state). Each takes the optional trailing arguments (seqlens_q, seqlens_kv) (padding lengths),
+// sinks, bias, alibi_slopes and rng_state.
+// (q, k, v[, seqlens_q, seqlens_kv][, sinks][, bias][, alibi_slopes][, rng_state]) -> (out, lse)
 void* forward_handler();
 void* forward_inference_handler();  // (q, k, v[, ...]) -> (out): no statistics (cuDNN's inference graph)
 // (q, k, v, out, lse, grad_out[, ...]) -> (grad_q, grad_k, grad_v[, grad_sinks][, grad_bias])
