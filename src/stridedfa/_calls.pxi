@@ -346,7 +346,9 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
             (~1e-6 relative), not bitwise, also with ``deterministic``.
         alibi_slopes: the forward's slopes.
         dropout_p, rng_state: the forward's: the same mask is regenerated on the device (not with
-            s_q = s_kv = 1 after the mask, which cuDNN's backward refuses).
+            s_q = s_kv = 1 after the mask, which cuDNN's backward refuses, nor with grad_sinks, which
+            cuDNN 9.19 returns scaled by 1 - dropout_p; with grad_bias only where the mask cuts no
+            key, since the backward cuts the keys the forward cut and cuDNN writes dbias packed).
         bias: the forward's bias. grad_bias: optional output of bias' shape receiving its gradient
             ``dS = P * (dP - rowsum(grad_out * out))`` summed over bias' shared batch and head axes
             (zero where a score is masked); q's dtype, contiguous. cuDNN 9.19 computes it only for a

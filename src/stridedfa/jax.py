@@ -189,8 +189,10 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             the undropped softmax. cuDNN draws the mask with its Philox generator; the backward
             regenerates the same mask from the forward's state (nothing is stored). Not supported
             (``stridedfa.UnsupportedError`` while tracing): a bottom-right causal mask or window
-            together with padding lengths, and the backward of a problem that is s_q = s_kv = 1
-            after the mask (cuDNN refuses it, and only its generator knows which weights it dropped).
+            together with padding lengths, the backward of a problem that is s_q = s_kv = 1
+            after the mask (cuDNN refuses it, and only its generator knows which weights it dropped),
+            and the gradient with ``sinks`` (cuDNN 9.19 returns the sinks' gradient scaled by
+            ``1 - dropout_p``; the forward with sinks runs).
         dropout_key: with ``dropout_p > 0``, required: a ``jax.random`` key (``jax.random.key(seed)``
             or a legacy ``jax.random.PRNGKey(seed)``) that picks the mask, consumed as JAX keys are
             (split it for each step: the same key, shapes and options give the same mask, bit for

@@ -93,7 +93,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
             The Philox seed and offset are drawn on the device from torch's CUDA generator, as any
             random op draws (torch.manual_seed decides them; each CUDA-graph replay draws anew);
             the backward regenerates the forward's mask from them. lse is that of the undropped
-            softmax. See :func:`stridedfa.sdpa_forward` for what it combines with.
+            softmax. Not with sinks that require grad (cuDNN 9.19 gets their gradient wrong under
+            dropout: refused before the forward); see :func:`stridedfa.sdpa_backward` for the rest.
         deterministic: the backward uses cuDNN's deterministic algorithm (bitwise-identical
             gradients run to run, slower: see benchmarks/).
         return_lse: also return the float32 (batch, h_q, s_q) log-sum-exp of each row's scaled,
