@@ -120,12 +120,23 @@ class Case:
         if self.rng.random() < 0.1:  # any positive slopes, one per query head
             self.alibi_slopes = 0.5 * torch.rand(h_q, generator=self.gen, device="cuda")
             self.ref_options["alibi_slopes"] = self.alibi_slopes
+        # Dropout (not with bottom-right and padding, nor with trainable sinks: refused) with a Philox
+        # state at any stride; its reference is the same call on contiguous copies (check()).
+        self.dropout_p = 0.0
+        if self.rng.random() < 0.12 and not bottom_right_padded and self.sinks is None:
+            self.dropout_p = self.rng.choice((0.1, 0.3))
+            step = self.rng.choice((1, 2, 5))
+            state = torch.zeros(2 * step, device="cuda", dtype=torch.int64)
+            state[0], state[step] = self.rng.randrange(1 << 62), self.rng.randrange(1 << 40)
+            self.options.update(dropout_p=self.dropout_p, rng_state=state[::step])
         label = fuzz.variant_label(window, lengths, deterministic, softcap)
         self.label += f", variant {label}{', sinks' if self.sinks is not None else ''}"
         if self.bias is not None:
             self.label += f", bias {bias_label}"
         if self.alibi_slopes is not None:
             self.label += ", alibi"
+        if self.dropout_p:
+            self.label += f", dropout {self.dropout_p}"
 
     def _has_rows_without_keys(self, b, s_q, s_kv):
         o = self.ref_options
@@ -175,10 +186,32 @@ class Case:
         torch.cuda.synchronize()
         return all(bool(torch.isnan(base).all()) for g in groups for base in self.bases[g])
 
+    def _contiguous_run(self, with_backward: bool):
+        """Dropout's reference: the same call, the same rng_state, on contiguous copies (the mask
+        depends on the scores' positions only; test_dropout checks such calls against the fp32
+        reference given the mask they drew). Returns (out, lse, grads) in float32."""
+        t = self.t
+        q, k, v = (t[name].contiguous() for name in ("q", "k", "v"))
+        out = torch.empty(*q.shape[:3], v.shape[3], device="cuda", dtype=self.dtype)
+        lse = torch.empty(*q.shape[:3], device="cuda")
+        extra = self._sink_args(False)  # bias and slopes (no sinks with dropout)
+        stridedfa.sdpa_forward(q, k, v, out, lse=lse, **self.options, **self.lengths, **extra)
+        if not with_backward:
+            return out.float(), lse, ()
+        grads = [torch.empty_like(x) for x in (q, k, v)]
+        if self.grad_bias is not None:
+            grads.append(torch.empty(self.bias.shape, device="cuda", dtype=self.dtype))
+        stridedfa.sdpa_backward(q, k, v, out, t["dout"].contiguous(), lse, *grads[:3], **self.options,
+                                **self.lengths, **extra, deterministic=self.deterministic,
+                                **({"grad_bias": grads[3]} if self.grad_bias is not None else {}))
+        return out.float(), lse, tuple(g.float() for g in grads)
+
     def check(self, with_backward: bool) -> list[str]:
         """What is wrong with the results (empty: all within tolerance and fully written)."""
         t, tol = self.t, TOLERANCES[self.dtype]
-        if with_backward:  # one pass for the forward and backward references
+        if self.dropout_p:
+            ref_out, ref_lse, ref_grads = self._contiguous_run(with_backward)
+        elif with_backward:  # one pass for the forward and backward references
             ref_out, ref_lse, ref_grads = torch_reference_all(
                 t["q"], t["k"], t["v"], t["dout"], compute_dtype=torch.float32, **self.ref_options)
         else:
