@@ -138,6 +138,13 @@ class Case:
         if self.dropout_p:
             self.label += f", dropout {self.dropout_p}"
 
+    def variants(self) -> tuple[str, ...]:
+        """The variants this case exercises, for the per-variant counts of the report."""
+        named = {"dropout": self.dropout_p, "bias": self.bias is not None, "alibi": self.alibi_slopes is not None,
+                 "sinks": self.sinks is not None, "window": "window" in self.options,
+                 "softcap": "softcap" in self.options, "padding": bool(self.lengths)}
+        return tuple(name for name, on in named.items() if on)
+
     def _has_rows_without_keys(self, b, s_q, s_kv):
         o = self.ref_options
         mask = visible(b, s_q, s_kv, o["causal"], o["alignment"], o.get("window"), o.get("seqlens_q"),
@@ -282,6 +289,7 @@ def library_calls(case: Case):
 
 
 def judge_valid(case: Case, phase, error, outcomes: fuzz.Outcomes) -> None:
+    outcomes = _TalliedOutcomes(outcomes, case.variants())
     if phase == "forward" and isinstance(error, stridedfa.UnsupportedError):
         ok = case.untouched([("out",), ("lse",)])
         outcomes.add("unsupported by cuDNN (forward)" if ok else "FAIL: refused but outputs written",
@@ -303,6 +311,16 @@ def judge_valid(case: Case, phase, error, outcomes: fuzz.Outcomes) -> None:
             outcomes.add("FAIL: silent mismatch or unwritten output", detail=f"{case.label}: {problems}")
         else:
             outcomes.add("matches the reference")
+
+
+class _TalliedOutcomes:
+    """Outcomes.add that also counts the outcome for each of the case's variants."""
+
+    def __init__(self, outcomes, variants):
+        self._outcomes, self._variants = outcomes, variants
+
+    def add(self, outcome, detail=None, reason=None):
+        self._outcomes.add(outcome, detail=detail, reason=reason, variants=self._variants)
 
 
 # --- One invalid case: a valid case with one defect -----------------------------------------------

@@ -147,16 +147,21 @@ class Outcomes:
     counts: collections.Counter = field(default_factory=collections.Counter)
     reasons: collections.Counter = field(default_factory=collections.Counter)
     examples: dict = field(default_factory=lambda: collections.defaultdict(list))
+    by_variant: collections.Counter = field(default_factory=collections.Counter)  # "variant: outcome"
 
-    def add(self, outcome: str, detail: str | None = None, reason: str | None = None):
+    def add(self, outcome: str, detail: str | None = None, reason: str | None = None,
+            variants: tuple[str, ...] = ()):
         self.counts[outcome] += 1
+        for variant in variants:
+            self.by_variant[f"{variant}: {outcome}"] += 1
         if reason is not None:
             self.reasons[f"{outcome}: {reason}"] += 1
         if detail is not None and len(self.examples[outcome]) < 20:
             self.examples[outcome].append(detail)
 
     def as_dict(self):
-        return {"counts": dict(self.counts), "reasons": dict(self.reasons.most_common()),
+        return {"counts": dict(self.counts), "by_variant": dict(sorted(self.by_variant.items())),
+                "reasons": dict(self.reasons.most_common()),
                 "examples": {k: v for k, v in self.examples.items()}}
 
 
