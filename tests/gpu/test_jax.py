@@ -261,7 +261,7 @@ def _dbias_params():
     # core's grad_bias was wrong there, and dq with it). The top-left causal cases were strict
     # xfails (no cuDNN engine once keys no row sees were cut off the packed dbias); since the core
     # keeps every key for a bias' gradient they run: GPU runs 31 and 33 reported all six as
-    # failing their strict xfail (not yet seen passing without the mark).
+    # failing their strict xfail (13236f8; not yet seen passing without the mark).
     for layout in ("bshd", "bhsd"):
         for kind in BIAS_SHAPES:
             for mask in MASKS:
