@@ -188,6 +188,12 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   for (int s = 0; s < kNumSlots; ++s) {
     if (plan.slots[s]) spec.operands[s] = describe_operand(*plan.slots[s]);
   }
+  // cuDNN reads rng_state as two scalars (its pointer and the next value's): its own stride is no
+  // part of the graph, so calls that differ only there share one.
+  if (spec.operands[kRngState].present) {
+    for (int64_t& stride : spec.operands[kRngState].strides) stride = 2;
+    spec.operands[kRngState].strides[3] = 1;
+  }
   spec.scale = static_cast<float>(o.has_scale ? o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_qk)));
   spec.causal = o.causal && !plan.unmasked;
   spec.alignment = o.alignment;
