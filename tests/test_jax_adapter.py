@@ -136,13 +136,20 @@ def test_graph_key_depends_on_layout():
     assert _core._jax_graph_key(False, 0, shapes, "float16") != _core._jax_graph_key(False, 1, shapes, "float16")
 
 
-def test_backward_graph_key_equals_other_callers():
+def _core_backward_operands():
+    """q, k, v, out, grad_out, lse and (grad_q, grad_k, grad_v) as the handler's bshd views of the
+    JAX_BACKWARD shapes, for keys computed through the core's own entry points."""
     q, k, v = _bshd_view(B, H_Q, S_Q, D, slot=0), _bshd_view(B, H_KV, S_KV, D, slot=1), \
         _bshd_view(B, H_KV, S_KV, D, slot=2)
     out, grad_out = _bshd_view(B, H_Q, S_Q, D, slot=3), _bshd_view(B, H_Q, S_Q, D, slot=5)
     lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4)
     grads = (_bshd_view(B, H_Q, S_Q, D, slot=6), _bshd_view(B, H_KV, S_KV, D, slot=7),
              _bshd_view(B, H_KV, S_KV, D, slot=8))
+    return q, k, v, out, grad_out, lse, grads
+
+
+def test_backward_graph_key_equals_other_callers():
+    q, k, v, out, grad_out, lse, grads = _core_backward_operands()
     expected = _core._backward_graph_key(q, k, v, out, grad_out, lse, *grads, causal=True)
     qs, kvs = (B, S_Q, H_Q, D), (B, S_KV, H_KV, D)
     key = _core._jax_graph_key(True, 0, (qs, kvs, kvs, qs, (B, H_Q, S_Q), qs, qs, kvs, kvs), "bfloat16",
@@ -190,12 +197,7 @@ def _bias(shape, slot=13, dtype="bfloat16"):
 def test_bias_graph_keys_equal_other_callers(bias_shape):
     """A JAX call with a bias of its own rank (the core broadcasts it) keys the graph of an
     sdpa_forward / sdpa_backward call with a dense bias of that shape; the bias is in the key."""
-    q, k, v = _bshd_view(B, H_Q, S_Q, D, slot=0), _bshd_view(B, H_KV, S_KV, D, slot=1), \
-        _bshd_view(B, H_KV, S_KV, D, slot=2)
-    out, grad_out = _bshd_view(B, H_Q, S_Q, D, slot=3), _bshd_view(B, H_Q, S_Q, D, slot=5)
-    lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4)
-    grads = (_bshd_view(B, H_Q, S_Q, D, slot=6), _bshd_view(B, H_KV, S_KV, D, slot=7),
-             _bshd_view(B, H_KV, S_KV, D, slot=8))
+    q, k, v, out, grad_out, lse, grads = _core_backward_operands()
     bias = (bias_shape, "bfloat16")
     forward = _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", causal=True, bias=bias)
     assert forward == _core._forward_graph_key(q, k, v, out, lse, causal=True, bias=_bias(bias_shape))
@@ -303,12 +305,7 @@ def _slopes(shape=(H_Q,), dtype="float32"):
 def test_alibi_graph_keys_equal_other_callers(options):
     """A JAX call with ALiBi slopes keys the graph of an sdpa_forward / sdpa_backward call with the
     same slopes (an input of both; no gradient); the slopes are in the key."""
-    q, k, v = _bshd_view(B, H_Q, S_Q, D, slot=0), _bshd_view(B, H_KV, S_KV, D, slot=1), \
-        _bshd_view(B, H_KV, S_KV, D, slot=2)
-    out, grad_out = _bshd_view(B, H_Q, S_Q, D, slot=3), _bshd_view(B, H_Q, S_Q, D, slot=5)
-    lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4)
-    grads = (_bshd_view(B, H_Q, S_Q, D, slot=6), _bshd_view(B, H_KV, S_KV, D, slot=7),
-             _bshd_view(B, H_KV, S_KV, D, slot=8))
+    q, k, v, out, grad_out, lse, grads = _core_backward_operands()
     slopes = ((H_Q,), "float32")
     forward = _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", alibi_slopes=slopes, **options)
     assert forward == _core._forward_graph_key(q, k, v, out, lse, alibi_slopes=_slopes(), **options)
@@ -384,12 +381,7 @@ def test_dropout_graph_keys_equal_other_callers(options, state):
     """The handler reads a uint32 (4,) state (or an int64/uint64 (2,) one) as the core's int64 (2,)
     rng_state: the key is an sdpa_forward / sdpa_backward call's with the same dropout_p, and
     dropout_p is in it."""
-    q, k, v = _bshd_view(B, H_Q, S_Q, D, slot=0), _bshd_view(B, H_KV, S_KV, D, slot=1), \
-        _bshd_view(B, H_KV, S_KV, D, slot=2)
-    out, grad_out = _bshd_view(B, H_Q, S_Q, D, slot=3), _bshd_view(B, H_Q, S_Q, D, slot=5)
-    lse = _fake((B, H_Q, S_Q), row_major((B, H_Q, S_Q)), "float32", 4)
-    grads = (_bshd_view(B, H_Q, S_Q, D, slot=6), _bshd_view(B, H_KV, S_KV, D, slot=7),
-             _bshd_view(B, H_KV, S_KV, D, slot=8))
+    q, k, v, out, grad_out, lse, grads = _core_backward_operands()
     forward = _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", dropout_p=0.2, rng_state=state, **options)
     assert forward == _core._forward_graph_key(q, k, v, out, lse, dropout_p=0.2, rng_state=_core_state(), **options)
     assert forward != _core._jax_graph_key(False, 0, JAX_FORWARD, "bfloat16", **options)

@@ -48,6 +48,16 @@ std::string strides_of(const OperandDesc& d, int n) {
   return s + ")";
 }
 
+// Row-major without gaps on the axes that have extent > 1 (describe_operand canonicalises the rest).
+bool is_packed(const OperandDesc& d) {
+  int64_t inner = 1;
+  for (int i = 3; i >= 0; --i) {
+    if (d.dims[i] != 1 && d.strides[i] != inner) return false;
+    inner *= d.dims[i];
+  }
+  return true;
+}
+
 // Layouts cuDNN reads correctly only from some version on: refused here, with the layout that
 // works, instead of by the frontend (or, before its checks existed, by wrong numbers).
 void check_version_gates(const GraphSpec& spec) {
@@ -138,17 +148,13 @@ void check_bias_gradient(const GraphSpec& spec) {
                            " is not supported (cuDNN 9.19 computes it wrongly under a score modifier); leave "
                            "grad_bias out (a bias that does not require grad).");
   }
-  int64_t inner = 1;
-  for (int i = 3; i >= 0; --i) {
-    if (g.dims[i] != 1 && g.strides[i] != inner) {
-      throw UnsupportedError(
-          "grad_bias: cuDNN writes the bias' gradient only as a packed (row-major) tensor; its "
-          "strides as cuDNN would see them are " +
-          strides_of(g, 4) +
-          " (the mask cuts rows or keys, or the buffer is strided). Pass a contiguous "
-          "grad_bias, or a mask under which every row and key takes part.");
-    }
-    inner *= g.dims[i];
+  if (!is_packed(g)) {
+    throw UnsupportedError(
+        "grad_bias: cuDNN writes the bias' gradient only as a packed (row-major) tensor; its "
+        "strides as cuDNN would see them are " +
+        strides_of(g, 4) +
+        " (the mask cuts rows or keys, or the buffer is strided). Pass a contiguous "
+        "grad_bias, or a mask under which every row and key takes part.");
   }
 }
 
@@ -166,17 +172,13 @@ void check_known_wrong(const GraphSpec& spec) {
   const OperandDesc& bias = spec.operands[kBias];
   const bool one_by_one = spec.operands[kQ].dims[2] == 1 && spec.operands[kK].dims[2] == 1;
   if (spec.op != GraphOp::forward || !one_by_one || !bias.present || !spec.operands[kLse].present) return;
-  int64_t inner = 1;
-  for (int i = 3; i >= 0; --i) {
-    if (bias.dims[i] != 1 && bias.strides[i] != inner) {
-      throw UnsupportedError(
-          "bias: with s_q = s_kv = 1 (after the mask leaves one row and one key) cuDNN 9.19 reads only a packed "
-          "bias into lse; this one has strides " +
-          strides_of(bias, 4) +
-          " as cuDNN would see them. Pass a contiguous bias (e.g. its slice for that row, .contiguous()), "
-          "or call without lse (inference), whose output is right.");
-    }
-    inner *= bias.dims[i];
+  if (!is_packed(bias)) {
+    throw UnsupportedError(
+        "bias: with s_q = s_kv = 1 (after the mask leaves one row and one key) cuDNN 9.19 reads only a packed "
+        "bias into lse; this one has strides " +
+        strides_of(bias, 4) +
+        " as cuDNN would see them. Pass a contiguous bias (e.g. its slice for that row, .contiguous()), "
+        "or call without lse (inference), whose output is right.");
   }
 }
 

@@ -22,6 +22,7 @@ torch = require_cuda()
 
 import stridedfa  # noqa: E402
 import stridedfa.torch as sfa_torch  # noqa: E402
+from helpers.layouts import random_qkv  # noqa: E402 (imports torch)
 from stridedfa import reference  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -32,19 +33,6 @@ TOL = {torch.float16: (8e-3, 1.5e-2, 2e-3), torch.bfloat16: (3e-2, 3e-2, 6e-3)}
 
 def _state(seed, offset=0):
     return torch.tensor([seed, offset], device="cuda", dtype=torch.int64)
-
-
-def _inputs(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen):
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
-
-    if layout == "packed":
-        qkv = randn(b, s_q, 3, h_q, d)
-        return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3))
-    if layout == "bshd":
-        return (randn(b, s_q, h_q, d).transpose(1, 2), randn(b, s_kv, h_kv, d).transpose(1, 2),
-                randn(b, s_kv, h_kv, d).transpose(1, 2))
-    return randn(b, h_q, s_q, d), randn(b, h_kv, s_kv, d), randn(b, h_kv, s_kv, d)
 
 
 def _np(t):
@@ -77,7 +65,7 @@ def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat1
              causal=False, alignment="top_left", window=None, seqlens=None, softcap=None, bias=None,
              bias_grad=False, alibi=False, sinks=False, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen)
+    q, k, v = random_qkv(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen)
     rng = _state(1000 + seed, 7 * seed)
     options = dict(causal=causal, causal_alignment=alignment, window=window, softcap=softcap, dropout_p=p,
                    rng_state=rng)
@@ -165,7 +153,7 @@ def test_dropout_matches_the_reference_given_its_mask(case, seed):
 
 def test_equal_states_equal_masks_other_states_other_masks(seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(2, 4, 4, 128, 128, 64, torch.bfloat16, "bhsd", gen)
+    q, k, v = random_qkv(2, 4, 4, 128, 128, 64, torch.bfloat16, "bhsd", gen)
 
     def forward(rng):
         out = torch.full_like(q, float("nan"))
@@ -188,7 +176,7 @@ def test_equal_states_equal_masks_other_states_other_masks(seed):
 
 def test_packed_views_and_contiguous_copies_agree_bit_for_bit(seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(2, 4, 4, 128, 128, 64, torch.float16, "packed", gen)
+    q, k, v = random_qkv(2, 4, 4, 128, 128, 64, torch.float16, "packed", gen)
     copies = [t.contiguous() for t in (q, k, v)]
     rng = _state(11, 3)
     grad_out = torch.randn(2, 4, 128, 64, generator=gen, device="cuda").half()
@@ -206,7 +194,7 @@ def test_packed_views_and_contiguous_copies_agree_bit_for_bit(seed):
 
 def test_deterministic_backward_with_dropout_is_bitwise_repeatable(seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(2, 8, 2, 256, 256, 64, torch.bfloat16, "bshd", gen)
+    q, k, v = random_qkv(2, 8, 2, 256, 256, 64, torch.bfloat16, "bshd", gen)
     rng = _state(3, 9)
     out = torch.empty(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(2, 8, 256, device="cuda")
@@ -225,7 +213,7 @@ def test_deterministic_backward_with_dropout_is_bitwise_repeatable(seed):
 
 def test_what_cudnn_cannot_run_with_dropout_is_refused_before_launch(seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(2, 4, 4, 96, 160, 64, torch.bfloat16, "bhsd", gen)
+    q, k, v = random_qkv(2, 4, 4, 96, 160, 64, torch.bfloat16, "bhsd", gen)
     out = torch.full_like(q, float("nan"))
     lengths = dict(seqlens_q=torch.tensor([96, 50], device="cuda", dtype=torch.int32),
                    seqlens_kv=torch.tensor([160, 70], device="cuda", dtype=torch.int32))
@@ -273,7 +261,7 @@ def _drawn_state():
 @pytest.mark.parametrize("layout", ["bhsd", "packed"])
 def test_torch_adapter_draws_from_torchs_generator(layout, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (t.detach().requires_grad_() for t in _inputs(2, 4, 4, 128, 128, 64, torch.bfloat16, layout, gen))
+    q, k, v = (t.detach().requires_grad_() for t in random_qkv(2, 4, 4, 128, 128, 64, torch.bfloat16, layout, gen))
     grad_out = torch.randn(2, 4, 128, 64, generator=gen, device="cuda").bfloat16()
     torch.manual_seed(123)
     out = sfa_torch.attention(q, k, v, causal=True, dropout_p=0.2)
@@ -316,7 +304,7 @@ def test_torch_packed_attention_with_dropout_matches_attention(seed):
 def test_torch_compile_fullgraph_with_dropout(seed):
     torch._dynamo.reset()
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(2, 4, 4, 128, 128, 64, torch.bfloat16, "bhsd", gen)
+    q, k, v = random_qkv(2, 4, 4, 128, 128, 64, torch.bfloat16, "bhsd", gen)
 
     @torch.compile(fullgraph=True)
     def f(q, k, v):
@@ -336,7 +324,7 @@ def test_torch_compile_fullgraph_with_dropout(seed):
 
 def test_cuda_graph_replays_draw_new_masks(seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(2, 4, 4, 128, 128, 64, torch.bfloat16, "bhsd", gen)
+    q, k, v = random_qkv(2, 4, 4, 128, 128, 64, torch.bfloat16, "bhsd", gen)
     onehot, _ = _one_hot_like(v, 0)
     sfa_torch.attention(q, k, onehot, dropout_p=0.4)  # warm-up: the graph is built outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -360,7 +348,7 @@ def test_cupy_dropout_equals_the_generic_call(seed):
     import stridedfa.cupy
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(2, 4, 2, 128, 128, 64, torch.float16, "bshd", gen)
+    q, k, v = random_qkv(2, 4, 2, 128, 128, 64, torch.float16, "bshd", gen)
     grad_out = torch.randn(2, 4, 128, 64, generator=gen, device="cuda").half()
     rng = _state(77, 5)
     torch.cuda.synchronize()

@@ -17,6 +17,7 @@ from helpers.cuda import require_cuda
 torch = require_cuda()
 
 import stridedfa  # noqa: E402
+from helpers.layouts import random_qkv  # noqa: E402 (imports torch)
 from stridedfa import reference  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -25,20 +26,6 @@ pytestmark = pytest.mark.gpu
 # forward's rounded out (D = rowsum(dO * out)), so where a gradient is ~0 exactly (a row that sees
 # one key: P = 1) it carries that rounding, ~2^-8 |dO| |v| in bf16.
 TOL = {torch.float16: (5e-3, 1e-2, 1e-3), torch.bfloat16: (2.5e-2, 3e-2, 5e-3)}
-
-
-def _inputs(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen):
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
-
-    if layout == "packed":  # views of one fused projection (b, s, 3, h, d)
-        assert s_q == s_kv and h_q == h_kv
-        qkv = randn(b, s_q, 3, h_q, d)
-        return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3))
-    if layout == "bshd":
-        return (randn(b, s_q, h_q, d).transpose(1, 2), randn(b, s_kv, h_kv, d).transpose(1, 2),
-                randn(b, s_kv, h_kv, d).transpose(1, 2))
-    return randn(b, h_q, s_q, d), randn(b, h_kv, s_kv, d), randn(b, h_kv, s_kv, d)
 
 
 def _poisoned(like):
@@ -53,7 +40,7 @@ def run_case(*, b=2, h_q=4, h_kv=2, s_q=128, s_kv=128, d=64, dtype=torch.bfloat1
              causal=False, alignment="top_left", window=None, seqlens=None, deterministic=False,
              softcap=None, sinks=False, alibi=False, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen)
+    q, k, v = random_qkv(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen)
     out = _poisoned(torch.empty(b, h_q, s_q, d, device="cuda", dtype=dtype))
     lse = torch.full((b, h_q, s_q), float("nan"), device="cuda")
     options = dict(causal=causal, causal_alignment=alignment, window=window, softcap=softcap)
@@ -286,7 +273,7 @@ def test_padded_keys_do_not_change_the_result(seed):
     kw = dict(s_q=128, s_kv=128, seqlens=([128, 60], [128, 60]))
     base = run_case(seed=seed, **kw)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(2, 4, 2, 128, 128, 64, torch.bfloat16, "bhsd", gen)
+    q, k, v = random_qkv(2, 4, 2, 128, 128, 64, torch.bfloat16, "bhsd", gen)
     garbage = torch.Generator(device="cuda").manual_seed(seed + 1)
     k[1, :, 60:] = 1e4 * torch.randn(k[1, :, 60:].shape, generator=garbage, device="cuda").to(k.dtype)
     v[1, :, 60:] = 1e4 * torch.randn(v[1, :, 60:].shape, generator=garbage, device="cuda").to(v.dtype)
@@ -299,7 +286,7 @@ def test_padded_keys_do_not_change_the_result(seed):
 
 def test_deterministic_backward_is_bitwise_reproducible(seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = _inputs(2, 8, 2, 512, 512, 128, torch.bfloat16, "bhsd", gen)
+    q, k, v = random_qkv(2, 8, 2, 512, 512, 128, torch.bfloat16, "bhsd", gen)
     out = torch.empty_like(q)
     lse = torch.empty(2, 8, 512, device="cuda")
     stridedfa.sdpa_forward(q, k, v, out, lse=lse, causal=True)

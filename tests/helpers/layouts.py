@@ -227,3 +227,19 @@ def stride_order(t: torch.Tensor) -> tuple[int, ...]:
 
 # The high-precision reference lives in helpers.torch_ref; re-exported here for convenience.
 from .torch_ref import torch_reference, torch_reference_grads  # noqa: E402,F401
+
+
+def random_qkv(b, h_q, h_kv, s_q, s_kv, d, dtype, layout, gen):
+    """Fresh random q, k, v as logical (b, h, s, d) CUDA views from `gen`: "bhsd" tensors, "bshd"
+    views, or "packed" views of one fused (b, s, 3, h, d) projection (h_q = h_kv, s_q = s_kv)."""
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+
+    if layout == "packed":
+        assert s_q == s_kv and h_q == h_kv
+        qkv = randn(b, s_q, 3, h_q, d)
+        return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3))
+    if layout == "bshd":
+        return (randn(b, s_q, h_q, d).transpose(1, 2), randn(b, s_kv, h_kv, d).transpose(1, 2),
+                randn(b, s_kv, h_kv, d).transpose(1, 2))
+    return randn(b, h_q, s_q, d), randn(b, h_kv, s_kv, d), randn(b, h_kv, s_kv, d)
