@@ -444,18 +444,21 @@ TensorView stats_as_4d(const TensorView& lse) {
 }
 
 namespace {
-// (h,) -> (1, h, 1, 1)
-TensorView per_head_as_4d(const TensorView& values) {
-  TensorView t = values;
-  if (t.ndim == 1) {
-    t.ndim = 4;
-    t.dims[1] = t.dims[0];
-    t.strides[1] = t.strides[0];
-    t.caller_axes[1] = 0;
-    t.dims[0] = t.dims[2] = t.dims[3] = 1;
-    t.strides[0] = t.dims[1] * t.strides[1];
-    t.strides[2] = t.strides[3] = 1;
+// A vector (n,) as 4 axes with its values along `axis` and extent-1 axes the caller did not give
+// elsewhere: padding lengths (b,) on the batch axis, per-head values (h,) on the heads', the Philox
+// pair (2,) on the last.
+TensorView vector_as_4d(const TensorView& vector, int axis) {
+  TensorView t = vector;
+  if (t.ndim != 1) return t;
+  t.ndim = 4;
+  for (int i = 0; i < 4; ++i) {
+    t.dims[i] = 1;
+    t.strides[i] = 1;
+    t.caller_axes[i] = -1;
   }
+  t.dims[axis] = vector.dims[0];
+  t.strides[axis] = vector.strides[0];
+  t.caller_axes[axis] = 0;
   return t;
 }
 
@@ -475,32 +478,6 @@ TensorView scores_as_4d(const TensorView& scores) {
   return t;
 }
 
-// (2,) -> (1, 1, 1, 2)
-TensorView philox_as_4d(const TensorView& pair) {
-  TensorView t = pair;
-  if (t.ndim == 1) {
-    t.ndim = 4;
-    t.dims[3] = t.dims[0];
-    t.strides[3] = t.strides[0];
-    t.caller_axes[3] = 0;
-    t.dims[0] = t.dims[1] = t.dims[2] = 1;
-    t.strides[0] = t.strides[1] = t.strides[2] = 1;
-    t.caller_axes[0] = t.caller_axes[1] = t.caller_axes[2] = -1;
-  }
-  return t;
-}
-
-TensorView lengths_as_4d(const TensorView& lengths) {
-  TensorView t = lengths;
-  if (t.ndim == 1) {
-    t.ndim = 4;
-    for (int axis = 1; axis < 4; ++axis) {
-      t.dims[axis] = 1;
-      t.strides[axis] = 1;
-    }
-  }
-  return t;
-}
 }  // namespace
 
 TensorView as_4d(const TensorView& t, OperandKind kind) {
@@ -508,13 +485,13 @@ TensorView as_4d(const TensorView& t, OperandKind kind) {
     case OperandKind::stats:
       return stats_as_4d(t);
     case OperandKind::lengths:
-      return lengths_as_4d(t);
+      return vector_as_4d(t, 0);
     case OperandKind::per_head:
-      return per_head_as_4d(t);
+      return vector_as_4d(t, 1);
     case OperandKind::scores:
       return scores_as_4d(t);
     case OperandKind::philox:
-      return philox_as_4d(t);
+      return vector_as_4d(t, 3);
     default:
       return t;
   }
