@@ -87,6 +87,14 @@ def test_dropout_p_is_a_probability_below_one(p, error):
         forward_key(dropout_p=p, rng_state=state())
 
 
+@pytest.mark.parametrize("p", [1 - 1e-9, 1e-46])
+def test_dropout_p_must_stay_a_probability_as_a_float32(p):
+    """cuDNN takes it as a float32: 1 - 1e-9 would round to 1 (no scale), 1e-46 to 0 (no dropout,
+    while the plan would act as if there were)."""
+    with pytest.raises(stridedfa.LayoutError, match="stays one as a float32"):
+        forward_key(dropout_p=p, rng_state=state())
+
+
 def test_bottom_right_dropout_is_given_as_a_shifted_top_left_band():
     """cuDNN takes no dropout with a bottom-right mask: the band is shifted, as for a bias."""
     g = forward_key(causal=True, causal_alignment="bottom_right", dropout_p=0.1, rng_state=state())

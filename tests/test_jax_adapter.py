@@ -1139,6 +1139,31 @@ def test_vmapped_dropout(sj, jax):
                        _spec(jax, kv.shape[1:]), _spec(jax, kv.shape[1:]))
 
 
+def test_a_mapped_cotangent_of_one_dropout_forward_is_not_folded(sj, jax):
+    """jax.jacrev (a vmap over the cotangent of one forward): the forward drew its mask for its own
+    batch rows, so the backward runs each mapped cotangent on the forward's own problem (one call
+    after another) instead of folding them into a larger batch, whose rows i * b.. would read masks
+    no forward drew. Where the forward itself was mapped (vmap of grad), the backward folds."""
+    jnp = jax.numpy
+    q, kv = _spec(jax, (1, 16, 2, 64)), _spec(jax, (1, 16, 2, 64))
+    key = jax.random.key(3)
+
+    def f(q, k, v):
+        return sj.attention(q, k, v, dropout_p=0.1, dropout_key=key).astype(jnp.float32).sum(axis=(2, 3))
+
+    forward, backward = _stridedfa_calls(jax.jit(jax.jacrev(f)).lower(q, kv, kv).as_text())
+    for call in (forward, backward):
+        assert re.search(r"\} : \((.*)\) -> ", call).group(1).split(", ")[0] == "tensor<1x16x2x64xbf16>", call
+
+    def g(q, k, v):
+        return sj.attention(q, k, v, dropout_p=0.1, dropout_key=key).astype(jnp.float32).sum()
+
+    batched = (_spec(jax, (3, 1, 16, 2, 64)),) * 3
+    forward, backward = _stridedfa_calls(jax.jit(jax.vmap(jax.grad(g))).lower(*batched).as_text())
+    for call in (forward, backward):
+        assert re.search(r"\} : \((.*)\) -> ", call).group(1).split(", ")[0] == "tensor<3x1x16x2x64xbf16>", call
+
+
 def test_dispatcher_passes_dropout_to_the_jax_adapter(sj, jax):
     """stridedfa.attention on jax arrays takes dropout_p and dropout_key (layout bhsd); the generic
     entry point's rng_state is not the JAX adapter's."""

@@ -614,8 +614,14 @@ void validate_options(const SdpaOptions& options, const Problem& p) {
   if (options.has_scale && !std::isfinite(options.scale)) {
     throw LayoutError("scale must be a finite number, got " + std::to_string(options.scale));
   }
-  if (!(options.dropout_p >= 0 && options.dropout_p < 1)) {
-    throw LayoutError("dropout_p must be a probability in [0, 1), got " + std::to_string(options.dropout_p));
+  // cuDNN takes dropout_p as a float32: it must stay a probability in (0, 1) after the conversion.
+  const float dropout32 = static_cast<float>(options.dropout_p);
+  if (!(options.dropout_p >= 0 && options.dropout_p < 1) ||
+      (options.dropout_p > 0 && !(dropout32 > 0 && dropout32 < 1))) {
+    throw LayoutError(
+        "dropout_p must be a probability in [0, 1) that stays one as a float32 (from 1.4e-45 to "
+        "1 - 6e-8), got " +
+        std::to_string(options.dropout_p));
   }
   if (options.window_left < SdpaOptions::kUnbounded || options.window_right < SdpaOptions::kUnbounded) {
     throw LayoutError("window bounds must be non-negative token counts (or None for unbounded), got (" +

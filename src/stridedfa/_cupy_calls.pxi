@@ -174,7 +174,7 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
         intake_optional(rng_state, b"rng_state", &st, &bwd.rng_state, &owned[11])
         grads = cupy_gradients((q, k, v), hooks, allocation, &bwd)
         grad_sinks = None
-        if sinks is not None:  # one float32 per query head
+        if sinks is not None and options.dropout_p == 0:  # one float32 per query head; see _backward_alloc
             shape[0], strides[0] = bwd.q.dims[1], 1
             grad_sinks = cupy_empty(hooks, allocation, 1, shape, strides, hooks.float32, float32_dtype(),
                                     bwd.q.device_id, b"grad_sinks", &bwd.grad_sinks)

@@ -208,7 +208,8 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
                 grads[i] = allocate_strided(api, 4, inputs[i].dims, grad_strides[i], inputs[i].dtype,
                                             inputs[i].device_id)
             outputs[i][0] = view_from_dltensor(grads[i].dl_tensor, False, names[i], ExportQuirk.none)
-        if sinks is not None:
+        # With dropout cuDNN 9.19 gets the sinks' gradient wrong: not asked for (the core refuses it).
+        if sinks is not None and options.dropout_p == 0:
             sinks_grad = allocate_per_head(api, bwd.q)
             bwd.grad_sinks = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
         if with_grad_bias and bias is not None and bwd.bias.device_type == kDLCUDA and 1 <= bwd.bias.ndim <= 4:

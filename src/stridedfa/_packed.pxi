@@ -164,7 +164,8 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             bwd.grad_q = to_core_axes(grad_q_layout, perm, b"grad_q")
             bwd.grad_k = select_packed(grad_packed_view, dim, 0, perm, b"grad_k")
             bwd.grad_v = select_packed(grad_packed_view, dim, 1, perm, b"grad_v")
-        if sinks is not None:
+        # With dropout cuDNN 9.19 gets the sinks' gradient wrong: not asked for (the core refuses it).
+        if sinks is not None and options.dropout_p == 0:
             sinks_grad = allocate_per_head(api, bwd.q)
             bwd.grad_sinks = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
         if with_grad_bias and bias is not None and bwd.bias.device_type == kDLCUDA and 1 <= bwd.bias.ndim <= 4:

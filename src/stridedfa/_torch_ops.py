@@ -101,6 +101,7 @@ _LENGTHS = (6, 7)
 _SINKS = 8
 _BIAS = 10
 _ALIBI = 11
+_DROPOUT = 12
 _RNG = 13
 _TENSOR_OPTIONS = (*_LENGTHS, _SINKS, _BIAS, _ALIBI, _RNG)
 
@@ -108,6 +109,12 @@ _TENSOR_OPTIONS = (*_LENGTHS, _SINKS, _BIAS, _ALIBI, _RNG)
 def _option_grads(grad_sinks, grad_bias):
     """The gradients of the options and of the flag after them (with_lse / return_lse)."""
     return (None,) * _SINKS + (grad_sinks, None, grad_bias) + (None,) * (_N_OPTIONS - _BIAS)
+
+
+def _graded_sinks(opts):
+    """The sinks whose gradient the backward computes: none with dropout (cuDNN 9.19 gets it wrong
+    there; attention() refuses sinks that require grad with dropout before the forward)."""
+    return opts[_SINKS] if not opts[_DROPOUT] else None
 
 
 def _grad_or_none(grad, option):
@@ -207,16 +214,17 @@ def _attention_backward_impl(q, k, v, out, lse, grad_out, *args, together=False)
         return (grad_q, grad_k, grad_v, grad_sinks if grad_sinks is not None else _no_lse(q),
                 grad_bias if grad_bias is not None else _no_lse(q))
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
-    grad_sinks = _sinks_gradient_like(opts[_SINKS], q)
+    sinks = _graded_sinks(opts)
+    grad_sinks = _sinks_gradient_like(sinks, q)
     grad_bias = _bias_gradient_like(opts[_BIAS], with_grad_bias, q)
     _core_backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k,
-                   grad_v, opts, _stream(q), None if opts[_SINKS] is None else grad_sinks,
+                   grad_v, opts, _stream(q), None if sinks is None else grad_sinks,
                    grad_bias if with_grad_bias else None)
     return grad_q, grad_k, grad_v, grad_sinks, grad_bias
 
 
 def _attention_backward_fake(q, k, v, out, lse, grad_out, *args):
-    return (_gradient_like(q), _gradient_like(k), _gradient_like(v), _sinks_gradient_like(args[_SINKS], q),
+    return (_gradient_like(q), _gradient_like(k), _gradient_like(v), _sinks_gradient_like(_graded_sinks(args), q),
             _bias_gradient_like(args[_BIAS], args[_N_OPTIONS], q))
 
 
@@ -253,7 +261,7 @@ class _AttentionFunction(torch.autograd.Function):
         wants_bias = ctx.needs_input_grad[3 + _BIAS]
         grad_q, grad_k, grad_v, grad_sinks, grad_bias = _attention_backward(
             q, k, v, out, lse, grad_out, *opts, wants_bias)
-        return (grad_q, grad_k, grad_v, *_option_grads(_grad_or_none(grad_sinks, opts[_SINKS]),
+        return (grad_q, grad_k, grad_v, *_option_grads(_grad_or_none(grad_sinks, _graded_sinks(opts)),
                                                        grad_bias if wants_bias else None))
 
 
@@ -292,7 +300,7 @@ class _EagerAttention(torch.autograd.Function):
             grads = _attention_backward_impl(q, k, v, out, ctx.lse, grad_out, *opts, needs[4],
                                              together=needs[0] and needs[1] and needs[2])
         grad_q, grad_k, grad_v, grad_sinks, grad_bias = grads
-        return (grad_q, grad_k, grad_v, _grad_or_none(grad_sinks, opts[_SINKS]),
+        return (grad_q, grad_k, grad_v, _grad_or_none(grad_sinks, _graded_sinks(opts)),
                 grad_bias if needs[4] else None, None, None)
 
 
@@ -357,6 +365,7 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *args):
                 grad_bias if grad_bias is not None else _no_lse(packed))
     grad_packed = _gradient_like(packed)
     grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
+    sinks = _graded_sinks(opts)
     grad_sinks = _sinks_gradient_like(sinks, packed)
     grad_bias = _bias_gradient_like(opts[_BIAS], with_grad_bias, packed)
     q_l, k_l, v_l = _unpack(packed, dim, q)
@@ -371,7 +380,8 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *args):
 
 def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, *args):
     return (_gradient_like(packed), _gradient_like(q) if q is not None else _no_lse(packed),
-            _sinks_gradient_like(args[_SINKS], packed), _bias_gradient_like(args[_BIAS], args[_N_OPTIONS], packed))
+            _sinks_gradient_like(_graded_sinks(args), packed),
+            _bias_gradient_like(args[_BIAS], args[_N_OPTIONS], packed))
 
 
 _packed_attention_backward = _define(
@@ -415,7 +425,7 @@ class _PackedAttentionFunction(torch.autograd.Function):
         else:
             grad_packed, grad_q, grad_sinks, grad_bias = _packed_attention_backward(*args)
         return (None, grad_packed, None, None, grad_q if q is not None else None,
-                *_option_grads(_grad_or_none(grad_sinks, opts[_SINKS]), grad_bias if wants_bias else None))
+                *_option_grads(_grad_or_none(grad_sinks, _graded_sinks(opts)), grad_bias if wants_bias else None))
 
 
 def _packed_forward_autograd(packed, dim, layout, q, *args):

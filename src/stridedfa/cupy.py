@@ -113,8 +113,9 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
                        bias_grad: bool = False, alibi_slopes=None, dropout_p: float = 0.0, rng_state=None,
                        deterministic: bool = False, stream=None):
     """Gradients of :func:`attention`: returns ``(grad_q, grad_k, grad_v)``, then the sinks'
-    gradient (float32 (h_q,)) when ``sinks`` are given, then the bias' gradient (contiguous, of
-    bias' shape, summed over its shared batch and head axes) when ``bias_grad=True``.
+    gradient (float32 (h_q,); None with dropout, where cuDNN 9.19 gets it wrong) when ``sinks`` are
+    given, then the bias' gradient (contiguous, of bias' shape, summed over its shared batch and head
+    axes) when ``bias_grad=True``.
 
     Args:
         q, k, v: the forward's inputs; out, lse: what ``attention(..., return_lse=True)`` returned.

@@ -433,7 +433,8 @@ def _optional_operands(lengths, sinks, bias, grad_bias=False, alibi_slopes=(), r
             | (_WITH_RNG_STATE if rng_state else 0))
 
 
-def _custom_call(target: str, results, args, attributes, shared=None, validate=None, per_call: bool = False):
+def _custom_call(target: str, results, args, attributes, shared=None, validate=None, per_call: bool = False,
+                 fold_needs: int | None = None):
     """The XLA custom call `target` on `args`, its results' shapes `results(args)` (a
     ShapeDtypeStruct or a tuple of them).
 
@@ -448,7 +449,12 @@ def _custom_call(target: str, results, args, attributes, shared=None, validate=N
     `per_call` (the backward with sinks, whose grad_sinks the handler sums over the whole folded
     batch, while each mapped call needs its own: jax.vmap of jax.grad) the mapped calls run one
     after another (jax.lax.map) -- refused with dropout, whose folded forward drew each mapped
-    call's mask at its rows of the folded batch, which a call of its own would not redraw."""
+    call's mask at its rows of the folded batch, which a call of its own would not redraw.
+    `fold_needs` (the backward with dropout: the forward's lse) names an operand that must be
+    mapped for the folded call to draw what the forward drew: when it is not (the forward ran
+    once, and only the cotangent is mapped: jax.jacrev, jax.vmap of a vjp), the mapped calls run one
+    after another too, each on the forward's own problem, so each regenerates the forward's mask
+    (folded, mapped call i would read the masks of batch rows i * b.., which no forward drew)."""
     def ffi(*args):
         return jax.ffi.ffi_call(target, results(args), vmap_method="broadcast_all")(*args, **attributes)
 
@@ -464,8 +470,9 @@ def _custom_call(target: str, results, args, attributes, shared=None, validate=N
         for i, name in shared.items():
             if in_batched[i]:
                 raise UnsupportedError(_mapped_refusal(name))
-        if per_call:
-            if "dropout_key" in shared.values():
+        unfolded = fold_needs is not None and not in_batched[fold_needs]
+        if per_call or unfolded:
+            if per_call and "dropout_key" in shared.values():
                 raise UnsupportedError(
                     "dropout with sinks under jax.vmap cannot be differentiated: the backward with sinks runs "
                     "the mapped calls one by one (each gets its own sinks' gradient), and one by one they would "
@@ -645,7 +652,7 @@ def _attention_bwd(options: _Options, residuals, grad_out):
     validate = _validator(True, options, 6, lengths, sinks, bias, alibi_slopes, grad_bias=with_grad_bias,
                           rng_state=rng_state)
     grad_q, grad_k, grad_v, *more = _custom_call(_BACKWARD, results, args, attributes, shared, validate,
-                                                 per_call=bool(sinks))
+                                                 per_call=bool(sinks), fold_needs=4 if rng_state else None)
     grad_sinks = tuple(more[:len(sinks)])
     grad_bias = tuple(more[len(sinks):]) if bias_wanted else tuple(None for _ in bias)
     return (grad_q, grad_k, grad_v, tuple(None for _ in lengths), grad_sinks, grad_bias,

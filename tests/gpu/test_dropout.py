@@ -367,3 +367,26 @@ def test_cupy_dropout_equals_the_generic_call(seed):
     torch.cuda.synchronize()
     for name, a, b in zip(("out", "grad_q", "grad_k", "grad_v"), (out_c, dq_c, dk_c, dv_c), (out, *grads)):
         assert torch.equal(torch.from_dlpack(a), b), name
+
+
+def test_torch_backward_with_fixed_sinks_and_dropout(seed):
+    """Sinks that do not require grad take part in a dropout step: the backward asks cuDNN for no
+    sinks' gradient (which it gets wrong under dropout) and equals sdpa_backward with the same state."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (t.detach().requires_grad_() for t in random_qkv(2, 4, 4, 128, 128, 64, torch.bfloat16, "bhsd", gen))
+    sinks = torch.randn(4, generator=gen, device="cuda")
+    grad_out = torch.randn(2, 4, 128, 64, generator=gen, device="cuda").bfloat16()
+    torch.manual_seed(5)
+    out = sfa_torch.attention(q, k, v, sinks=sinks, dropout_p=0.2)
+    out.backward(grad_out)
+    torch.manual_seed(5)
+    rng = _drawn_state()
+    want, lse = torch.empty_like(out), torch.empty(2, 4, 128, device="cuda")
+    stridedfa.sdpa_forward(q.detach(), k.detach(), v.detach(), want, lse=lse, sinks=sinks, dropout_p=0.2,
+                           rng_state=rng)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    stridedfa.sdpa_backward(q.detach(), k.detach(), v.detach(), want, grad_out, lse, *grads, sinks=sinks,
+                            dropout_p=0.2, rng_state=rng)
+    assert torch.equal(out.detach(), want)
+    for a, b in zip((q.grad, k.grad, v.grad), grads):
+        assert torch.equal(a, b)
