@@ -585,6 +585,22 @@ def test_dropout_matches_sdpa_forward_and_backward_through_torch(request):
         assert np.array_equal(_bits(got), _torch_bits(want)), f"{name} differs from sdpa_backward's"
 
 
+def test_dropout_vjp_of_mapped_cotangents_regenerates_the_forward_mask(request):
+    """jax.vmap over the cotangents of one forward (what jax.jacrev does): each mapped backward
+    equals the vjp with that cotangent alone, bit for bit (deterministic backward), i.e. it
+    regenerated the forward's mask rather than the masks of a folded, larger batch."""
+    case = DROPOUT_CASE
+    options = _dropout_options(case, deterministic=True)
+    q, k, v, w = _inputs(case, "bfloat16", _seed(request))
+    key = jax.random.key(_seed(request))
+    _, vjp = jax.vjp(lambda q, k, v: sj.attention(q, k, v, dropout_key=key, **options), q, k, v)
+    cotangents = jnp.stack([w, -w, (2 * w.astype(jnp.float32)).astype(w.dtype)])
+    mapped = jax.jit(jax.vmap(vjp))(cotangents)
+    for i in range(cotangents.shape[0]):
+        for name, got, want in zip(("grad_q", "grad_k", "grad_v"), mapped, jax.jit(vjp)(cotangents[i])):
+            assert np.array_equal(_bits(got[i]), _bits(want)), f"{name} of mapped cotangent {i}"
+
+
 def test_dropout_under_vmap_is_the_folded_call(request):
     """Under jax.vmap with one key (in_axes=None) the mapped calls fold into one: equal bitwise to
     the call on the batch folded by hand, forward and grads; equal inputs in two mapped calls still
