@@ -567,9 +567,14 @@ def _draw_rng_state(like, dropout_p) -> torch.Tensor:
     return torch.randint(0, 1 << 62, (2,), dtype=torch.int64, device=like.device)
 
 
-def _check_sinks_gradient(sinks, dropout_p) -> None:
-    """Before the forward: sinks that require grad with dropout (cuDNN 9.19 returns their gradient
-    scaled by 1 - dropout_p; the core refuses it in the backward, too late for a step to fail cleanly)."""
+def _check_dropout_gradient(sinks, dropout_p, s_q: int, s_kv: int) -> None:
+    """Before the forward, what the backward would refuse with dropout (too late for a training step
+    to fail cleanly): sinks that require grad (cuDNN 9.19 returns their gradient scaled by
+    1 - dropout_p) and s_q = s_kv = 1 (cuDNN's backward refuses it; only its generator knows the mask)."""
+    if dropout_p and s_q == 1 and s_kv == 1:
+        raise UnsupportedError(
+            "dropout with s_q = s_kv = 1 cannot be differentiated: cuDNN's backward refuses s_q = s_kv = 1, and the "
+            "dropped weights are known only to its generator. Use dropout_p=0 here.")
     if dropout_p and sinks is not None and sinks.requires_grad:
         raise UnsupportedError(
             "sinks that require grad with dropout are not supported: cuDNN 9.19 returns the sinks' gradient "

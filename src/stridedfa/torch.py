@@ -27,8 +27,8 @@ from stridedfa._torch_ops import (
     _bounds,
     _causal,
     _check_bias_gradient,
+    _check_dropout_gradient,
     _check_packed,
-    _check_sinks_gradient,
     _draw_rng_state,
     _eager_attention,
     _eager_packed_attention,
@@ -134,7 +134,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     if needs_grad and bias is not None:
         _check_bias_gradient(bias, q.shape[2])
     if needs_grad and dropout_p:
-        _check_sinks_gradient(sinks, dropout_p)
+        _check_dropout_gradient(sinks, dropout_p, q.shape[2], k.shape[2])
     if needs_grad and _plain_eager(q, k, v):
         return _eager_attention(q, k, v, sinks, bias, opts, return_lse)
     if needs_grad or return_lse:
@@ -199,7 +199,9 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     if needs_grad and bias is not None:
         _check_bias_gradient(bias, (q if q is not None else packed.select(dim, 0)).shape[layout.index("s")])
     if needs_grad and dropout_p:
-        _check_sinks_gradient(sinks, dropout_p)
+        seq = layout.index("s")
+        _check_dropout_gradient(sinks, dropout_p, (q if q is not None else packed.select(dim, 0)).shape[seq],
+                                packed.select(dim, 1).shape[seq])
     if _plain_eager(packed, packed, packed if q is None else q):
         if needs_grad:
             out, lse = _eager_packed_attention(True, packed, dim, layout, q, *opts, True)
