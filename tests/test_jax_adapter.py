@@ -148,6 +148,16 @@ def _core_backward_operands():
     return q, k, v, out, grad_out, lse, grads
 
 
+def _assert_forward_and_backward_take(calls, optional_operands: int, last: str, first: str) -> None:
+    """A forward and a backward custom call, each with these optional-operand bits, its last operand
+    of type `last` (one shared, unbroadcast array under jax.vmap) and its first (q) of type `first`."""
+    assert len(calls) == 2, calls
+    for call in calls:
+        arguments = re.search(r"\} : \((.*)\) -> ", call).group(1).split(", ")
+        assert f"optional_operands = {optional_operands} : i64" in call and arguments[-1] == last, call
+        assert arguments[0] == first, arguments
+
+
 def test_backward_graph_key_equals_other_callers():
     q, k, v, out, grad_out, lse, grads = _core_backward_operands()
     expected = _core._backward_graph_key(q, k, v, out, grad_out, lse, *grads, causal=True)
@@ -892,12 +902,7 @@ def test_vmapped_alibi_slopes(sj, jax):
     assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
     # The calls get the slopes as they are, (8,), not broadcast along the mapped axis.
     text = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, 0, 0, None))).lower(q, kv, kv, slopes).as_text()
-    calls = _custom_calls(text)
-    assert len(calls) == 2, calls
-    for call in calls:
-        arguments = re.search(r"\} : \((.*)\) -> ", call).group(1).split(", ")
-        assert "optional_operands = 16 : i64" in call and arguments[-1] == "tensor<8xf32>", call
-        assert arguments[0] == "tensor<3x2x128x8x64xbf16>", arguments
+    _assert_forward_and_backward_take(_custom_calls(text), 16, "tensor<8xf32>", "tensor<3x2x128x8x64xbf16>")
     closed = jnp.asarray(_alibi_slopes(8), jnp.float32)
     assert jax.eval_shape(jax.vmap(lambda q, k, v: f(q, k, v, closed)), q, kv, kv).shape == out.shape
     nested = jax.eval_shape(jax.vmap(jax.vmap(f, in_axes=(0, 0, 0, None)), in_axes=(0, 0, 0, None)),
@@ -1104,11 +1109,7 @@ def test_vmapped_dropout(sj, jax):
     assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
     text = jax.jit(jax.vmap(jax.grad(loss), in_axes=axes)).lower(q, kv, kv, key).as_text()
     calls = _stridedfa_calls(text)
-    assert len(calls) == 2, calls
-    for call in calls:
-        arguments = re.search(r"\} : \((.*)\) -> ", call).group(1).split(", ")
-        assert "optional_operands = 32 : i64" in call and arguments[-1] == "tensor<4xui32>", call
-        assert arguments[0] == "tensor<3x2x128x8x64xbf16>", arguments
+    _assert_forward_and_backward_take(calls, 32, "tensor<4xui32>", "tensor<3x2x128x8x64xbf16>")
     assert _operands(calls[0])[-1] == _operands(calls[1])[-1]
     assert jax.eval_shape(jax.vmap(lambda q, k, v: f(q, k, v, key)), q, kv, kv).shape == q.shape
 
