@@ -672,15 +672,17 @@ def test_lowering_with_bias_announces_its_operands(sj, jax):
     def results(call):
         return call.rsplit("->", 1)[1]
 
-    for argnums, backward_bits, gradients in [((0, 1, 2, 3, 4), 15, 5), ((0, 1, 2, 4), 7, 4), ((0,), 7, 4)]:
+    # + 64 where the sinks are differentiated (the backward returns their gradient only then)
+    for argnums, backward_bits, gradients in [((0, 1, 2, 3, 4), 79, 5), ((0, 1, 2, 4), 71, 4), ((0,), 7, 3)]:
         text = jax.jit(jax.grad(loss, argnums)).lower(q, kv, kv, bias, sinks, lengths).as_text()
         calls = _custom_calls(text)
         assert len(calls) == 2 and "@stridedfa_sdpa_backward(" in calls[1], calls
         assert "optional_operands = 7 : i64" in calls[0], calls[0]
         assert f"optional_operands = {backward_bits} : i64" in calls[1], (argnums, calls[1])
-        # grad_q, grad_k, grad_v, grad_sinks (f32 (8,)) and, when wanted, grad_bias (bf16 (1, 8, 128, 256)).
-        assert results(calls[1]).count("tensor<") == gradients and "tensor<8xf32>" in results(calls[1])
-        assert ("tensor<1x8x128x256xbf16>" in results(calls[1])) == (gradients == 5)
+        # grad_q, grad_k, grad_v and, when wanted, grad_sinks (f32 (8,)) and grad_bias (bf16 (1, 8, 128, 256)).
+        assert results(calls[1]).count("tensor<") == gradients
+        assert ("tensor<8xf32>" in results(calls[1])) == (4 in argnums)
+        assert ("tensor<1x8x128x256xbf16>" in results(calls[1])) == (3 in argnums)
     without = _custom_calls(jax.jit(jax.grad(lambda q, k, v: sj.attention(q, k, v).astype(jnp.float32).sum()))
                             .lower(q, kv, kv).as_text())
     assert all("optional_operands = 0 : i64" in call for call in without), without
@@ -844,7 +846,7 @@ def test_lowering_with_alibi_announces_its_operand(sj, jax):
                           .as_text())
     assert len(calls) == 2 and "@stridedfa_sdpa_backward(" in calls[1], calls
     assert "optional_operands = 23 : i64" in calls[0], calls[0]  # 1 + 2 + 4 + 16: a constant bias
-    assert "optional_operands = 23 : i64" in calls[1], calls[1]
+    assert "optional_operands = 87 : i64" in calls[1], calls[1]  # + 64: the sinks' gradient
     # The operand types: q, k, v, out, lse, grad_out, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes
     # (the slopes last); the results grad_q, grad_k, grad_v, grad_sinks (the slopes have no gradient).
     arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", calls[1]).groups()
@@ -1131,13 +1133,21 @@ def test_vmapped_dropout(sj, jax):
         return sj.attention(q, k, v, sinks=sinks, dropout_p=0.2, dropout_key=key)
 
     assert jax.eval_shape(jax.vmap(with_sinks), q, kv, kv).shape == q.shape
+    # Fixed (closed-over) sinks take part and are not differentiated: the backward asks for no
+    # sinks' gradient, so dropout differentiates, folded under jax.vmap too.
+    grads = jax.eval_shape(jax.vmap(jax.grad(lambda *a: with_sinks(*a).astype(jnp.float32).sum())), q, kv, kv)
+    assert grads.shape == q.shape
+    # Differentiated sinks are refused with dropout: cuDNN 9.19 returns their gradient scaled by 1 - p
+    # (GPU run 32); under jax.vmap the per-call backward is refused first.
+    def trained(q, k, v, sinks):
+        return sj.attention(q, k, v, sinks=sinks, dropout_p=0.2, dropout_key=key).astype(jnp.float32).sum()
+
     refused = "dropout with sinks under jax.vmap cannot be differentiated|sinks' gradient with dropout"
     with pytest.raises(stridedfa.UnsupportedError, match=refused):
-        jax.eval_shape(jax.vmap(jax.grad(lambda *a: with_sinks(*a).astype(jnp.float32).sum())), q, kv, kv)
-    # nor without jax.vmap: cuDNN 9.19 returns the sinks' gradient scaled by 1 - p (GPU run 32)
+        jax.eval_shape(jax.vmap(jax.grad(trained, 3), in_axes=(0, 0, 0, None)), q, kv, kv, sinks)
     with pytest.raises(stridedfa.UnsupportedError, match="sinks' gradient with dropout"):
-        jax.eval_shape(jax.grad(lambda *a: with_sinks(*a).astype(jnp.float32).sum()), _spec(jax, q.shape[1:]),
-                       _spec(jax, kv.shape[1:]), _spec(jax, kv.shape[1:]))
+        jax.eval_shape(jax.grad(trained, 3), _spec(jax, q.shape[1:]), _spec(jax, kv.shape[1:]),
+                       _spec(jax, kv.shape[1:]), sinks)
 
 
 def test_a_mapped_cotangent_of_one_dropout_forward_is_not_folded(sj, jax):
@@ -1206,7 +1216,8 @@ def handler_stand_in(jax, monkeypatch):
 
     def ffi_call(target, result_shape_dtypes, vmap_method=None):
         def run(*args, **attributes):
-            assert attributes["optional_operands"] == 2, attributes  # the sinks only
+            # the sinks only (and, in the backward, their gradient: + 64)
+            assert attributes["optional_operands"] == (66 if target == "stridedfa_sdpa_backward" else 2), attributes
             calls.append((target, tuple(tuple(x.shape) for x in args)))
             q, k, v, *rest = args
             shapes = [tuple(x.shape) for x in (q, k, v)]
@@ -1308,7 +1319,7 @@ def test_vmapped_sinks(sj, jax):
         "tensor<3x2x128x8x64xbf16>", "tensor<3x2x256x2x64xbf16>", "tensor<3x2x256x2x64xbf16>", "tensor<8xf32>"]
     arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", backward).groups()
     arguments = arguments.split(", ")
-    assert "optional_operands = 2 : i64" in backward and arguments[0] == "tensor<2x128x8x64xbf16>", backward
+    assert "optional_operands = 66 : i64" in backward and arguments[0] == "tensor<2x128x8x64xbf16>", backward
     assert arguments[-1] == "tensor<8xf32>" and results.count("tensor<") == 4 and "tensor<8xf32>" in results, backward
     closed = jnp.zeros((8,), jnp.float32)
     assert jax.eval_shape(jax.vmap(lambda q, k, v: f(q, k, v, closed)), q, kv, kv).shape == (3, 2, 128, 8, 64)
@@ -1413,7 +1424,7 @@ def test_handlers_decode_every_operand_and_attribute(sj):
                                   dropout_p=0.2)
         def backward(q, k, v, lengths=(), options=options, sinks=(), bias=(), bias_wanted=(), slopes=(), rng=()):
             out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)  # inputs made up
-            residuals = (q, k, v, lengths, sinks, bias, bias_wanted, slopes, rng, out, lse)
+            residuals = (q, k, v, lengths, sinks, sinks, bias, bias_wanted, slopes, rng, out, lse)
             return sj._attention_bwd(options, residuals, out)
         def wrong_attribute_type(q, k, v):
             attributes = dict(options.attributes(), scale=np.float32(0.5))

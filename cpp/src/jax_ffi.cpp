@@ -262,12 +262,13 @@ struct Optional {
 
 // How many trailing arguments the OptionalOperand bits `present` announce.
 int64_t count_optional(int64_t present, bool backward) {
-  const int64_t known =
-      kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias : 0) | kWithAlibiSlopes | kWithRngState;
-  if (present < 0 || (present & ~known) != 0 || ((present & kWithGradBias) && !(present & kWithBias))) {
+  const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias | kWithGradSinks : 0) |
+                        kWithAlibiSlopes | kWithRngState;
+  if (present < 0 || (present & ~known) != 0 || ((present & kWithGradBias) && !(present & kWithBias)) ||
+      ((present & kWithGradSinks) && !(present & kWithSinks))) {
     throw LayoutError("unknown optional_operands code " + std::to_string(present) +
                       " (bits: 1 seqlens_q and seqlens_kv, 2 sinks, 4 bias, 8 grad_bias: backward, with bias, " +
-                      "16 alibi_slopes, 32 rng_state)");
+                      "16 alibi_slopes, 32 rng_state, 64 grad_sinks: backward, with sinks)");
   }
   return ((present & kWithLengths) ? 2 : 0) + ((present & kWithSinks) ? 1 : 0) + ((present & kWithBias) ? 1 : 0) +
          ((present & kWithAlibiSlopes) ? 1 : 0) + ((present & kWithRngState) ? 1 : 0);
@@ -431,7 +432,7 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     read_rest(rest, optional_operands, true, q, args.q, device,
               {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state});
     // The optional gradients: grad_sinks with sinks, then grad_bias where asked for.
-    const bool with_sinks = (optional_operands & kWithSinks) != 0;
+    const bool with_sinks = (optional_operands & kWithGradSinks) != 0;  // grad_sinks wanted
     const bool with_bias = (optional_operands & kWithGradBias) != 0;
     const size_t gradients = (with_sinks ? 1 : 0) + (with_bias ? 1 : 0);
     if (more.size() != gradients) {

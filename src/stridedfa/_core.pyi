@@ -151,7 +151,7 @@ def _jax_validate(backward: bool, layout: int, shapes: tuple[Shape | None, ...],
                   scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
                   window: Window = None, softcap: float | None = None, deterministic: bool = False,
                   lengths: tuple[tuple[Shape, str], ...] | None = None,
-                  sinks: tuple[Shape, str] | None = None,
+                  sinks: tuple[Shape, str] | None = None, grad_sinks: bool = True,
                   bias: tuple[Shape, str] | None = None, grad_bias: bool = True,
                   alibi_slopes: tuple[Shape, str] | None = None, dropout_p: float = 0.0,
                   rng_state: tuple[Shape, str] | None = None) -> dict[str, Any]: ...

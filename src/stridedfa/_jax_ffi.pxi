@@ -100,8 +100,9 @@ cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, in
     return 0
 
 
-cdef int jax_sink_views(bint backward, object sinks, int device, TensorView** views) except -1:
-    """The sinks (and in the backward their gradient) as the handler reads them, from (shape, dtype)."""
+cdef int jax_sink_views(bint backward, object sinks, bint grad_sinks, int device, TensorView** views) except -1:
+    """The sinks (and in the backward, with `grad_sinks`, their gradient) as the handler reads them,
+    from (shape, dtype)."""
     cdef int64_t dims[8]
     cdef int j, rank
     cdef uintptr_t address = 0x7000000000
@@ -113,7 +114,7 @@ cdef int jax_sink_views(bint backward, object sinks, int device, TensorView** vi
     for j in range(rank):
         dims[j] = shape[j]
     views[11][0] = jax_per_head_view(b"sinks", dims, rank, jax_dtype(name, b"sinks"), device, address)
-    if backward:
+    if backward and grad_sinks:
         views[12][0] = jax_per_head_view(b"grad_sinks", dims, rank, jax_dtype(name, b"grad_sinks"), device,
                                          address + 0x100000)
     return 0
@@ -190,13 +191,14 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
 
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
                   causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
-                  sinks=None, bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0, rng_state=None):
+                  sinks=None, grad_sinks=True, bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0,
+                  rng_state=None):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
     may be None) in ``layout`` (0: bshd, 1: bhsd), padding ``lengths`` as ((shape, dtype) of
     seqlens_q, of seqlens_kv), ``sinks``, ``bias``, ``alibi_slopes`` and dropout's ``rng_state``
-    each as (shape, dtype) when given (a backward's grad_sinks of the sinks', its grad_bias, with
-    ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the
+    each as (shape, dtype) when given (a backward's grad_sinks, with ``grad_sinks``, of the sinks',
+    its grad_bias, with ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the
     options' rules (``dropout_p`` > 0 needs ``rng_state``) -- then plans the call and
     describes its graph as the handler would, so what the plan refuses (a bias' gradient cuDNN does
     not compute, a band it cannot shift, ...) is refused while tracing, not when XLA runs it. Needs
@@ -211,7 +213,7 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views, lengths)
     if sinks is not None:
-        jax_sink_views(backward, sinks, 0, views)
+        jax_sink_views(backward, sinks, grad_sinks, 0, views)
     if bias is not None:
         jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
     if alibi_slopes is not None:

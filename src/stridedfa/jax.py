@@ -73,6 +73,7 @@ _BACKWARD = "stridedfa_sdpa_backward"  # (q, k, v, out, lse, grad_out) -> (grad_
 # The ALiBi slopes and dropout's rng_state are inputs of both and have no gradient. OptionalOperand
 # in cpp/include/stridedfa/jax_ffi.hpp.
 _WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS, _WITH_ALIBI_SLOPES, _WITH_RNG_STATE = 1, 2, 4, 8, 16, 32
+_WITH_GRAD_SINKS = 64  # the backward returns grad_sinks (sinks that are not differentiated get none)
 
 # Registered once per process; JAX queues them until its CUDA plugin is loaded.
 for _name, _capsule in _core._jax_ffi_targets().items():
@@ -191,8 +192,8 @@ def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, caus
             (``stridedfa.UnsupportedError`` while tracing): a bottom-right causal mask or window
             together with padding lengths, the backward of a problem that is s_q = s_kv = 1
             after the mask (cuDNN refuses it, and only its generator knows which weights it dropped),
-            and the gradient with ``sinks`` (cuDNN 9.19 returns the sinks' gradient scaled by
-            ``1 - dropout_p``; the forward with sinks runs).
+            and differentiating ``sinks`` (cuDNN 9.19 returns the sinks' gradient scaled by
+            ``1 - dropout_p``; sinks that are not differentiated take part).
         dropout_key: with ``dropout_p > 0``, required: a ``jax.random`` key (``jax.random.key(seed)``
             or a legacy ``jax.random.PRNGKey(seed)``) that picks the mask, consumed as JAX keys are
             (split it for each step: the same key, shapes and options give the same mask, bit for
@@ -426,11 +427,12 @@ def _lse_shape(q_shape, layout):
     return (*q_shape[:-4], b, h, s)
 
 
-def _optional_operands(lengths, sinks, bias, grad_bias=False, alibi_slopes=(), rng_state=()) -> int:
+def _optional_operands(lengths, sinks, bias, grad_bias=False, alibi_slopes=(), rng_state=(),
+                       grad_sinks=False) -> int:
     """The handlers' `optional_operands` attribute for these optional operands."""
     return ((_WITH_LENGTHS if lengths else 0) | (_WITH_SINKS if sinks else 0) | (_WITH_BIAS if bias else 0)
             | (_WITH_GRAD_BIAS if grad_bias else 0) | (_WITH_ALIBI_SLOPES if alibi_slopes else 0)
-            | (_WITH_RNG_STATE if rng_state else 0))
+            | (_WITH_RNG_STATE if rng_state else 0) | (_WITH_GRAD_SINKS if grad_sinks else 0))
 
 
 def _custom_call(target: str, results, args, attributes, shared=None, validate=None, per_call: bool = False,
@@ -525,7 +527,7 @@ def _shared(first: int, lengths, sinks, bias, alibi_slopes, rng_state=()) -> dic
 
 
 def _validator(backward: bool, options: _Options, first: int, lengths, sinks, bias, alibi_slopes,
-               grad_bias: bool = False, rng_state=()):
+               grad_bias: bool = False, rng_state=(), grad_sinks: bool = False):
     """validate(args) for _custom_call: the core's validation of the batched operands, whose
     leading axes the handler folds into the batch."""
     n_lengths, n_sinks, n_bias, n_slopes = len(lengths), len(sinks), len(bias), len(alibi_slopes)
@@ -547,7 +549,8 @@ def _validator(backward: bool, options: _Options, first: int, lengths, sinks, bi
         _core._jax_validate(backward, _LAYOUTS[options.layout], shapes, dtypes, lengths=lengths or None,
                             sinks=sinks[0] if sinks else None, bias=bias[0] if bias else None,
                             alibi_slopes=slopes[0] if slopes else None, rng_state=rng[0] if rng else None,
-                            **({"grad_bias": grad_bias} if backward else {}), **options.core_options())
+                            **({"grad_bias": grad_bias, "grad_sinks": grad_sinks} if backward else {}),
+                            **options.core_options())
 
     return validate
 
@@ -582,8 +585,10 @@ def _forward_call(q, k, v, lengths, sinks, options: _Options, with_lse: bool, bi
 #
 # symbolic_zeros: the forward rule learns which inputs are differentiated (CustomVJPPrimal), so
 # that the backward computes grad_bias only for a bias that is (an undifferentiated bias, such as
-# a constant mask, gets a None cotangent and costs cuDNN no dbias). The residuals say it by their
-# structure: `bias_wanted` is the bias when its gradient is wanted, else ().
+# a constant mask, gets a None cotangent and costs cuDNN no dbias), and grad_sinks only for sinks
+# that are (fixed sinks also run with dropout, under which cuDNN 9.19 gets the sinks' gradient
+# wrong). The residuals say it by their structure: `bias_wanted` / `sinks_wanted` is the operand
+# when its gradient is wanted, else ().
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
 def _attention(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, options: _Options):
     return _forward_call(q, k, v, lengths, sinks, options, with_lse=False, bias=bias, alibi_slopes=alibi_slopes,
@@ -593,14 +598,15 @@ def _attention(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, options: 
 def _forward_rule(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, options: _Options):
     """(out, lse), residuals: the forward of both differentiable functions."""
     bias_perturbed = bool(bias) and bias[0].perturbed
+    sinks_perturbed = bool(sinks) and sinks[0].perturbed
     q, k, v, lengths, sinks, bias, alibi_slopes, rng_state = jax.custom_derivatives.custom_vjp_primal_tree_values(
         (q, k, v, lengths, sinks, bias, alibi_slopes, rng_state))
     if bias_perturbed:
         _check_bias_gradient(q.shape, k.shape, tuple(bias[0].shape), options.layout)
     out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias, alibi_slopes=alibi_slopes,
                              rng_state=rng_state)
-    return (out, lse), (q, k, v, lengths, sinks, bias, bias if bias_perturbed else (), alibi_slopes, rng_state, out,
-                        lse)
+    return (out, lse), (q, k, v, lengths, sinks, sinks if sinks_perturbed else (), bias,
+                        bias if bias_perturbed else (), alibi_slopes, rng_state, out, lse)
 
 
 def _check_bias_gradient(q_shape, k_shape, bias_shape, layout) -> None:
@@ -627,34 +633,38 @@ def _attention_fwd(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, optio
 
 
 def _attention_bwd(options: _Options, residuals, grad_out):
-    q, k, v, lengths, sinks, bias, bias_wanted, alibi_slopes, rng_state, out, lse = residuals
+    q, k, v, lengths, sinks, sinks_wanted, bias, bias_wanted, alibi_slopes, rng_state, out, lse = residuals
     if isinstance(grad_out, jax.custom_derivatives.SymbolicZero):  # only lse was used (it has no gradient)
         grad_out = jnp.zeros(out.shape, out.dtype)
     grad_out = grad_out.astype(out.dtype)
     shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, grad_out.shape, q.shape, k.shape, v.shape)
     _core._jax_validate(True, _LAYOUTS[options.layout], tuple(map(tuple, shapes)), str(q.dtype),
                         lengths=_described(lengths) or None,
-                        sinks=_described(sinks)[0] if sinks else None,
+                        sinks=_described(sinks)[0] if sinks else None, grad_sinks=bool(sinks_wanted),
                         bias=_described(bias)[0] if bias else None, grad_bias=bool(bias_wanted),
                         alibi_slopes=_described(alibi_slopes)[0] if alibi_slopes else None,
                         rng_state=_described(rng_state)[0] if rng_state else None, **options.core_options())
     attributes = options.attributes(_optional_operands(lengths, sinks, bias, grad_bias=bool(bias_wanted),
-                                                       alibi_slopes=alibi_slopes, rng_state=rng_state))
+                                                       alibi_slopes=alibi_slopes, rng_state=rng_state,
+                                                       grad_sinks=bool(sinks_wanted)))
     n_lengths, n_sinks, with_grad_bias = len(lengths), len(sinks), bool(bias_wanted)
+    with_grad_sinks = bool(sinks_wanted)
 
-    def results(args):  # the gradients of q, k, v, the sinks and a differentiated bias: their shapes
+    def results(args):  # the gradients of q, k, v, differentiated sinks and bias: their shapes
         q, k, v, rest = args[0], args[1], args[2], args[6 + n_lengths:]
-        wanted = (*rest[:n_sinks], *(rest[n_sinks:n_sinks + 1] if with_grad_bias else ()))
+        wanted = (*(rest[:n_sinks] if with_grad_sinks else ()),
+                  *(rest[n_sinks:n_sinks + 1] if with_grad_bias else ()))
         return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, *wanted))
 
     args = (q, k, v, out, lse, grad_out, *lengths, *sinks, *bias, *alibi_slopes, *rng_state)
     shared = _shared(6, lengths, sinks, bias, alibi_slopes, rng_state)
     validate = _validator(True, options, 6, lengths, sinks, bias, alibi_slopes, grad_bias=with_grad_bias,
-                          rng_state=rng_state)
+                          rng_state=rng_state, grad_sinks=with_grad_sinks)
     grad_q, grad_k, grad_v, *more = _custom_call(_BACKWARD, results, args, attributes, shared, validate,
-                                                 per_call=bool(sinks), fold_needs=4 if rng_state else None)
-    grad_sinks = tuple(more[:len(sinks)])
-    grad_bias = tuple(more[len(sinks):]) if bias_wanted else tuple(None for _ in bias)
+                                                 per_call=with_grad_sinks, fold_needs=4 if rng_state else None)
+    n_grad_sinks = len(sinks) if with_grad_sinks else 0
+    grad_sinks = tuple(more[:n_grad_sinks]) if with_grad_sinks else tuple(None for _ in sinks)
+    grad_bias = tuple(more[n_grad_sinks:]) if bias_wanted else tuple(None for _ in bias)
     return (grad_q, grad_k, grad_v, tuple(None for _ in lengths), grad_sinks, grad_bias,
             tuple(None for _ in alibi_slopes), tuple(None for _ in rng_state))
 

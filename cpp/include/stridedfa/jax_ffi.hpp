@@ -71,8 +71,8 @@ TensorView rng_state_view(const char* name, const int64_t* dims, int64_t rank, D
 // Bits of the handlers' `optional_operands` attribute (i64): which optional trailing arguments follow
 // the fixed ones, and which optional results the backward has. Arguments present come in this order:
 // seqlens_q and seqlens_kv (both or neither), sinks, bias, alibi_slopes, rng_state. The backward's
-// trailing results are grad_sinks when sinks are given, then grad_bias when kWithGradBias says so (a
-// bias that is not differentiated needs no gradient; the ALiBi slopes and rng_state have none).
+// trailing results are grad_sinks when kWithGradSinks says so, then grad_bias when kWithGradBias does
+// (sinks or a bias that are not differentiated need no gradient; the slopes and rng_state have none).
 // Counting alone cannot tell a bias from the sinks, hence the bits.
 enum OptionalOperand : int64_t {
   kWithLengths = 1,
@@ -80,7 +80,8 @@ enum OptionalOperand : int64_t {
   kWithBias = 4,
   kWithGradBias = 8,
   kWithAlibiSlopes = 16,
-  kWithRngState = 32,  // dropout's Philox state (see rng_state_view): the forward's and the backward's alike
+  kWithRngState = 32,   // dropout's Philox state (see rng_state_view): the forward's and the backward's alike
+  kWithGradSinks = 64,  // backward, with sinks: grad_sinks is a result (sinks that are not differentiated get none)
 };
 
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
