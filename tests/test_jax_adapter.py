@@ -1422,9 +1422,11 @@ def test_handlers_decode_every_operand_and_attribute(sj):
         # top-left: the core refuses dropout with a bottom-right mask and padding
         dropout_all = sj._Options("bshd", 0.5, True, "top_left", window=(7, None), deterministic=True, padded=True,
                                   dropout_p=0.2)
-        def backward(q, k, v, lengths=(), options=options, sinks=(), bias=(), bias_wanted=(), slopes=(), rng=()):
+        def backward(q, k, v, lengths=(), options=options, sinks=(), bias=(), bias_wanted=(), slopes=(), rng=(),
+                     sinks_wanted=None):
             out, lse = jnp.ones_like(q), jnp.zeros((1, 2, 16), jnp.float32)  # inputs made up
-            residuals = (q, k, v, lengths, sinks, sinks, bias, bias_wanted, slopes, rng, out, lse)
+            wanted = sinks if sinks_wanted is None else sinks_wanted
+            residuals = (q, k, v, lengths, sinks, wanted, bias, bias_wanted, slopes, rng, out, lse)
             return sj._attention_bwd(options, residuals, out)
         def wrong_attribute_type(q, k, v):
             attributes = dict(options.attributes(), scale=np.float32(0.5))
@@ -1439,6 +1441,7 @@ def test_handlers_decode_every_operand_and_attribute(sj):
             "backward_padded": lambda q, k, v: backward(q, k, v, lengths, padded),
             "forward_sinks": lambda q, k, v: sj._forward_call(q, k, v, lengths, sinks, padded, with_lse=True),
             "backward_sinks": lambda q, k, v: backward(q, k, v, lengths, padded, sinks),
+            "backward_fixed_sinks": lambda q, k, v: backward(q, k, v, lengths, padded, sinks, sinks_wanted=()),
             "inference_bias": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, False, bias)[0],
             "forward_bias": lambda q, k, v: sj._forward_call(q, k, v, (), (), options, True, bias),
             "backward_bias": lambda q, k, v: backward(q, k, v, bias=bias, bias_wanted=bias),
@@ -1473,7 +1476,8 @@ def test_handlers_decode_every_operand_and_attribute(sj):
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
     decoded = ("inference", "forward", "backward", "inference_padded", "forward_padded", "backward_padded",
-               "forward_sinks", "backward_sinks", "inference_bias", "forward_bias", "backward_bias",
+               "forward_sinks", "backward_sinks", "backward_fixed_sinks", "inference_bias", "forward_bias",
+               "backward_bias",
                "backward_constant_bias", "forward_all", "backward_all", "inference_alibi", "forward_alibi",
                "backward_alibi", "forward_all_alibi", "backward_all_alibi", "inference_dropout", "forward_dropout",
                "backward_dropout", "forward_all_dropout", "backward_all_dropout")

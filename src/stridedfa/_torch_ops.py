@@ -117,6 +117,14 @@ def _graded_sinks(opts):
     return opts[_SINKS] if not opts[_DROPOUT] else None
 
 
+def _refuse_sinks_gradient_with_dropout(wanted: bool, opts) -> None:
+    """A backward asked for the sinks' gradient under dropout (the operators called directly, past
+    attention()'s check): refused rather than answered with None."""
+    if wanted and opts[_DROPOUT]:
+        raise UnsupportedError("the sinks' gradient with dropout is not supported: cuDNN 9.19 returns it scaled "
+                               "by 1 - dropout_p. Use dropout_p=0 with trainable sinks, or detach them.")
+
+
 def _grad_or_none(grad, option):
     """An operator's gradient output for a differentiable option: None where it was not given."""
     return grad if option is not None else None
@@ -259,6 +267,7 @@ class _AttentionFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         opts = ctx.options
         wants_bias = ctx.needs_input_grad[3 + _BIAS]
+        _refuse_sinks_gradient_with_dropout(ctx.needs_input_grad[3 + _SINKS], opts)
         grad_q, grad_k, grad_v, grad_sinks, grad_bias = _attention_backward(
             q, k, v, out, lse, grad_out, *opts, wants_bias)
         return (grad_q, grad_k, grad_v, *_option_grads(_grad_or_none(grad_sinks, _graded_sinks(opts)),
@@ -293,6 +302,7 @@ class _EagerAttention(torch.autograd.Function):
     def backward(ctx, grad_out, *_grad_lse):
         q, k, v, out = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        _refuse_sinks_gradient_with_dropout(needs[3], ctx.options)
         opts = ctx.options
         if _is_grad_enabled():  # create_graph=True: through the operator, which refuses a double backward
             grads = _attention_backward(q, k, v, out, ctx.lse, grad_out, *opts, needs[4])
@@ -419,6 +429,7 @@ class _PackedAttentionFunction(torch.autograd.Function):
         packed, q, out, lse = ctx.saved_tensors
         dim, layout, opts = ctx.options
         wants_bias = ctx.needs_input_grad[5 + _BIAS]
+        _refuse_sinks_gradient_with_dropout(ctx.needs_input_grad[5 + _SINKS], opts)
         args = (packed, dim, layout, q, out, lse, grad_out, *opts, wants_bias)
         if ctx.eager and not _is_grad_enabled():
             grad_packed, grad_q, grad_sinks, grad_bias = _packed_backward_impl(*args)

@@ -289,6 +289,28 @@ def test_bias_gradient_matches_reference(layout, kind, mask, request):
     _assert_close_to_scale(eager, ref_dbias, grad_rel, "eager grad_bias")
 
 
+def test_fixed_sinks_get_no_gradient_and_the_others_stay_right(request):
+    """Sinks closed over (not differentiated): the backward asks cuDNN for no sinks' gradient
+    (optional_operands bit 64 off: the handler has no grad_sinks result), and the gradients of q, k
+    and v still match the reference with those sinks (they enter through lse). Written after GPU
+    run 33: not yet run."""
+    case = ("fixed-sinks", "bhsd", 2, 4, 2, 128, 192, 64, 64, True, "top_left")
+    _, layout, _, h_q, _, _, _, _, _, causal, alignment = case
+    options = _options(case)
+    q, k, v, w = _inputs(case, "bfloat16", _seed(request))
+    sinks = jax.device_put(jnp.linspace(-1.0, 2.0, h_q, dtype=jnp.float32), GPU)
+
+    def loss(q, k, v, w):
+        out = sj.attention(q, k, v, sinks=sinks, **options)
+        return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32))
+
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v, w)
+    ql, kl, vl, wl = (_to_logical(x, layout) for x in (q, k, v, w))
+    ref = reference.sdpa_backward(ql, kl, vl, wl, sinks=np.asarray(sinks), causal=causal, causal_alignment=alignment)
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads, ref):
+        _assert_close_to_scale(_to_logical(got, layout), want, TOLERANCE["bfloat16"][3], name)
+
+
 def test_bias_with_sinks_and_padding_matches_reference(request):
     """Every optional operand at once (seqlens_kv, sinks, bias: the handlers' order), each
     differentiable one with its gradient."""

@@ -95,7 +95,8 @@ def _option_sets(b=B, s=S):
             "mask_bias": (-1, -1, None, None, None, None, False, mask_bias, None, 0.0, None),
             "alibi": (-1, -1, None, None, None, None, False, None, slopes, 0.0, None),
             "dropout": (-1, -1, None, None, None, None, False, None, None, 0.1, rng),
-            "all": (31, 0, 50.0, *lengths, sinks, True, mask_bias, slopes, 0.1, rng)}
+            # fixed sinks: their gradient with dropout is refused (cuDNN 9.19 gets it wrong)
+            "all": (31, 0, 50.0, *lengths, sinks.detach(), True, mask_bias, slopes, 0.1, rng)}
 
 
 @pytest.mark.parametrize("name", ["window", "window_both", "softcap", "padding", "sinks", "deterministic", "bias",
