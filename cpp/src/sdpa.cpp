@@ -79,15 +79,15 @@ void check_version_gates(const GraphSpec& spec) {
       ", 1). Pass a contiguous lse (e.g. lse.contiguous()), or let stridedfa allocate it.");
 }
 
-// cuDNN takes a bias or dropout only with a top-left band. A bottom-right band is the top-left band
-// shifted by s_kv - s_q (the diagonal of the last query on the last key), which is what it is
-// given then.
 // Whether the caller gave padding lengths, on either side (the core makes the other one).
 bool caller_gave_lengths(const Plan& plan) {
   return (plan.slots[kSeqLensQ] && plan.made_lengths[0] < 0) || (plan.slots[kSeqLensKV] && plan.made_lengths[1] < 0);
 }
 
-// With padding lengths the bottom-right diagonal moves per sequence, which no static band says.
+// cuDNN takes a bias or dropout only with a top-left band. A bottom-right band is the top-left band
+// shifted by s_kv - s_q (the diagonal of the last query on the last key), which is what it is
+// given then. With padding lengths the bottom-right diagonal moves per sequence, which no static
+// band says.
 // `keeps_keys`: the plan kept every key (call_plan.cpp), so no cut brings the band's left edge back
 // to the diagonal.
 void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given, bool keeps_keys) {

@@ -450,8 +450,8 @@ def _custom_call(target: str, results, args, attributes, shared=None, validate=N
     bias shared across the batch, a buffer beyond 4 GiB) is a typed error while tracing. With
     `per_call` (the backward with sinks, whose grad_sinks the handler sums over the whole folded
     batch, while each mapped call needs its own: jax.vmap of jax.grad) the mapped calls run one
-    after another (jax.lax.map) -- refused with dropout, whose folded forward drew each mapped
-    call's mask at its rows of the folded batch, which a call of its own would not redraw.
+    after another (jax.lax.map); with dropout the sinks' gradient is refused earlier, by the
+    core's plan (_attention_bwd validates first).
     `fold_needs` (the backward with dropout: the forward's lse) names an operand that must be
     mapped for the folded call to draw what the forward drew: when it is not (the forward ran
     once, and only the cotangent is mapped: jax.jacrev, jax.vmap of a vjp), the mapped calls run one
@@ -474,12 +474,6 @@ def _custom_call(target: str, results, args, attributes, shared=None, validate=N
                 raise UnsupportedError(_mapped_refusal(name))
         unfolded = fold_needs is not None and not in_batched[fold_needs]
         if per_call or unfolded:
-            if per_call and "dropout_key" in shared.values():
-                raise UnsupportedError(
-                    "dropout with sinks under jax.vmap cannot be differentiated: the backward with sinks runs "
-                    "the mapped calls one by one (each gets its own sinks' gradient), and one by one they would "
-                    "not redraw the masks the folded forward drew; fold the mapped axis into the batch axis "
-                    "instead of jax.vmap, or use dropout_p=0 there")
             mapped = [i for i, batched in enumerate(in_batched) if batched]
 
             def one(xs):
