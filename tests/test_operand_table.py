@@ -26,7 +26,9 @@ OPS = {"forward": stridedfa.sdpa_forward, "backward": stridedfa.sdpa_backward}
 
 
 def operands(op):
-    return [row for row in TABLE if row[op] is not None]
+    # cu_seqlens make a call variable-length, with other shapes for every operand: its rows are
+    # walked in test_varlen_validation.py.
+    return [row for row in TABLE if row[op] is not None and row["kind"] != "cumulative"]
 
 
 def shape_of(row, **change):

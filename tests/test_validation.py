@@ -51,7 +51,7 @@ def passes(**override):
 
 def test_baseline_passes():
     assert passes() == {"b": B, "h_q": H, "h_kv": H, "s_q": S, "s_kv": S, "d_qk": D, "d_v": D,
-                        "device": 0, "dtype": "bfloat16", "nothing_to_do": False}
+                        "device": 0, "dtype": "bfloat16", "nothing_to_do": False, "sequences": None}
 
 
 # --- Devices and dtypes ---------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 #include "stridedfa/call_plan.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <iterator>
 #include <string>
 
 #include "stridedfa/errors.hpp"
@@ -172,6 +174,84 @@ void one_query_one_key_backward(Plan& plan) {
   plan.unmasked = true;  // every row of the fold sees the one key, whatever the mask said
 }
 
+// A variable-length call (ragged.hpp): cuDNN computes the padded (sequences, h, max, d) problem
+// from the caller's tensors through ragged offsets; the outputs are zeroed (lse -inf) first, so
+// that tokens in no sequence, and sequences cuDNN writes nothing for, hold defined values.
+void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const* operands, int64_t cudnn_version,
+                 Plan& plan) {
+  const Problem full = plan.problem;  // one batch entry; s_q, s_kv: the token counts
+  for (int s = 0; s < kNumSlots; ++s) {
+    const OperandKind kind = kOperands[s].kind;
+    const bool token_axis = kind == OperandKind::attention || kind == OperandKind::stats;
+    if (operands[s] && token_axis && role_in(op, s) == Role::output) add_fill(plan, *operands[s], s);
+  }
+  if (full.sequences == 0 || full.s_kv == 0) {  // no key anywhere: the fills are the answer
+    plan.nothing_for_cudnn = true;
+    return;
+  }
+  if (op == GraphOp::backward && operands[kSinks] && cudnn_version < 92600) {
+    throw UnsupportedError(
+        "attention sinks in a variable-length backward need cuDNN 9.26 or newer (earlier versions read out of "
+        "bounds there); this process runs cuDNN " +
+        std::to_string(cudnn_version / 10000) + "." + std::to_string(cudnn_version / 100 % 100) +
+        ". Use padded tensors with seqlens_q / seqlens_kv, or sinks that do not require grad.");
+  }
+  RaggedPlan& r = plan.ragged;
+  r.on = true;
+  r.sequences = full.sequences;
+  r.padded_sequences = length_bucket(full.sequences);
+  r.total_q = full.s_q;
+  r.total_kv = full.s_kv;
+  const auto padded_max = [](int64_t promised, int64_t tokens) {
+    return length_bucket(promised > 0 ? std::min(promised, tokens) : tokens);
+  };
+  r.max_q = padded_max(options.max_seqlen_q, full.s_q);
+  r.max_kv = padded_max(options.max_seqlen_kv, full.s_kv);
+  r.cu_q = operands[kCuSeqlensQ]->data;
+  r.cu_kv = operands[kCuSeqlensKV]->data;
+  std::fill(std::begin(r.row_of), std::end(r.row_of), int8_t(-1));
+  plan.problem.b = r.padded_sequences;
+  plan.problem.s_q = r.max_q;
+  plan.problem.s_kv = r.max_kv;
+  const int64_t group = full.h_kv > 0 ? full.h_q / full.h_kv : 1;
+  for (int s = 0; s < kNumSlots; ++s) {
+    const OperandKind kind = kOperands[s].kind;
+    if (!operands[s] || (kind != OperandKind::attention && kind != OperandKind::stats)) continue;
+    const TensorView& given = *operands[s];
+    const bool key_side = kOperands[s].shape[2] == kSeqKV;
+    // A token axis of extent 1 carries any stride; its only sequence start past 0 is its end.
+    const int64_t token_stride = given.dims[2] > 1 ? given.strides[2] : given.dims[1] * given.dims[3];
+    if (op == GraphOp::backward && group > 1 && (s == kGradK || s == kGradV)) {
+      // cuDNN sums grouped heads from a workspace laid out like the gradient with every stride of
+      // the token axis scaled by the group: only a token-major gradient keeps that layout apart.
+      const int64_t heads = given.dims[1] > 1 ? given.strides[1] * given.dims[1] : given.dims[3];
+      if (given.dims[1] > 1 && (given.strides[1] < given.dims[3] || token_stride < heads)) {
+        throw UnsupportedError(std::string(given.name) +
+                               ": with grouped heads cuDNN's variable-length backward needs the gradient token-major "
+                               "(each token's heads together: token stride >= heads x head stride); this one has "
+                               "head stride " +
+                               std::to_string(given.strides[1]) + " and token stride " + std::to_string(token_stride) +
+                               ". Allocate it as (tokens, heads, head_dim).");
+      }
+    }
+    const uint32_t row = uint32_t(token_stride) | (key_side ? 0x80000000u : 0u);
+    int index = 0;
+    while (index < r.n_rows && r.rows[index] != row) ++index;
+    if (index == r.n_rows) r.rows[r.n_rows++] = row;
+    r.row_of[s] = int8_t(index);
+    TensorView& view = set_view(plan, s, given);
+    view.dims[0] = r.padded_sequences;
+    view.strides[0] = INT32_MAX;  // cuDNN steps between sequences by the ragged offsets instead
+    view.dims[2] = key_side ? r.max_kv : r.max_q;
+    view.strides[2] = token_stride;
+  }
+  for (int s : {kSeqLensQ, kSeqLensKV}) {
+    TensorView& lengths = set_view(plan, s, made_lengths_view(kOperands[s].name, plan.problem));
+    lengths.data = 0;  // the launch's buffer
+  }
+  plan.slots[kCuSeqlensQ] = plan.slots[kCuSeqlensKV] = nullptr;  // read by the kernel, not by cuDNN
+}
+
 }  // namespace
 
 void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
@@ -189,6 +269,10 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   }
   if (!(options.dropout_p > 0)) plan.slots[kRngState] = nullptr;  // no dropout: the state is not read
   if (problem.nothing_to_do) return;
+  if (problem.ragged) {
+    plan_ragged(op, options, operands, cudnn_version, plan);
+    return;
+  }
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);
   if (operands[kBias]) expand_bias_rows(plan);

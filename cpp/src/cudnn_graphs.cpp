@@ -47,6 +47,30 @@ Tensor_attributes describe(const GraphSpec& spec, Slot slot) {
   return t;
 }
 
+bool on_token_axis(Slot slot) {
+  return kOperands[slot].kind == OperandKind::attention || kOperands[slot].kind == OperandKind::stats;
+}
+
+// A variable-length call's operand starts each sequence at its ragged offset: (sequences + 1)
+// int32 element offsets, made on the device at launch.
+void set_ragged(fe::graph::Graph& graph, Tensor_attributes& t, const GraphSpec& spec, Slot slot) {
+  if (!spec.ragged || !on_token_axis(slot)) return;
+  const int64_t entries = spec.operands[kQ].dims[0] + 1;
+  t.set_ragged_offset(graph.tensor(Tensor_attributes()
+                                       .set_name(std::string(slot_name(slot)) + "_ragged_offsets")
+                                       .set_uid(int64_t(kRaggedOffsetTensor) + slot + 1)
+                                       .set_dim({entries, 1, 1, 1})
+                                       .set_stride({1, 1, 1, 1})
+                                       .set_data_type(fe::DataType_t::INT32)));
+}
+
+// An input operand of the graph, with its ragged offsets where the call has them.
+std::shared_ptr<Tensor_attributes> input(fe::graph::Graph& graph, const GraphSpec& spec, Slot slot) {
+  auto t = graph.tensor(describe(spec, slot));
+  set_ragged(graph, *t, spec, slot);
+  return t;
+}
+
 // The Philox seed and offset: the two int64 values of rng_state, each a (1, 1, 1, 1) tensor.
 std::pair<std::shared_ptr<Tensor_attributes>, std::shared_ptr<Tensor_attributes>> philox_tensors(
     fe::graph::Graph& graph) {
@@ -68,8 +92,10 @@ void set_dropout(fe::graph::Graph& graph, Attributes& attributes, const GraphSpe
   attributes.set_dropout(spec.dropout_p, seed, offset);
 }
 
-void mark_output(const std::shared_ptr<Tensor_attributes>& t, const GraphSpec& spec, Slot slot) {
+void mark_output(fe::graph::Graph& graph, const std::shared_ptr<Tensor_attributes>& t, const GraphSpec& spec,
+                 Slot slot) {
   const OperandDesc& d = spec.operands[slot];
+  set_ragged(graph, *t, spec, slot);
   t->set_output(true)
       .set_name(slot_name(slot))
       .set_uid(uid_of(slot))
@@ -219,9 +245,9 @@ void set_score_modifier(fe::graph::Graph& graph, Attributes& attributes, const G
 }
 
 void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
-  auto q = graph.tensor(describe(spec, kQ));
-  auto k = graph.tensor(describe(spec, kK));
-  auto v = graph.tensor(describe(spec, kV));
+  auto q = input(graph, spec, kQ);
+  auto k = input(graph, spec, kK);
+  auto v = input(graph, spec, kV);
   const bool stats = spec.operands[kLse].present;
   auto attributes =
       fe::graph::SDPA_attributes().set_name("sdpa_forward").set_generate_stats(stats).set_attn_scale(spec.scale);
@@ -234,18 +260,19 @@ void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   if (spec.operands[kSinks].present) attributes.set_sink_token(graph.tensor(describe(spec, kSinks)));
   if (spec.operands[kBias].present) attributes.set_bias(graph.tensor(describe(spec, kBias)));
   set_dropout(graph, attributes, spec);
+  if (spec.ragged) attributes.set_max_total_seq_len_q(spec.max_total_q).set_max_total_seq_len_kv(spec.max_total_kv);
   auto [o, lse] = graph.sdpa(q, k, v, attributes);
-  mark_output(o, spec, kO);
-  if (stats) mark_output(lse, spec, kLse);
+  mark_output(graph, o, spec, kO);
+  if (stats) mark_output(graph, lse, spec, kLse);
 }
 
 void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
-  auto q = graph.tensor(describe(spec, kQ));
-  auto k = graph.tensor(describe(spec, kK));
-  auto v = graph.tensor(describe(spec, kV));
-  auto o = graph.tensor(describe(spec, kO));
-  auto d_o = graph.tensor(describe(spec, kGradO));
-  auto lse = graph.tensor(describe(spec, kLse));
+  auto q = input(graph, spec, kQ);
+  auto k = input(graph, spec, kK);
+  auto v = input(graph, spec, kV);
+  auto o = input(graph, spec, kO);
+  auto d_o = input(graph, spec, kGradO);
+  auto lse = input(graph, spec, kLse);
   auto attributes = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(spec.scale);
   if (spec.softcap > 0 || spec.operands[kAlibiSlopes].present) {
     std::shared_ptr<fe::graph::attn::score_modifiers::Softcap> softcap;
@@ -275,10 +302,11 @@ void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
     attributes.set_dbias(grad_bias);
   }
   set_dropout(graph, attributes, spec);
+  if (spec.ragged) attributes.set_max_total_seq_len_q(spec.max_total_q).set_max_total_seq_len_kv(spec.max_total_kv);
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, lse, attributes);
-  mark_output(dq, spec, kGradQ);
-  mark_output(dk, spec, kGradK);
-  mark_output(dv, spec, kGradV);
+  mark_output(graph, dq, spec, kGradQ);
+  mark_output(graph, dk, spec, kGradK);
+  mark_output(graph, dv, spec, kGradV);
 }
 
 }  // namespace

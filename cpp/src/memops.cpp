@@ -1,48 +1,13 @@
 #include "stridedfa/memops.hpp"
 
-#include <cuda.h>
-#include <dlfcn.h>
-
 #include <algorithm>
-#include <mutex>
 #include <string>
 
+#include "stridedfa/cuda_driver.hpp"
 #include "stridedfa/errors.hpp"
 
 namespace stridedfa {
 namespace {
-
-// The driver entry points, from the libcuda.so.1 the CUDA runtime itself runs on. The driver's
-// memsets take 16- and 32-bit patterns (-inf for the statistics); the runtime's only bytes.
-struct Driver {
-  decltype(&::cuMemsetD2D16Async) memset16 = nullptr;
-  decltype(&::cuMemsetD2D32Async) memset32 = nullptr;
-  decltype(&::cuMemcpy2DAsync_v2) memcpy2d = nullptr;
-};
-
-const Driver& driver() {
-  static Driver d;
-  static std::once_flag once;
-  static std::string failure;
-  std::call_once(once, [] {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      failure = std::string("cannot open the CUDA driver libcuda.so.1: ") + (dlerror() ? dlerror() : "");
-      return;
-    }
-    d.memset16 = reinterpret_cast<decltype(d.memset16)>(dlsym(lib, "cuMemsetD2D16Async"));
-    d.memset32 = reinterpret_cast<decltype(d.memset32)>(dlsym(lib, "cuMemsetD2D32Async"));
-    d.memcpy2d = reinterpret_cast<decltype(d.memcpy2d)>(dlsym(lib, "cuMemcpy2DAsync_v2"));
-    if (!d.memset16 || !d.memset32 || !d.memcpy2d) failure = "libcuda.so.1 lacks cuMemsetD2D*Async / cuMemcpy2DAsync";
-  });
-  if (!failure.empty()) throw BackendError(failure);
-  return d;
-}
-
-void check(CUresult status, const char* what) {
-  if (status != CUDA_SUCCESS)
-    throw BackendError(std::string(what) + " failed (CUDA driver error " + std::to_string(int(status)) + ")");
-}
 
 // A region as rows of `width` contiguous items, `height` rows `pitch` items apart, repeated at
 // the offsets of the remaining axes (`outer`, innermost last).
@@ -110,9 +75,10 @@ void fill_strided(const TensorView& region, uint32_t pattern, std::uintptr_t str
     const CUdeviceptr ptr = CUdeviceptr(region.data + std::uintptr_t(offset * item));
     const size_t pitch = size_t(p.pitch * item), width = size_t(p.width), height = size_t(p.height);
     if (item == 2) {
-      check(d.memset16(ptr, pitch, static_cast<unsigned short>(pattern), width, height, s), "cuMemsetD2D16Async");
+      check_driver(d.memset16(ptr, pitch, static_cast<unsigned short>(pattern), width, height, s),
+                   "cuMemsetD2D16Async");
     } else {
-      check(d.memset32(ptr, pitch, pattern, width, height, s), "cuMemsetD2D32Async");
+      check_driver(d.memset32(ptr, pitch, pattern, width, height, s), "cuMemsetD2D32Async");
     }
   });
 }
@@ -167,7 +133,7 @@ void copy_strided(const TensorView& src, const TensorView& dst, std::uintptr_t s
       copy.srcPitch = size_t(src_step * item);
       copy.dstPitch = size_t(dst_step * item);
     }
-    check(d.memcpy2d(&copy, reinterpret_cast<CUstream>(stream)), "cuMemcpy2DAsync");
+    check_driver(d.memcpy2d(&copy, reinterpret_cast<CUstream>(stream)), "cuMemcpy2DAsync");
     int i = src.ndim - 1;
     for (; i >= 0; --i) {
       if (i == inner) continue;

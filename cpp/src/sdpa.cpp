@@ -62,7 +62,7 @@ bool is_packed(const OperandDesc& d) {
 // works, instead of by the frontend (or, before its checks existed, by wrong numbers).
 void check_version_gates(const GraphSpec& spec) {
   const OperandDesc& lse = spec.operands[kLse];
-  if (!lse.present) return;
+  if (!lse.present || spec.ragged) return;  // ragged statistics are read through their offsets
   const bool backward = spec.op == GraphOp::backward;
   const int64_t since = backward ? 92600 : 91200;
   if (spec.cudnn_version >= since) return;
@@ -208,6 +208,11 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   spec.deterministic = op == GraphOp::backward && o.deterministic;
   spec.softcap = static_cast<float>(o.softcap);
   if (spec.operands[kAlibiSlopes].present) set_alibi(spec, plan, o);
+  if (plan.ragged.on) {  // the workspace is sized by the tokens (a bucket of them: one graph for many)
+    spec.ragged = true;
+    spec.max_total_q = length_bucket(plan.ragged.total_q);
+    spec.max_total_kv = length_bucket(plan.ragged.total_kv);
+  }
   spec.device = p.device;
   spec.sm_version = sm_version;
   spec.cudnn_version = cudnn_version;
@@ -265,8 +270,16 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   }
   call.workspace_bytes = call.graph->workspace_bytes;
   call.n_ptrs = static_cast<int>(call.graph->operand_order.size());
+  call.ragged = plan.ragged;
+  std::fill(std::begin(call.ragged_row_of_ptr), std::end(call.ragged_row_of_ptr), int8_t(-1));
   for (int i = 0; i < call.n_ptrs; ++i) {
     const int slot = call.graph->operand_order[size_t(i)];
+    if (plan.ragged.on && (slot == kSeqLensQ || slot == kSeqLensKV || slot >= kRaggedOffsetTensor)) {
+      // rows of the kernel's buffer: the lengths, then the offsets rows
+      call.ragged_row_of_ptr[i] =
+          int8_t(slot < kRaggedOffsetTensor ? slot - kSeqLensQ : 2 + plan.ragged.row_of[slot - kRaggedOffsetTensor]);
+      continue;
+    }
     if (slot == kRngOffsetTensor) {  // rng_state's second value
       const TensorView& rng = *plan.slots[kRngState];
       call.ptrs[i] = reinterpret_cast<void*>(rng.data + std::uintptr_t(rng.strides[3] * 8));
@@ -314,6 +327,9 @@ int GraphSpec::write_key(int64_t* out) const {
   int32_t dropout_bits;
   std::memcpy(&dropout_bits, &dropout_p, sizeof dropout_bits);
   out[n++] = dropout_bits;
+  out[n++] = ragged;
+  out[n++] = max_total_q;
+  out[n++] = max_total_kv;
   out[n++] = device;
   out[n++] = sm_version;
   out[n++] = cudnn_version;
@@ -333,9 +349,11 @@ struct Operands {
   const TensorView* slots[kNumSlots] = {};
 
   explicit Operands(const SlotViews& given) {
+    const bool ragged =
+        (given[kCuSeqlensQ] && given[kCuSeqlensQ]->present) || (given[kCuSeqlensKV] && given[kCuSeqlensKV]->present);
     for (int s = 0; s < kNumSlots; ++s) {
       if (!given[s] || !given[s]->present) continue;
-      views[s] = as_4d(*given[s], kOperands[s].kind);
+      views[s] = as_4d(*given[s], kOperands[s].kind, ragged);
       slots[s] = &views[s];
     }
   }
@@ -390,7 +408,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   DeviceGuard guard(call.problem.device);
   // The fills, copies and staging below are driver calls: once per call, the context made current.
   const bool memops = call.n_fills > 0 || call.n_copies > 0 || call.staged_lse_ptr >= 0 ||
-                      call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0;
+                      call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0 || call.ragged.on;
   if (memops) bind_device_context(call.problem.device);
   for (int i = 0; i < call.n_fills; ++i) fill_strided(call.fills[i].region, call.fills[i].pattern, stream);
   for (int i = 0; i < call.n_copies; ++i) copy_strided(call.copies[i].from, call.copies[i].to, stream);
@@ -399,9 +417,19 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   void* pooled = nullptr;
   void* staged = nullptr;
   void* lengths = nullptr;
+  void* ragged = nullptr;
   void* ptrs[kMaxGraphTensors];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
+    if (call.ragged.on) {
+      ragged = pool_alloc(call.problem.device, call.ragged.bytes(), stream);
+      make_ragged_offsets(call.ragged, call.problem.device, ragged, stream);
+      const int64_t row_bytes = call.ragged.pitch() * int64_t(sizeof(int32_t));
+      for (int i = 0; i < call.n_ptrs; ++i) {
+        if (call.ragged_row_of_ptr[i] >= 0)
+          ptrs[i] = static_cast<char*>(ragged) + call.ragged_row_of_ptr[i] * row_bytes;
+      }
+    }
     if (call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0) {
       const int64_t b = call.problem.b;
       lengths = pool_alloc(call.problem.device, 2 * b * int64_t(sizeof(int32_t)), stream);
@@ -440,11 +468,13 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     if (pooled) pool_free(pooled, stream);
     if (staged) pool_free(staged, stream);
     if (lengths) pool_free(lengths, stream);
+    if (ragged) pool_free(ragged, stream);
     throw;
   }
   if (pooled) pool_free(pooled, stream);
   if (staged) pool_free(staged, stream);
   if (lengths) pool_free(lengths, stream);
+  if (ragged) pool_free(ragged, stream);
 }
 
 }  // namespace stridedfa

@@ -78,6 +78,42 @@ class Validator {
     }
   }
 
+  // A variable-length call's attention operand: (tokens, heads, head_dim).
+  void thd_operand(const TensorView& t) {
+    if (t.ndim != 3) {
+      throw LayoutError(std::string(t.name) + ": with cu_seqlens (a variable-length call) expected 3 axes (tokens, " +
+                        "heads, head_dim), got " + std::to_string(t.ndim) + " with shape " + shape_str(t) +
+                        ". Sequences are packed along the token axis; cu_seqlens says where each starts.");
+    }
+    check_addressable(t);
+    device(t);
+    if (!is_half(t.dtype)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
+                        " is not supported; attention operands must be float16 or bfloat16.");
+    }
+  }
+
+  // A variable-length call's statistics: float32 (heads of q, tokens of q), any strides.
+  void thd_stats(const TensorView& t) {
+    if (t.ndim != 2) {
+      throw LayoutError(std::string(t.name) + ": with cu_seqlens expected shape (heads of q, tokens of q), got " +
+                        shape_str(t) + " (a (tokens, heads) buffer is passed as its transpose, x.T).");
+    }
+    check_addressable(t);
+    device(t);
+    if (!is_float32(t.dtype)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
+                        " is not supported; the softmax statistics (log-sum-exp) are float32.");
+    }
+  }
+
+  // Cumulative sequence starts: int32 (batch + 1,), 0 first, each sequence's end after it.
+  void cumulative(const TensorView& t) {
+    vector(t, t.ndim == 1 && t.dims[0] >= 1, "(batch + 1,) of cumulative sequence starts (0, end of sequence 0, ...)",
+           t.dtype.code == kDLInt && t.dtype.bits == 32 && t.dtype.lanes == 1,
+           "cu_seqlens are int32 (torch: x.int(); FlashAttention's cu_seqlens are int32 too)");
+  }
+
   void stats(const TensorView& t) {
     bool shape_ok = t.ndim == 3 || (t.ndim == 4 && t.dims[3] == 1);
     if (!shape_ok) {
@@ -390,6 +426,8 @@ void require_nonempty_problem(const Problem& p) {
   const int64_t extents[] = {p.b, p.h_q, p.h_kv, p.s_q, p.s_kv, p.d_qk, p.d_v};
   const char* names[] = {"batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v"};
   for (int i = 0; i < 7; ++i) {
+    // A variable-length call with no keys at all (or no sequences) is defined: out 0, lse -inf.
+    if (p.ragged && (i == 4)) continue;
     if (extents[i] == 0) {
       throw UnsupportedError(std::string(names[i]) + " is 0 while an output has elements; attention over an empty " +
                              "axis is not defined by cuDNN. Skip the call or give inputs with that axis non-empty.");
@@ -419,6 +457,57 @@ void require_32bit_reach(const TensorView& t, bool bytes) {
                          (bytes ? "out and grad_out within 4 GiB (2^32 bytes)" : "its operands within 2^32 elements") +
                          " and computes wrong gradients beyond. Pass a compact copy (x.contiguous()), or split " +
                          "the batch over several calls if the tensor itself is that large.");
+}
+
+// Whether a call is variable-length: cu_seqlens given (both sides are then required).
+bool is_ragged(const SlotViews& given) {
+  for (int s : {kCuSeqlensQ, kCuSeqlensKV}) {
+    if (given[s] && given[s]->present) return true;
+  }
+  return false;
+}
+
+// What a variable-length call needs and what it cannot take (t: the operands as 4-axis views).
+void check_ragged_operands(const TensorView* const* t) {
+  if (!t[kCuSeqlensQ] || !t[kCuSeqlensKV]) {
+    throw LayoutError(std::string("a variable-length call needs both cu_seqlens_q and cu_seqlens_kv (") +
+                      (t[kCuSeqlensQ] ? "cu_seqlens_kv" : "cu_seqlens_q") +
+                      " is missing); for self-attention pass the same tensor twice.");
+  }
+  if (t[kCuSeqlensQ]->dims[3] != t[kCuSeqlensKV]->dims[3]) {
+    throw LayoutError("cu_seqlens_q has " + std::to_string(t[kCuSeqlensQ]->dims[3]) + " entries but cu_seqlens_kv " +
+                      std::to_string(t[kCuSeqlensKV]->dims[3]) + "; both hold batch + 1 starts.");
+  }
+  for (int s : {kSeqLensQ, kSeqLensKV}) {
+    if (t[s]) {
+      throw LayoutError(std::string(kOperands[s].name) +
+                        " (padding lengths) cannot be combined with cu_seqlens: a variable-length call's "
+                        "lengths are the differences of its cumulative starts.");
+    }
+  }
+  for (int s : {kBias, kGradBias, kAlibiSlopes}) {
+    if (t[s]) {
+      throw UnsupportedError(std::string(kOperands[s].name) +
+                             " is not supported in a variable-length call (cuDNN's ragged layout takes no score "
+                             "bias here); use padded (batch, heads, seq, dim) tensors with seqlens_q / seqlens_kv.");
+    }
+  }
+}
+
+// cuDNN takes the ragged offsets (a sequence's start times the token stride) as int32: every
+// element a ragged operand's sequences can start at must lie within 2^31 - 1 elements.
+void require_int32_offsets(const TensorView* const* t) {
+  for (int s = 0; s < kNumSlots; ++s) {
+    const OperandKind kind = kOperands[s].kind;
+    if (!t[s] || (kind != OperandKind::attention && kind != OperandKind::stats) || t[s]->numel() == 0) continue;
+    const int64_t tokens = t[s]->dims[2], stride = t[s]->strides[2];
+    const int64_t reach = tokens > 1 ? tokens * stride : 0;
+    if (reach <= INT32_MAX && element_extent(*t[s]) <= INT32_MAX) continue;
+    throw UnsupportedError(std::string(t[s]->name) + ": " + std::to_string(tokens) + " tokens at a token stride of " +
+                           std::to_string(stride) +
+                           " elements reach past 2^31 elements, the limit of cuDNN's int32 ragged offsets; split "
+                           "the batch over several calls.");
+  }
 }
 
 }  // namespace
@@ -480,10 +569,39 @@ TensorView scores_as_4d(const TensorView& scores) {
 
 }  // namespace
 
-TensorView as_4d(const TensorView& t, OperandKind kind) {
+namespace {
+// A variable-length call's (tokens, heads, dim) operand, or its (heads, tokens) statistics, as the
+// core's (batch, heads, seq, dim) with one batch entry: the seq axis is the token axis, so every
+// memory rule applies to the caller's real memory (the sequences are cut out of it at launch).
+TensorView thd_as_4d(const TensorView& thd, bool stats) {
+  TensorView t = thd;
+  t.ndim = 4;
+  const int tokens = stats ? 1 : 0, heads = stats ? 0 : 1;
+  const int64_t inner = stats ? 1 : thd.dims[2] * thd.strides[2];
+  t.dims[0] = 1;
+  t.strides[0] = inner * thd.dims[heads];  // extent 1: never stepped along
+  t.caller_axes[0] = -1;
+  t.dims[1] = thd.dims[heads];
+  t.strides[1] = thd.strides[heads];
+  t.caller_axes[1] = thd.caller_axes[heads];
+  t.dims[2] = thd.dims[tokens];
+  t.strides[2] = thd.strides[tokens];
+  t.caller_axes[2] = thd.caller_axes[tokens];
+  t.dims[3] = stats ? 1 : thd.dims[2];
+  t.strides[3] = stats ? 1 : thd.strides[2];
+  t.caller_axes[3] = static_cast<int8_t>(stats ? -1 : thd.caller_axes[2]);
+  return t;
+}
+}  // namespace
+
+TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged) {
   switch (kind) {
+    case OperandKind::attention:
+      return ragged && t.ndim == 3 ? thd_as_4d(t, false) : t;
     case OperandKind::stats:
-      return stats_as_4d(t);
+      return ragged && t.ndim == 2 ? thd_as_4d(t, true) : stats_as_4d(t);
+    case OperandKind::cumulative:
+      return vector_as_4d(t, 3);
     case OperandKind::lengths:
       return vector_as_4d(t, 0);
     case OperandKind::per_head:
@@ -515,15 +633,25 @@ Problem validate(GraphOp op, const SlotViews& given) {
   Validator check;
   const TensorView* t[kNumSlots] = {};  // the operands present, each as its 4-axis view
   TensorView as4[kNumSlots];
+  const bool ragged = is_ragged(given);
   for (int s = 0; s < kNumSlots; ++s) {
     if (role_in(op, s) == Role::absent || !given[s]) continue;
     if (optional_in(op, s) && !given[s]->present) continue;
     switch (kOperands[s].kind) {
       case OperandKind::attention:
-        check.operand(*given[s]);
+        if (ragged)
+          check.thd_operand(*given[s]);
+        else
+          check.operand(*given[s]);
         break;
       case OperandKind::stats:
-        check.stats(*given[s]);
+        if (ragged)
+          check.thd_stats(*given[s]);
+        else
+          check.stats(*given[s]);
+        break;
+      case OperandKind::cumulative:
+        check.cumulative(*given[s]);
         break;
       case OperandKind::lengths:
         check.lengths(*given[s]);
@@ -538,15 +666,20 @@ Problem validate(GraphOp op, const SlotViews& given) {
         check.philox(*given[s]);
         break;
     }
-    as4[s] = as_4d(*given[s], kOperands[s].kind);
+    as4[s] = as_4d(*given[s], kOperands[s].kind, ragged);
     t[s] = &as4[s];
   }
+  if (ragged) check_ragged_operands(t);
   for (int s = kQ + 1; s < kNumSlots; ++s) {
     const OperandKind kind = kOperands[s].kind;
     if (t[s]) check.same_device_and_dtype(*t[kQ], *t[s], kind == OperandKind::attention || kind == OperandKind::scores);
   }
 
   Problem p = problem_from(*t[kQ], *t[kK], *t[kV]);  // q, k and v agree with each other
+  if (ragged) {
+    p.ragged = true;
+    p.sequences = t[kCuSeqlensQ]->dims[3] - 1;
+  }
   bool every_output_empty = true;
   for (int s = kV + 1; s < kNumSlots; ++s) {
     if (!t[s]) continue;
@@ -584,6 +717,7 @@ Problem validate(GraphOp op, const SlotViews& given) {
     return p;
   }
   require_nonempty_problem(p);
+  if (ragged) require_int32_offsets(t);
 
   for (int s = 0; s < kNumSlots; ++s) {
     const OperandKind kind = kOperands[s].kind;

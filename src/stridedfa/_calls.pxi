@@ -22,16 +22,16 @@ cdef tuple int_tuple(const int64_t* values, int n, int64_t factor):
     return tuple(items)
 
 
-_EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1, 2)
-KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores", "philox")
+_EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1, 2, "batch+1")
+KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores", "philox", "cumulative")
 
 
 def _operands():
     """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
     one dict per operand with its name, its role in the forward and the backward (None, "input" or
     "output"), whether each op may leave it out, its kind ("attention", "stats", "lengths",
-    "per_head", "scores" or "philox") and the logical extents of its (b, h, s, d) axes. Intake, validation,
-    the cache key and the graph builder all walk this table."""
+    "per_head", "scores", "philox" or "cumulative") and the logical extents of its (b, h, s, d)
+    axes. Intake, validation, the cache key and the graph builder all walk this table."""
     cdef int slot, n = kNumSlots
     cdef const OperandInfo* info
     rows = []
@@ -109,6 +109,7 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[11], views[12] = &bwd.sinks, &bwd.grad_sinks
         views[13], views[14] = &bwd.bias, &bwd.grad_bias
         views[15], views[16] = &bwd.alibi_slopes, &bwd.rng_state
+        views[17], views[18] = &bwd.cu_seqlens_q, &bwd.cu_seqlens_kv
     else:
         views[0], views[1], views[2] = &fwd.q, &fwd.k, &fwd.v
         views[3], views[4] = &fwd.out, &fwd.lse
@@ -119,6 +120,7 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[13] = &fwd.bias
         views[14] = NULL
         views[15], views[16] = &fwd.alibi_slopes, &fwd.rng_state
+        views[17], views[18] = &fwd.cu_seqlens_q, &fwd.cu_seqlens_kv
 
 
 cdef ensure_libraries():
@@ -139,7 +141,7 @@ cdef enum Mode:
 cdef dict problem_dict(Problem p):
     return {"b": p.b, "h_q": p.h_q, "h_kv": p.h_kv, "s_q": p.s_q, "s_kv": p.s_kv, "d_qk": p.d_qk,
             "d_v": p.d_v, "device": p.device, "dtype": dtype_name(p.dtype).decode(),
-            "nothing_to_do": p.nothing_to_do}
+            "nothing_to_do": p.nothing_to_do, "sequences": p.sequences if p.ragged else None}
 
 
 cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream,
@@ -201,23 +203,46 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
 
 
 cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                                rng_state):
+                                rng_state, cu_seqlens_q=None, cu_seqlens_kv=None):
     """A forward call's tensors in slot order (the operand table's): None where not given or where
     the forward has no such operand."""
     return (q, k, v, out, lse, None, None, None, None, seqlens_q, seqlens_kv, sinks, None, bias, None,
-            alibi_slopes, rng_state)
+            alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
 
 
 cdef inline tuple backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q,
-                                 seqlens_kv, sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state):
+                                 seqlens_kv, sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state,
+                                 cu_seqlens_q=None, cu_seqlens_kv=None):
     """A backward call's tensors in slot order."""
     return (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks,
-            bias, grad_bias, alibi_slopes, rng_state)
+            bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
+
+
+cdef int parse_max_seqlen(object max_seqlen_q, object max_seqlen_kv, SdpaOptions* options) except -1:
+    """A variable-length call's promised longest sequences (None: bounded by the token count)."""
+    cdef int side
+    cdef int64_t values[2]
+    for side, value in enumerate((max_seqlen_q, max_seqlen_kv)):
+        if value is None:
+            values[side] = 0
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            if hasattr(value, "__index__") and not isinstance(value, bool):
+                value = value.__index__()
+            else:
+                raise TypeError(f"max_seqlen_{'q' if side == 0 else 'kv'} must be a Python int or None (a tensor "
+                                f"would need a host synchronisation), got {type(value).__name__}")
+        if value < 1 or value >= 2**31:
+            raise ValueError(f"max_seqlen_{'q' if side == 0 else 'kv'} must be in [1, 2**31) or None, got {value}")
+        values[side] = value
+    options.max_seqlen_q, options.max_seqlen_kv = values[0], values[1]
+    return 0
 
 
 def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_alignment="top_left",
                  window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None,
-                 dropout_p=0.0, rng_state=None, stream=None):
+                 dropout_p=0.0, rng_state=None, stream=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+                 max_seqlen_q=None, max_seqlen_kv=None):
     """Scaled-dot-product attention forward, written into ``out`` (and ``lse``) in place.
 
     ``out = softmax(scale * q @ k^T + mask) @ v`` for every batch and query head, computed by
@@ -319,15 +344,17 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
     """
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                             rng_state), options, stream,
+                             rng_state, cu_seqlens_q, cu_seqlens_kv), options, stream,
         None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
                   causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
                   seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None, alibi_slopes=None,
-                  dropout_p=0.0, rng_state=None, deterministic=False, stream=None):
+                  dropout_p=0.0, rng_state=None, deterministic=False, stream=None, cu_seqlens_q=None,
+                  cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None):
     """Gradients of :func:`sdpa_forward`, written into ``grad_q``, ``grad_k``, ``grad_v`` in place.
 
     Args:
@@ -363,45 +390,52 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
     """
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
     run(True, slots, options, stream, None)
 
 
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
              window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-             alibi_slopes=None, dropout_p=0.0, rng_state=None):
+             alibi_slopes=None, dropout_p=0.0, rng_state=None, *, cu_seqlens_q=None, cu_seqlens_kv=None,
+             max_seqlen_q=None, max_seqlen_kv=None):
     """sdpa_forward for framework adapters: ``workspace_allocator(nbytes, device) -> (pointer,
     owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                             rng_state), options, stream,
+                             rng_state, cu_seqlens_q, cu_seqlens_kv), options, stream,
         workspace_allocator)
 
 
 def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
               causal_alignment, stream, workspace_allocator, window=None, softcap=None, seqlens_q=None,
               seqlens_kv=None, sinks=None, grad_sinks=None, deterministic=False, bias=None, grad_bias=None,
-              alibi_slopes=None, dropout_p=0.0, rng_state=None):
+              alibi_slopes=None, dropout_p=0.0, rng_state=None, *, cu_seqlens_q=None, cu_seqlens_kv=None,
+              max_seqlen_q=None, max_seqlen_kv=None):
     """sdpa_backward for framework adapters (see _forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
     run(True, slots, options, stream, workspace_allocator)
 
 
 def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None, sinks=None,
                       bias=None, alibi_slopes=None, dropout_p=0.0, rng_state=None, scale=None, causal=False,
                       causal_alignment="top_left",
-                      window=None, softcap=None):
+                      window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
+                      max_seqlen_kv=None):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
     the pointers are never dereferenced). Returns what validation established, or raises."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                                    rng_state), options,
+                                    rng_state, cu_seqlens_q, cu_seqlens_kv), options,
                stream, None, VALIDATE)
 
 
@@ -409,26 +443,30 @@ def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stre
                        seqlens_q=None, seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
                        alibi_slopes=None, dropout_p=0.0, rng_state=None,
                        scale=None, causal=False,
-                       causal_alignment="top_left", window=None, softcap=None, deterministic=False):
+                       causal_alignment="top_left", window=None, softcap=None, deterministic=False,
+                       cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None):
     """Intake and validation of a backward call, nothing else (see _validate_forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
     return run(True, slots, options, stream, None, VALIDATE)
 
 
 def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, causal_alignment="top_left",
                        window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
                        alibi_slopes=None, dropout_p=0.0, rng_state=None, sm_version=90,
-                       cudnn_version=91900):
+                       cudnn_version=91900, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
+                       max_seqlen_kv=None):
     """The graph-cache key a forward call would use on a device with these facts (validates
     first; needs no GPU). Calls with equal keys share one cuDNN graph; () when cuDNN has nothing
     to compute (every row masked)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                                    rng_state), options,
+                                    rng_state, cu_seqlens_q, cu_seqlens_kv), options,
                None, None, KEY, sm_version, cudnn_version)
 
 
@@ -437,10 +475,12 @@ def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, 
                         seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
                         alibi_slopes=None, dropout_p=0.0, rng_state=None,
                         deterministic=False, sm_version=90,
-                        cudnn_version=91900):
+                        cudnn_version=91900, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
+                        max_seqlen_kv=None):
     """The graph-cache key of a backward call (see _forward_graph_key)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state)
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
     return run(True, slots, options, None, None, KEY, sm_version, cudnn_version)

@@ -42,7 +42,8 @@ def sdpa_forward(q: Any, k: Any, v: Any, out: Any, *, lse: Any = None, scale: fl
                  softcap: float | None = None,
                  seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
                  alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
-                 stream: Stream = None) -> None: ...
+                 stream: Stream = None, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
+                 max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None) -> None: ...
 def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                   grad_v: Any, *, scale: float | None = None, causal: bool = False,
                   causal_alignment: str = "top_left", window: Window = None, softcap: float | None = None,
@@ -50,7 +51,8 @@ def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, gra
                   seqlens_kv: Any = None, sinks: Any = None, grad_sinks: Any = None, bias: Any = None,
                   grad_bias: Any = None, alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                   deterministic: bool = False,
-                  stream: Stream = None) -> None: ...
+                  stream: Stream = None, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
+                  max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None) -> None: ...
 def cache_info() -> dict[str, int | float]: ...
 def cache_clear() -> None: ...
 
@@ -63,7 +65,8 @@ def _forward(q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, ca
              causal_alignment: str, stream: Stream, workspace_allocator: WorkspaceAllocator | None,
              window: Window = None, softcap: float | None = None, seqlens_q: Any = None,
              seqlens_kv: Any = None, sinks: Any = None, bias: Any = None, alibi_slopes: Any = None,
-             dropout_p: float = 0.0, rng_state: Any = None) -> None: ...
+             dropout_p: float = 0.0, rng_state: Any = None, *, cu_seqlens_q: Any = None,
+             cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None) -> None: ...
 def _backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any, grad_v: Any,
               scale: float | None, causal: bool, causal_alignment: str, stream: Stream,
               workspace_allocator: WorkspaceAllocator | None, window: Window = None, softcap: float | None = None,
@@ -71,27 +74,32 @@ def _backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q:
               seqlens_kv: Any = None, sinks: Any = None, grad_sinks: Any = None,
               deterministic: bool = False, bias: Any = None, grad_bias: Any = None,
               alibi_slopes: Any = None, dropout_p: float = 0.0,
-                   rng_state: Any = None) -> None: ...
+              rng_state: Any = None, *, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
+              max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None) -> None: ...
 def _validate_forward(q: Any, k: Any, v: Any, out: Any, lse: Any = None, stream: Stream = None, *,
                       seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
                       alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                       scale: float | None = None,
                       causal: bool = False, causal_alignment: str = "top_left",
-                      window: Window = None) -> dict[str, Any]: ...
+                      window: Window = None, softcap: float | None = None, cu_seqlens_q: Any = None,
+                      cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None,
+                      max_seqlen_kv: int | None = None) -> dict[str, Any]: ...
 def _validate_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                        grad_v: Any, stream: Stream = None, *, seqlens_q: Any = None, seqlens_kv: Any = None,
                        sinks: Any = None, grad_sinks: Any = None, bias: Any = None, grad_bias: Any = None,
                        alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                        scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
-                       window: Window = None, softcap: float | None = None, deterministic: bool = False) -> dict[str,
-                       Any]: ...
+                       window: Window = None, softcap: float | None = None, deterministic: bool = False,
+                       cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None,
+                       max_seqlen_kv: int | None = None) -> dict[str, Any]: ...
 def _forward_graph_key(q: Any, k: Any, v: Any, out: Any, lse: Any = None, *, scale: float | None = None,
                        causal: bool = False, causal_alignment: str = "top_left", window: Window = None,
                        softcap: float | None = None,
                        seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
                        alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                        sm_version: int = 90,
-                       cudnn_version: int = 91900) -> tuple[int, ...]: ...
+                       cudnn_version: int = 91900, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
+                       max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None) -> tuple[int, ...]: ...
 def _backward_graph_key(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                         grad_v: Any, *, scale: float | None = None, causal: bool = False,
                         causal_alignment: str = "top_left", window: Window = None, softcap: float | None = None,
@@ -99,7 +107,8 @@ def _backward_graph_key(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: An
                         seqlens_kv: Any = None, sinks: Any = None, grad_sinks: Any = None, bias: Any = None,
                         grad_bias: Any = None, alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                         deterministic: bool = False, sm_version: int = 90,
-                        cudnn_version: int = 91900) -> tuple[int, ...]: ...
+                        cudnn_version: int = 91900, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
+                        max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None) -> tuple[int, ...]: ...
 def _forward_alloc(q: Any, k: Any, v: Any, scale: float | None, causal: bool, causal_alignment: str,
                    with_lse: bool, together: bool = False, window: Window = None, softcap: float | None = None,
                    seqlens_q: Any = None,

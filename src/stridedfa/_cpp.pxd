@@ -73,6 +73,8 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         cbool deterministic
         double softcap
         double dropout_p
+        int64_t max_seqlen_q
+        int64_t max_seqlen_kv
 
     cdef enum class Role(int32_t):
         absent
@@ -86,6 +88,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         per_head
         scores
         philox
+        cumulative
 
     cdef enum class Reach(int32_t):
         unlimited
@@ -94,7 +97,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
     cdef enum Slot:
         kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kSinks, kGradSinks, kBias,
-        kGradBias, kAlibiSlopes, kRngState, kNumSlots
+        kGradBias, kAlibiSlopes, kRngState, kCuSeqlensQ, kCuSeqlensKV, kNumSlots
 
     cdef struct OperandInfo:
         const char* name
@@ -107,22 +110,25 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         const char* shape_meaning
         Reach backward_reach
 
-    const OperandInfo kOperands[17]
+    const OperandInfo kOperands[19]
 
     cdef cppclass Problem:
         int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
         int32_t device
         DLDataType dtype
         cbool nothing_to_do
+        cbool ragged
+        int64_t sequences
 
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cdef cppclass ForwardArgs:
         TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state
+        TensorView cu_seqlens_q, cu_seqlens_kv
 
     cdef cppclass BackwardArgs:
         TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks
-        TensorView bias, grad_bias, alibi_slopes, rng_state
+        TensorView bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv
 
     cdef cppclass PreparedCall:
         Problem problem

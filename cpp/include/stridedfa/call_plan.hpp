@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "stridedfa/ragged.hpp"
 #include "stridedfa/sdpa_types.hpp"
 #include "stridedfa/tensor_view.hpp"
 #include "stridedfa/visibility.hpp"
@@ -34,6 +35,9 @@ struct Plan {
   bool keeps_keys = false;             // every key described, also those no row sees
   // Where the sub-problem lies in the caller's: its first row and key, and the full extents.
   int64_t row_begin = 0, key_begin = 0, full_s_q = 0, full_s_kv = 0;
+  // A variable-length call: the padded problem cuDNN is told, whose lengths and ragged offsets
+  // the launch makes (ragged.hpp); the slots then hold (padded batch, h, padded seq, d) views.
+  RaggedPlan ragged;
 };
 
 // Fills `plan` for a validated call (`operands` in slot order, null where absent, each 4-axis).

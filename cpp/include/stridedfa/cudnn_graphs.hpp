@@ -35,13 +35,17 @@ struct GraphSpec {
   int64_t alibi_offset = 0;
   bool alibi_per_sequence = false;
   float dropout_p = 0.0f;  // > 0 with operands[kRngState]: Philox dropout, the same mask forward and backward
+  // A variable-length call: every token-axis operand has a ragged offset tensor (UID
+  // kRaggedOffsetTensor + slot + 1), and cuDNN sizes its workspace by these token counts.
+  bool ragged = false;
+  int64_t max_total_q = 0, max_total_kv = 0;
   int32_t device = 0;
   int32_t sm_version = 0;
   int64_t cudnn_version = 0;
 
   // Every field as integers: equal keys, equal graphs. write_key fills `out` (kMaxKeyLength
   // entries) without allocating and returns the length.
-  static constexpr int kMaxKeyLength = 15 + kNumSlots * 9;
+  static constexpr int kMaxKeyLength = 18 + kNumSlots * 9;
   int write_key(int64_t* out) const;
   std::vector<int64_t> key() const;
 };
@@ -53,7 +57,8 @@ class BuiltGraph {
   virtual void execute(void* cudnn_handle, void* const* ptrs, void* workspace) const = 0;
 
   int64_t workspace_bytes = 0;
-  // The operands in cuDNN's sorted-UID order; kRngOffsetTensor stands for rng_state's second value.
+  // The operands in cuDNN's sorted-UID order; kRngOffsetTensor stands for rng_state's second value,
+  // kRaggedOffsetTensor + slot for a slot's ragged offsets.
   std::vector<int> operand_order;
 };
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "stridedfa/ragged.hpp"
 #include "stridedfa/sdpa_types.hpp"
 #include "stridedfa/tensor_view.hpp"
 #include "stridedfa/visibility.hpp"
@@ -32,22 +33,60 @@ struct ForwardArgs {
   TensorView bias;                   // optional additive score bias
   TensorView alibi_slopes;           // optional ALiBi slopes, one per query head
   TensorView rng_state;              // dropout's Philox seed and offset (needed when dropout_p > 0)
+  // A variable-length call: int32 (batch + 1,) cumulative starts; q, k, v, out are then
+  // (tokens, heads, head_dim) and lse (heads of q, tokens of q).
+  TensorView cu_seqlens_q, cu_seqlens_kv;
   SlotViews slots() const {
-    return {&q,         &k,          &v,     &out,    &lse,  nullptr, nullptr,       nullptr,   nullptr,
-            &seqlens_q, &seqlens_kv, &sinks, nullptr, &bias, nullptr, &alibi_slopes, &rng_state};
+    return {&q,
+            &k,
+            &v,
+            &out,
+            &lse,
+            nullptr,
+            nullptr,
+            nullptr,
+            nullptr,
+            &seqlens_q,
+            &seqlens_kv,
+            &sinks,
+            nullptr,
+            &bias,
+            nullptr,
+            &alibi_slopes,
+            &rng_state,
+            &cu_seqlens_q,
+            &cu_seqlens_kv};
   }
 };
 
 struct BackwardArgs {
   TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v;
-  TensorView seqlens_q, seqlens_kv;  // optional padding lengths, as in the forward
-  TensorView sinks, grad_sinks;      // optional attention sinks (as in the forward) and their gradient
-  TensorView bias, grad_bias;        // optional score bias (as in the forward) and its gradient
-  TensorView alibi_slopes;           // optional ALiBi slopes, as in the forward
-  TensorView rng_state;              // the forward's Philox seed and offset: the same dropout mask
+  TensorView seqlens_q, seqlens_kv;        // optional padding lengths, as in the forward
+  TensorView sinks, grad_sinks;            // optional attention sinks (as in the forward) and their gradient
+  TensorView bias, grad_bias;              // optional score bias (as in the forward) and its gradient
+  TensorView alibi_slopes;                 // optional ALiBi slopes, as in the forward
+  TensorView rng_state;                    // the forward's Philox seed and offset: the same dropout mask
+  TensorView cu_seqlens_q, cu_seqlens_kv;  // a variable-length call's, as in the forward
   SlotViews slots() const {
-    return {&q,         &k,          &v,     &out,        &lse,  &grad_out,  &grad_q,       &grad_k,   &grad_v,
-            &seqlens_q, &seqlens_kv, &sinks, &grad_sinks, &bias, &grad_bias, &alibi_slopes, &rng_state};
+    return {&q,
+            &k,
+            &v,
+            &out,
+            &lse,
+            &grad_out,
+            &grad_q,
+            &grad_k,
+            &grad_v,
+            &seqlens_q,
+            &seqlens_kv,
+            &sinks,
+            &grad_sinks,
+            &bias,
+            &grad_bias,
+            &alibi_slopes,
+            &rng_state,
+            &cu_seqlens_q,
+            &cu_seqlens_kv};
   }
 };
 
@@ -71,12 +110,17 @@ struct PreparedCall {
   // Padding lengths the core made (full extents): filled on the device at launch into ptrs[i].
   int made_lengths_ptr[2] = {-1, -1};
   int64_t made_lengths_value[2] = {0, 0};
+  // A variable-length call: the lengths and offsets the kernel makes at launch, and the row of its
+  // buffer each pointer is (-1: the pointer in ptrs).
+  RaggedPlan ragged;
+  int8_t ragged_row_of_ptr[kMaxGraphTensors] = {};
 };
 
 // The softmax statistics may be given as (b, h, s) or (b, h, s, 1), padding lengths as (b,) or
-// (b, 1, 1, 1); the core always uses 4 axes.
+// (b, 1, 1, 1); the core always uses 4 axes. In a variable-length call (`ragged`) the attention
+// operands are (tokens, h, d) and the statistics (h, tokens): (1, h, tokens, d) and (1, h, tokens, 1).
 TensorView stats_as_4d(const TensorView& lse);
-TensorView as_4d(const TensorView& t, OperandKind kind);
+TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged = false);
 
 // Whether an attention input (4 axes, float16/bfloat16) meets the stride and alignment rules cuDNN
 // reads by: what adapters ask before copying a gradient that autograd handed over (a broadcast

@@ -26,6 +26,10 @@ struct SdpaOptions {
   // > 0: each softmax probability is dropped with this probability and the kept ones scaled by
   // 1 / (1 - dropout_p), by cuDNN's Philox generator from the rng_state operand.
   double dropout_p = 0.0;
+  // Variable-length (THD) calls: the longest sequence on each side, a promise the call keeps by
+  // treating a longer one as empty; 0: bounded by the token count (always kept). Graphs are keyed
+  // by a bucket of it (ragged.hpp), so a training run builds a bounded number.
+  int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
 
   static constexpr int64_t kUnbounded = -1;
   // The right bound in effect: causal caps it at 0.
@@ -54,13 +58,19 @@ enum Slot : int {
   kGradBias,
   kAlibiSlopes,
   kRngState,
+  kCuSeqlensQ,
+  kCuSeqlensKV,
   kNumSlots
 };
 
 // rng_state holds two int64 values, the Philox seed and offset, which cuDNN takes as two tensors:
 // the seed gets the slot's UID (slot + 1), the offset this one; its pointer is the second element.
 inline constexpr int kRngOffsetTensor = kNumSlots;
-inline constexpr int kMaxGraphTensors = kNumSlots + 1;
+// A variable-length call describes each token-axis operand to cuDNN with a ragged offset tensor
+// (each sequence's first element), made on the device at launch (ragged.hpp); its UID is
+// kRaggedOffsetTensor + slot + 1, and operand_order names it kRaggedOffsetTensor + slot.
+inline constexpr int kRaggedOffsetTensor = 64;
+inline constexpr int kMaxGraphTensors = 2 * kNumSlots + 1;
 
 enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 
@@ -70,12 +80,24 @@ enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 // device only.
 // per_head: float32 one value per query head, (heads of q,), contiguous.
 // philox: int64 (2,) on the device, the Philox seed and offset of dropout (any stride).
+// cumulative: int32 (batch + 1,) sequence starts of a variable-length (THD) call, contiguous, read
+// on the device only; with them the attention operands are (tokens, heads, head_dim) and the
+// statistics (heads, tokens).
 // scores: one value per score, the attention dtype, broadcastable to (batch, heads of q, seq of q,
 // seq of k) (NumPy rules: fewer axes are leading 1s; an axis of extent 1 or stride 0 is shared).
-enum class OperandKind : int32_t { attention = 0, stats = 1, lengths = 2, per_head = 3, scores = 4, philox = 5 };
+enum class OperandKind : int32_t {
+  attention = 0,
+  stats = 1,
+  lengths = 2,
+  per_head = 3,
+  scores = 4,
+  philox = 5,
+  cumulative = 6
+};
 
 // The logical extents an operand's axes must have (kOne: extent 1, kTwo: extent 2).
-enum Extent : int32_t { kBatch = 0, kHeadsQ, kHeadsKV, kSeqQ, kSeqKV, kDimQK, kDimV, kOne, kTwo };
+// kBatchPlusOne: the cumulative starts' (batch + 1) entries.
+enum Extent : int32_t { kBatch = 0, kHeadsQ, kHeadsKV, kSeqQ, kSeqKV, kDimQK, kDimV, kOne, kTwo, kBatchPlusOne };
 
 // How far cuDNN's backward can address an operand from its data pointer (validate.cpp says why).
 enum class Reach : int32_t { unlimited = 0, elements_2_32 = 1, bytes_2_32 = 2 };
@@ -128,6 +150,10 @@ inline constexpr OperandInfo kOperands[kNumSlots] = {
      "(heads of q,)", Reach::unlimited},
     {"rng_state", Role::input, Role::input, true, true, OperandKind::philox, {kOne, kOne, kOne, kTwo},
      "(2,): the Philox seed and offset", Reach::unlimited},
+    {"cu_seqlens_q", Role::input, Role::input, true, true, OperandKind::cumulative, {kOne, kOne, kOne, kBatchPlusOne},
+     "(batch + 1,): 0, then each query sequence's end", Reach::unlimited},
+    {"cu_seqlens_kv", Role::input, Role::input, true, true, OperandKind::cumulative, {kOne, kOne, kOne, kBatchPlusOne},
+     "(batch + 1,): 0, then each key sequence's end", Reach::unlimited},
 };
 // clang-format on
 
@@ -144,9 +170,13 @@ struct Problem {
   int32_t device = 0;          // CUDA ordinal shared by every tensor
   DLDataType dtype{};          // float16 or bfloat16
   bool nothing_to_do = false;  // every output is empty: return without launching
+  // A variable-length call: b sequences (cu_seqlens has b + 1 entries) packed along the token
+  // axis, which the attention operands' seq axis then is (s_q, s_kv: the token counts).
+  bool ragged = false;
+  int64_t sequences = 0;
 
   int64_t extent(Extent e) const {
-    const int64_t values[] = {b, h_q, h_kv, s_q, s_kv, d_qk, d_v, 1, 2};
+    const int64_t values[] = {b, h_q, h_kv, s_q, s_kv, d_qk, d_v, 1, 2, sequences + 1};
     return values[e];
   }
 };

@@ -1,0 +1,43 @@
+// Variable-length (THD) calls: b sequences packed along one token axis, given by cumulative starts
+// cu_seqlens (b + 1 int32 on the device). Every token-axis operand keeps its real token and head
+// strides; cuDNN is told a padded (b, h, s_max, d) problem in which each sequence starts at a
+// ragged offset (its start times the operand's token stride, in elements) and has a padding
+// length. Those offsets and lengths are made on the device by one small kernel at launch -- never
+// read on the host, so CUDA graphs and torch.compile see no data-dependent values -- and the
+// padded extents are bucketed so that a training run over documents of random lengths builds a
+// bounded number of graphs.
+#pragma once
+
+#include <cstdint>
+
+#include "stridedfa/sdpa_types.hpp"
+
+namespace stridedfa {
+
+// The smallest m * 2^k >= n with m in {4, 5, 6, 7} and k >= 1 (8, 10, 12, 14, 16, 20, ...): a
+// padded extent at most 1.25x (and 8 at least) the real one, four graphs per doubling.
+int64_t length_bucket(int64_t n);
+
+inline constexpr int kMaxRaggedRows = 12;
+
+// What the offsets kernel makes for one call and where cuDNN reads it. Rows of `pitch` int32:
+// row 0 the query lengths, row 1 the key lengths (padded_sequences each), then one row of
+// padded_sequences + 1 offsets per distinct (side, token stride) among the ragged operands.
+struct RaggedPlan {
+  bool on = false;
+  int64_t sequences = 0, padded_sequences = 0;
+  int64_t total_q = 0, total_kv = 0;  // tokens of the buffers: every start and end is clamped into them
+  int64_t max_q = 0, max_kv = 0;      // padded extents: a longer sequence is treated as empty
+  std::uintptr_t cu_q = 0, cu_kv = 0;
+  int n_rows = 0;
+  uint32_t rows[kMaxRaggedRows] = {};  // token stride, with bit 31 set for the key side
+  int8_t row_of[kNumSlots] = {};       // the offsets row of each slot, -1: not ragged
+  int64_t pitch() const { return (padded_sequences + 1 + 3) / 4 * 4; }  // 16-byte aligned rows
+  int64_t bytes() const { return (2 + n_rows) * pitch() * 4; }
+};
+
+// Launches the offsets kernel into `buffer` (ragged.bytes() on `device`) on `stream`. Driver
+// calls: the device's context must be current.
+void make_ragged_offsets(const RaggedPlan& ragged, int32_t device, void* buffer, std::uintptr_t stream);
+
+}  // namespace stridedfa

@@ -1,0 +1,158 @@
+"""stridedfa.torch's variable-length (THD) attention: its operators (torch.library.custom_op), their
+fake kernels and autograd. Importing this module registers torch.ops.stridedfa.varlen_forward and
+varlen_backward.
+
+Sequences are packed along one token axis: q (total_q, h_q, d_qk), k (total_kv, h_kv, d_qk),
+v (total_kv, h_kv, d_v), with int32 cu_seqlens (b + 1,) on the device saying where each starts.
+The core reads cu_seqlens on the device only, so the operators have no data-dependent output
+shape: torch.compile traces them without graph breaks and CUDA graphs replay them with whatever
+cu_seqlens hold at replay.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stridedfa import _core
+from stridedfa._errors import UnsupportedError
+from stridedfa._torch_ops import _bounds, _draw_rng_state, _raw, _stream, _window, _workspace
+
+
+def _lse_like(q: torch.Tensor) -> torch.Tensor:
+    # (h_q, total_q) over (total_q, h_q) memory: the strides do not depend on the token count, so
+    # one graph serves every batch size of a bucket (a contiguous (h, total) would key each total).
+    return torch.empty_strided((q.shape[1], q.shape[0]), (1, q.shape[1]), dtype=torch.float32, device=q.device)
+
+
+def _out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype, device=q.device)
+
+
+def _readable(t: torch.Tensor) -> torch.Tensor:
+    """A gradient as cuDNN reads it (head_dim contiguous, 16-byte strides and pointer); autograd
+    may hand a broadcast one (out.sum().backward()): copied only then."""
+    item = t.element_size()
+    aligned = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+        (s * item) % 16 == 0 and s > 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+    return _raw(t) if aligned else t.contiguous()
+
+
+def _max(value: int):
+    return value if value > 0 else None
+
+
+@torch.library.custom_op("stridedfa::varlen_forward", mutates_args=())
+def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   cu_seqlens_kv: torch.Tensor, max_seqlen_q: int, max_seqlen_kv: int, scale: float | None,
+                   causal: bool, causal_alignment: str, window_left: int, window_right: int,
+                   softcap: float | None, sinks: torch.Tensor | None, dropout_p: float,
+                   rng_state: torch.Tensor | None, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a THD call; max_seqlen_* 0: bounded by the token count. deterministic is the
+    backward's (autograd hands it on)."""
+    out, lse = _out_like(q, v), _lse_like(q)
+    _core._forward(_raw(q), _raw(k), _raw(v), out, lse, scale, causal, causal_alignment, _stream(q), _workspace,
+                   _window(window_left, window_right), softcap, None, None,
+                   None if sinks is None else _raw(sinks), None, None, dropout_p, rng_state,
+                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=_max(max_seqlen_q),
+                   max_seqlen_kv=_max(max_seqlen_kv))
+    return out, lse
+
+
+@varlen_forward.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment,
+      window_left, window_right, softcap, sinks, dropout_p, rng_state, deterministic):
+    return _out_like(q, v), _lse_like(q)
+
+
+@torch.library.custom_op("stridedfa::varlen_backward", mutates_args=())
+def varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_kv: torch.Tensor, max_seqlen_q: int,
+                    max_seqlen_kv: int, scale: float | None, causal: bool, causal_alignment: str,
+                    window_left: int, window_right: int, softcap: float | None, sinks: torch.Tensor | None,
+                    dropout_p: float, rng_state: torch.Tensor | None,
+                    deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_q, grad_k, grad_v), token-major (tokens, heads, dim) whatever q, k, v's strides:
+    cuDNN sums grouped heads only into token-major gradients."""
+    grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    _core._backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k, grad_v,
+                    scale, causal, causal_alignment, _stream(q), _workspace, _window(window_left, window_right),
+                    softcap, None, None, None if sinks is None else _raw(sinks), None, deterministic, None, None,
+                    None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                    max_seqlen_q=_max(max_seqlen_q), max_seqlen_kv=_max(max_seqlen_kv))
+    return grad_q, grad_k, grad_v
+
+
+@varlen_backward.register_fake
+def _(grad_out, q, k, v, out, lse, *args):
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_kv, *options = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv)
+    ctx.options = options  # the forward's, deterministic last: varlen_backward's order
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv = ctx.saved_tensors
+    grads = varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, *ctx.options)
+    return (*grads, None, None) + (None,) * len(ctx.options)
+
+
+varlen_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_kv: torch.Tensor, max_seqlen_q: int | None = None,
+                     max_seqlen_kv: int | None = None, *, scale: float | None = None, causal: bool = False,
+                     causal_alignment: str = "top_left", window: tuple[int | None, int | None] | None = None,
+                     softcap: float | None = None, sinks: torch.Tensor | None = None, dropout_p: float = 0.0,
+                     deterministic: bool = False, return_lse: bool = False):
+    """Attention over sequences packed along one token axis (THD, FlashAttention's varlen), differentiable.
+
+    Args:
+        q: (total_q, h_q, d_qk) CUDA tensor, float16 or bfloat16: the queries of every sequence,
+            one after another. Any valid token and head strides, e.g. a slice of a fused
+            (total, 3, h, d) projection (no copy).
+        k: (total_kv, h_kv, d_qk); h_q a multiple of h_kv (GQA). v: (total_kv, h_kv, d_v).
+        cu_seqlens_q, cu_seqlens_kv: int32 (b + 1,) CUDA tensors, 0 then the end of each sequence
+            (FlashAttention's cu_seqlens): sequence i is tokens [cu[i], cu[i + 1]). Read on the
+            device only: no host synchronisation, so torch.compile and CUDA graphs (whose replays
+            may change them) see no data-dependent values. Contract: non-decreasing, within the
+            token counts; entries outside that are clamped into the buffers (nothing outside them
+            is read or written) and give wrong results for the sequences concerned.
+        max_seqlen_q, max_seqlen_kv: optional Python ints, the longest sequence on each side (a
+            promise: a longer one is treated as empty -- zeros out). None bounds it by the token
+            count, always correct; a tighter bound spares cuDNN launching blocks for padding.
+            Graphs are keyed by a bucket of these and of the token counts (at most 1.25x apart),
+            so a training run over random document lengths builds a bounded number.
+        scale, causal, causal_alignment, window, softcap, sinks, dropout_p, deterministic: as in
+            :func:`stridedfa.torch.attention`, applied per sequence ("bottom_right" aligns each
+            sequence's last query with its last key). Sinks are not differentiable here before
+            cuDNN 9.26 (the backward refuses them by name).
+        return_lse: also return the float32 log-sum-exp, shape (h_q, total_q) (FlashAttention's
+            softmax_lse layout; its memory is token-major, strides (1, h_q)); not differentiable.
+
+    Returns:
+        out (total_q, h_q, d_v), contiguous; with ``return_lse`` (out, lse). Tokens in no sequence
+        (after cu_seqlens_q[-1]) get out = 0 and lse = -inf, and zero gradients; so do the
+        queries of a sequence with no keys.
+    """
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be a Python int or None, got {type(value).__name__}: a tensor would need a "
+                            f"host synchronisation (leave it None to bound it by the token count)")
+        if value is not None and not 1 <= value < 2**31:
+            raise ValueError(f"{name} must be in [1, 2**31) or None, got {value}")
+    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
+        raise UnsupportedError("varlen_attention does not compute the sinks' gradient (cuDNN before 9.26 reads out "
+                               "of bounds there); pass sinks.detach(), or use attention() on padded tensors with "
+                               "seqlens_q / seqlens_kv for trainable sinks.")
+    left, right = _bounds(window) if window is not None else (-1, -1)
+    rng_state = _draw_rng_state(q, dropout_p) if dropout_p > 0 else None
+    out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q or 0, max_seqlen_kv or 0, scale,
+                              bool(causal), causal_alignment, left, right, softcap, sinks, float(dropout_p),
+                              rng_state, bool(deterministic))
+    return (out, lse) if return_lse else out

@@ -1,0 +1,312 @@
+"""Variable-length (THD) attention against the reference run per sequence (slice, dense attention,
+concatenate), on random length mixes that include empty sequences and length 1.
+
+Every case draws fresh inputs. The generic entry points write into NaN-poisoned outputs, so an
+element left unwritten shows: tokens in no sequence must hold out = 0, lse = -inf and zero
+gradients. The torch entry point (varlen_attention) runs under autograd, torch.compile and CUDA
+graphs; views of one packed projection must equal contiguous copies bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers.cuda import require_cuda
+
+torch = require_cuda()
+
+import stridedfa  # noqa: E402
+import stridedfa.torch as st  # noqa: E402
+from helpers.checks import assert_bitexact, assert_close, assert_close_to_scale  # noqa: E402
+from helpers.torch_ref import torch_reference_all  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+# (out atol, grad rel): as tests/gpu/test_variants.py
+TOL = {torch.float16: (5e-3, 1e-2), torch.bfloat16: (2.5e-2, 3e-2)}
+
+
+def cu_of(lengths):
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
+
+
+def make(tokens, heads, dim, dtype, layout, gen):
+    """A (tokens, heads, dim) tensor in `layout`: "thd" contiguous, "head_major" over (heads, tokens,
+    dim) memory, "padded_rows" with a gap after every token."""
+    if layout == "thd":
+        return torch.randn(tokens, heads, dim, generator=gen, device="cuda").to(dtype)
+    if layout == "head_major":
+        return torch.randn(heads, tokens, dim, generator=gen, device="cuda").to(dtype).transpose(0, 1)
+    if layout == "padded_rows":
+        return torch.randn(tokens, heads + 1, dim, generator=gen, device="cuda").to(dtype)[:, :heads]
+    raise ValueError(layout)
+
+
+def reference(q, k, v, grad_out, cu_q, cu_kv, **options):
+    """(out, lse (h, tokens), (dq, dk, dv)) in float32, per sequence; tokens in no sequence and
+    queries of a sequence with no keys: out 0, lse -inf, zero gradients."""
+    total_q, h_q, _ = q.shape
+    out = torch.zeros(total_q, h_q, v.shape[2], device="cuda")
+    lse = torch.full((h_q, total_q), float("-inf"), device="cuda")
+    grads = [torch.zeros(t.shape, device="cuda") for t in (q, k, v)]
+    cq, ckv = cu_q.tolist(), cu_kv.tolist()
+    for i in range(len(cq) - 1):
+        sq, eq, skv, ekv = cq[i], cq[i + 1], ckv[i], ckv[i + 1]
+        if eq == sq or ekv == skv:
+            continue
+        bhsd = [t.transpose(0, 1).unsqueeze(0) for t in (q[sq:eq], k[skv:ekv], v[skv:ekv], grad_out[sq:eq])]
+        o, stats, (dq, dk, dv) = torch_reference_all(*bhsd, **options)
+        out[sq:eq] = o[0].transpose(0, 1)
+        lse[:, sq:eq] = stats[0]
+        for g, d, (s, e) in zip(grads, (dq, dk, dv), ((sq, eq), (skv, ekv), (skv, ekv))):
+            g[s:e] = d[0].transpose(0, 1)
+    return out, lse, grads
+
+
+def random_lengths(n, longest, gen):
+    lengths = torch.randint(0, longest + 1, (n,), generator=gen).tolist()
+    lengths[0], lengths[-1] = 1, 0  # a length-1 and an empty sequence in every mix
+    return lengths
+
+
+def run_generic(q, k, v, grad_out, cu_q, cu_kv, **options):
+    """The generic entry points into NaN-poisoned outputs."""
+    out = torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=q.dtype, device="cuda")
+    lse = torch.full((q.shape[0], q.shape[1]), float("nan"), device="cuda").t()
+    common = dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, **options)
+    stridedfa.sdpa_forward(q, k, v, out, lse=lse, **common)
+    grads = [torch.full(t.shape, float("nan"), dtype=t.dtype, device="cuda") for t in (q, k, v)]
+    stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, *grads, **common)
+    return out, lse, grads
+
+
+CASES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "causal_bottom_right": dict(causal=True, causal_alignment="bottom_right"),
+    "window": dict(causal=True, window=(24, None)),
+    "window_both_sides": dict(window=(16, 8)),
+    "softcap": dict(softcap=20.0, causal=True),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+def test_generic_entry_points_match_the_per_sequence_reference(case, dtype, heads):
+    gen = torch.Generator(device="cuda").manual_seed(hash((case, str(dtype), heads)) % 2**31)
+    h_q, h_kv = heads
+    lengths_q = random_lengths(6, 150, torch.Generator().manual_seed(1))
+    lengths_kv = lengths_q if "bottom_right" not in case else [n + 7 * (i % 2) for i, n in enumerate(lengths_q)]
+    cu_q, cu_kv = cu_of(lengths_q), cu_of(lengths_kv)
+    total_q, total_kv = int(cu_q[-1]) + 5, int(cu_kv[-1]) + 3  # trailing tokens in no sequence
+    q = make(total_q, h_q, 64, dtype, "thd", gen)
+    k = make(total_kv, h_kv, 64, dtype, "head_major", gen)
+    v = make(total_kv, h_kv, 64, dtype, "padded_rows", gen)
+    grad_out = make(total_q, h_q, 64, dtype, "thd", gen)
+    options = CASES[case]
+    out, lse, grads = run_generic(q, k, v, grad_out, cu_q, cu_kv, **options)
+    ref_options = {("alignment" if name == "causal_alignment" else name): value for name, value in options.items()}
+    ref_out, ref_lse, ref_grads = reference(q, k, v, grad_out, cu_q, cu_kv, **ref_options)
+    atol, rel = TOL[dtype]
+    assert_close(out, ref_out, atol=atol, name="out")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), "lse: -inf exactly where a query sees no key"
+    assert_close(lse[finite], ref_lse[finite], atol=atol, name="lse")
+    for name, g, r in zip(("grad_q", "grad_k", "grad_v"), grads, ref_grads):
+        assert_close_to_scale(g, r, rel=rel, name=name)
+        assert_close(g, r, atol=rel * max(r.abs().max().item(), 1e-3) + 1e-3, name=name)
+
+
+def packed_projection(total, h, d, dtype, gen):
+    qkv = torch.randn(total, 3, h, d, generator=gen, device="cuda").to(dtype)
+    return qkv, qkv[:, 0], qkv[:, 1], qkv[:, 2]
+
+
+def test_views_of_a_packed_projection_equal_contiguous_copies_bitwise():
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    cu = cu_of(random_lengths(5, 200, torch.Generator().manual_seed(2)))
+    total = int(cu[-1])
+    _, q, k, v = packed_projection(total, 4, 64, torch.bfloat16, gen)
+    grad_out = make(total, 4, 64, torch.bfloat16, "thd", gen)
+    viewed = run_generic(q, k, v, grad_out, cu, cu, causal=True)
+    copied = run_generic(q.contiguous(), k.contiguous(), v.contiguous(), grad_out, cu, cu, causal=True)
+    assert_bitexact(viewed[0], copied[0], "out")
+    assert_bitexact(viewed[1], copied[1], "lse")
+    for name, a, b in zip(("grad_q", "grad_k", "grad_v"), viewed[2], copied[2]):
+        assert_bitexact(a, b, name)
+
+
+def test_torch_autograd_matches_the_reference_with_lse():
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    cu = cu_of(random_lengths(7, 130, torch.Generator().manual_seed(3)))
+    total = int(cu[-1])
+    qkv, q, k, v = packed_projection(total, 8, 64, torch.bfloat16, gen)
+    qkv.requires_grad_()
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    out, lse = st.varlen_attention(q, k, v, cu, cu, causal=True, return_lse=True)
+    assert lse.shape == (8, total) and lse.stride() == (1, 8)
+    grad_out = make(total, 8, 64, torch.bfloat16, "thd", gen)
+    out.backward(grad_out)
+    ref_out, ref_lse, ref_grads = reference(q.detach(), k.detach(), v.detach(), grad_out, cu, cu, causal=True)
+    assert_close(out, ref_out, atol=TOL[torch.bfloat16][0], name="out")
+    assert_close(lse, ref_lse, atol=TOL[torch.bfloat16][0], name="lse")
+    for i, (name, r) in enumerate(zip(("grad_q", "grad_k", "grad_v"), ref_grads)):
+        assert_close_to_scale(qkv.grad[:, i], r, rel=TOL[torch.bfloat16][1], name=name)
+
+
+def test_max_seqlen_bounds_and_a_broken_promise_gives_zeros():
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    lengths = [40, 100, 7]
+    cu = cu_of(lengths)
+    q, k, v = (make(147, 4, 64, torch.bfloat16, "thd", gen) for _ in range(3))
+    full = st.varlen_attention(q, k, v, cu, cu, causal=True)
+    bounded = st.varlen_attention(q, k, v, cu, cu, 100, 100, causal=True)
+    assert_bitexact(bounded, full, "out with max_seqlen = the longest")
+    short = st.varlen_attention(q, k, v, cu, cu, 50, 50, causal=True)  # the 100-token sequence breaks it
+    assert_bitexact(short[:40], full[:40], "the sequences within the promise")
+    assert_bitexact(short[140:], full[140:], "the sequences within the promise")
+    assert torch.count_nonzero(short[40:140]) == 0, "a sequence longer than max_seqlen is treated as empty"
+
+
+def test_garbage_cu_seqlens_never_touch_memory_outside_the_buffers():
+    """Non-monotonic, negative and past-the-end starts: wrong numbers are the caller's, but nothing
+    outside q, k, v and the outputs is read or written (guard regions stay NaN), and the process
+    keeps its CUDA context."""
+    total, h, d = 64, 2, 64
+    guard = torch.full((3 * total, h, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = guard[total:2 * total]
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    q, k, v = (make(total, h, d, torch.bfloat16, "thd", gen) for _ in range(3))
+    for starts in ([0, 50, 10, 64], [0, -100, 30, 64], [0, 30, 1000, 2**31 - 1], [5, 3, 2, 1]):
+        cu = torch.tensor(starts, dtype=torch.int32, device="cuda")
+        stridedfa.sdpa_forward(q, k, v, out, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+        torch.cuda.synchronize()
+        assert torch.isnan(guard[:total]).all() and torch.isnan(guard[2 * total:]).all(), starts
+    assert torch.isfinite(out).all()
+
+
+def test_cuda_graph_replays_follow_new_cu_seqlens():
+    gen = torch.Generator(device="cuda").manual_seed(19)
+    total, h, d = 512, 4, 64
+    q, k, v = (make(total, h, d, torch.bfloat16, "thd", gen) for _ in range(3))
+    cu = cu_of([100, 200, 212])
+    st.varlen_attention(q, k, v, cu, cu, causal=True)  # warm: graph built, kernel loaded
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = st.varlen_attention(q, k, v, cu, cu, causal=True)
+    for lengths in ([512, 0, 0], [1, 511, 0], [250, 0, 262], [64, 64, 384]):
+        cu.copy_(cu_of(lengths))
+        graph.replay()
+        eager = st.varlen_attention(q, k, v, cu, cu, causal=True)
+        assert_bitexact(captured, eager, f"replay with lengths {lengths}")
+
+
+def test_compiled_fullgraph_does_not_recompile_as_lengths_change():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    total, h, d = 384, 4, 64
+    q, k, v = (make(total, h, d, torch.bfloat16, "thd", gen).requires_grad_() for _ in range(3))
+
+    def step(q, k, v, cu):
+        return st.varlen_attention(q, k, v, cu, cu, causal=True).float().square().sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    for lengths in ([100, 284], [384], [1, 2, 381], [50, 50, 284]):
+        cu = cu_of(lengths)
+        loss = compiled(q, k, v, cu)
+        grads = torch.autograd.grad(loss, (q, k, v))
+        eager_loss = step(q, k, v, cu)
+        eager_grads = torch.autograd.grad(eager_loss, (q, k, v))
+        assert_bitexact(loss, eager_loss, f"loss, lengths {lengths}")
+        for g, e in zip(grads, eager_grads):
+            assert_bitexact(g, e, f"gradient, lengths {lengths}")
+    frames = torch._dynamo.utils.counters["frames"]
+    assert frames["ok"] <= 2, dict(frames)  # one graph (plus the number of sequences: 2 vs 1 and 3)
+
+
+def test_a_training_run_over_random_documents_builds_a_bounded_number_of_graphs():
+    """300 steps of 16k-token batches, documents uniform in [64, 4096] tokens: few graphs, their
+    build time reported."""
+    gen = torch.Generator().manual_seed(29)
+    h, d, total = 4, 64, 16384
+    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    before = stridedfa.cache_info()
+    start = time.perf_counter()
+    for _ in range(300):
+        lengths, left = [], total
+        while left > 0:
+            n = min(int(torch.randint(64, 4097, (1,), generator=gen)), left)
+            lengths.append(n)
+            left -= n
+        cu = cu_of(lengths)
+        out = st.varlen_attention(q, k, v, cu, cu, causal=True)
+        out.backward(torch.ones_like(out))
+    torch.cuda.synchronize()
+    after = stridedfa.cache_info()
+    built = after["builds"] - before["builds"]
+    build_seconds = after["build_seconds"] - before["build_seconds"]
+    print(f"\n300 varlen training steps: {built} graphs built in {build_seconds:.2f} s, "
+          f"{time.perf_counter() - start:.1f} s in all")
+    assert built <= 16
+
+
+def test_dropout_is_reproducible_and_drops_about_p():
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    cu = cu_of([300, 212])
+    total = 512
+    q = k = make(total, 4, 64, torch.bfloat16, "thd", gen)
+    v = torch.zeros(total, 4, 64, dtype=torch.bfloat16, device="cuda")
+    v[:, :, 0] = 1  # out[..., 0] is the kept, rescaled probability mass of each row
+    torch.manual_seed(5)
+    a = st.varlen_attention(q, k, v, cu, cu, dropout_p=0.25)
+    torch.manual_seed(5)
+    b = st.varlen_attention(q, k, v, cu, cu, dropout_p=0.25)
+    assert_bitexact(a, b, "same seed, same mask")
+    mass = a[:, :, 0].float().mean().item()  # E[kept / (1 - p)] = 1
+    assert abs(mass - 1.0) < 0.05, mass
+
+
+def test_deterministic_backward_is_bitwise_reproducible():
+    gen = torch.Generator(device="cuda").manual_seed(37)
+    cu = cu_of(random_lengths(6, 300, torch.Generator().manual_seed(4)))
+    total = int(cu[-1])
+    q, k, v = (make(total, 8, 64, torch.bfloat16, "thd", gen).requires_grad_() for _ in range(3))
+    grad_out = make(total, 8, 64, torch.bfloat16, "thd", gen)
+    results = []
+    for _ in range(2):
+        out = st.varlen_attention(q, k, v, cu, cu, causal=True, deterministic=True)
+        results.append(torch.autograd.grad(out, (q, k, v), grad_out))
+    for a, b in zip(*results):
+        assert_bitexact(a, b, "deterministic gradient")
+
+
+def test_fixed_sinks_forward_matches_the_reference():
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    cu = cu_of([50, 0, 77, 1])
+    total = 128
+    q, k, v = (make(total, 4, 64, torch.bfloat16, "thd", gen) for _ in range(3))
+    sinks = torch.randn(4, generator=gen, device="cuda")
+    with torch.no_grad():
+        out, lse = st.varlen_attention(q, k, v, cu, cu, causal=True, sinks=sinks, return_lse=True)
+    grad_out = torch.zeros_like(q)
+    ref_out, ref_lse, _ = reference_with_sinks(q, k, v, grad_out, cu, sinks)
+    assert_close(out, ref_out, atol=TOL[torch.bfloat16][0], name="out")
+    finite = torch.isfinite(ref_lse)
+    assert_close(lse[finite], ref_lse[finite], atol=TOL[torch.bfloat16][0], name="lse")
+
+
+def reference_with_sinks(q, k, v, grad_out, cu, sinks):
+    return reference(q, k, v, grad_out, cu, cu, causal=True, sinks=sinks)
+
+
+def test_trainable_sinks_are_refused_by_name():
+    cu = cu_of([10])
+    q = torch.zeros(10, 4, 64, dtype=torch.bfloat16, device="cuda")
+    sinks = torch.zeros(4, device="cuda", requires_grad=True)
+    with pytest.raises(stridedfa.UnsupportedError, match="sinks' gradient"):
+        st.varlen_attention(q, q, q, cu, cu, sinks=sinks)

@@ -1,0 +1,204 @@
+"""Variable-length (THD) calls on fake CUDA tensors (no GPU): what validation accepts and refuses,
+and what the graph-cache key holds -- the bucketed extents that bound a training run's graphs.
+
+q (tokens, h_q, d_qk), k and v (tokens, h_kv, d), out like q with d_v, lse (h_q, tokens),
+cu_seqlens int32 (b + 1,). The pointers are never dereferenced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import stridedfa
+from helpers.fake_dlpack import FakeTensor
+from stridedfa import _core
+
+GiB = 1 << 30
+_bases = itertools.count(1)
+T_Q, T_KV, H_Q, H_KV, D = 1000, 1200, 8, 2, 64
+
+
+def fake(shape, dtype="bfloat16", strides=None, **kw):
+    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_bases) * GiB, **kw)
+
+
+def token_major_lse(tokens):
+    """(h_q, tokens) over (tokens, h_q) memory: its strides do not depend on the token count."""
+    return fake((H_Q, tokens), "float32", strides=(1, H_Q))
+
+
+def forward_args(sequences=5, t_q=T_Q, t_kv=T_KV, **change):
+    args = {"q": fake((t_q, H_Q, D)), "k": fake((t_kv, H_KV, D)), "v": fake((t_kv, H_KV, D)),
+            "out": fake((t_q, H_Q, D)), "lse": token_major_lse(t_q),
+            "cu_seqlens_q": fake((sequences + 1,), "int32"), "cu_seqlens_kv": fake((sequences + 1,), "int32")}
+    args.update(change)
+    return {name: x for name, x in args.items() if x is not None}
+
+
+def backward_args(**change):
+    args = forward_args()
+    args.update({"grad_out": fake((T_Q, H_Q, D)), "grad_q": fake((T_Q, H_Q, D)),
+                 "grad_k": fake((T_KV, H_KV, D)), "grad_v": fake((T_KV, H_KV, D))})
+    args.update(change)
+    return {name: x for name, x in args.items() if x is not None}
+
+
+def validate_forward(**args):
+    return _core._validate_forward(**args)
+
+
+def test_a_thd_call_passes_with_the_token_counts_as_its_seq_axes():
+    problem = validate_forward(**forward_args())
+    assert problem["sequences"] == 5
+    assert (problem["s_q"], problem["s_kv"], problem["h_q"], problem["h_kv"]) == (T_Q, T_KV, H_Q, H_KV)
+    _core._validate_backward(**backward_args())
+
+
+def test_views_of_a_packed_projection_pass():
+    # q, k, v as views of one (tokens, 3, h, d) buffer: token stride 3 h d, no copy
+    base = 0x200000000000
+    stride = (3 * H_Q * D, D, 1)
+    q, k, v = (FakeTensor((T_Q, H_Q, D), stride, "bfloat16", data=base + i * H_Q * D * 2) for i in range(3))
+    validate_forward(**forward_args(t_kv=T_Q, q=q, k=k, v=v))
+
+
+@pytest.mark.parametrize("name, wrong, match", [
+    ("cu_seqlens_q", fake((6,), "int64"), r"^cu_seqlens_q: dtype int64 .*int32"),
+    ("cu_seqlens_kv", fake((7,), "int32"), r"cu_seqlens_q has 6 entries but cu_seqlens_kv 7"),
+    ("cu_seqlens_q", fake((6, 1), "int32"), r"^cu_seqlens_q: expected shape \(batch \+ 1,\)"),
+    ("cu_seqlens_q", fake((6,), "int32", strides=(2,)), r"^cu_seqlens_q: axis 0 has stride 2"),
+    ("q", fake((1, T_Q, H_Q, D)), r"^q: with cu_seqlens .*expected 3 axes \(tokens, heads, head_dim\)"),
+    ("lse", fake((T_Q, H_Q), "float32"), r"^lse: shape .* does not match"),
+    ("lse", fake((H_Q, T_Q)), r"^lse: dtype bfloat16 .*float32"),
+    ("out", fake((T_Q + 1, H_Q, D)), r"^out: shape"),
+    ("k", fake((T_KV, 3, D)), r"^v: axis 1 \(heads\) is 2 but k's is 3"),
+])
+def test_bad_operands_are_refused_by_name(name, wrong, match):
+    with pytest.raises(stridedfa.LayoutError, match=match):
+        validate_forward(**forward_args(**{name: wrong}))
+
+
+def test_one_side_of_the_starts_alone_is_refused():
+    with pytest.raises(stridedfa.LayoutError, match="needs both cu_seqlens_q and cu_seqlens_kv"):
+        validate_forward(**forward_args(cu_seqlens_kv=None))
+
+
+def test_cu_seqlens_on_the_host_are_refused():
+    with pytest.raises(stridedfa.LayoutError, match="cu_seqlens_q needs a CUDA device"):
+        validate_forward(**forward_args(cu_seqlens_q=FakeTensor((6,), None, "int32", device=(1, 0))))
+
+
+@pytest.mark.parametrize("name, operand", [
+    ("bias", lambda: fake((1, H_Q, T_Q, T_KV))), ("alibi_slopes", lambda: fake((H_Q,), "float32"))])
+def test_score_operands_are_refused_in_a_varlen_call(name, operand):
+    with pytest.raises(stridedfa.UnsupportedError, match=rf"^{name} is not supported in a variable-length call"):
+        validate_forward(**forward_args(**{name: operand()}))
+
+
+def test_padding_lengths_and_cu_seqlens_are_not_mixed():
+    with pytest.raises(stridedfa.LayoutError, match="seqlens_q .*cannot be combined with cu_seqlens"):
+        validate_forward(**forward_args(seqlens_q=fake((5,), "int32")))
+
+
+def test_an_output_overlapping_an_input_is_refused():
+    args = forward_args()
+    args["out"] = args["q"]
+    with pytest.raises(stridedfa.LayoutError, match="out overlaps q"):
+        validate_forward(**args)
+
+
+def test_offsets_beyond_int32_are_refused():
+    # cuDNN's ragged offsets are int32 elements: 2^31 elements of token reach cannot be told.
+    tokens = (1 << 31) // (H_Q * D) + 1
+    q = fake((tokens, H_Q, D))
+    with pytest.raises(stridedfa.UnsupportedError, match="int32 ragged offsets"):
+        validate_forward(**forward_args(t_q=tokens, q=q, out=fake((tokens, H_Q, D)), lse=None))
+
+
+def test_max_seqlen_must_be_a_python_int():
+    with pytest.raises(TypeError, match="max_seqlen_q must be a Python int or None"):
+        validate_forward(**forward_args(), max_seqlen_q=1.5)
+    with pytest.raises(ValueError, match=r"max_seqlen_kv must be in \[1, 2\*\*31\)"):
+        validate_forward(**forward_args(), max_seqlen_kv=0)
+
+
+def key(sequences, t_q, t_kv=None, **options):
+    t_kv = t_q if t_kv is None else t_kv
+    args = forward_args(sequences=sequences, t_q=t_q, t_kv=t_kv, k=fake((t_kv, H_KV, D)), v=fake((t_kv, H_KV, D)))
+    return _core._forward_graph_key(**args, **options)
+
+
+def test_the_key_buckets_token_counts_and_sequences():
+    assert key(9, 1000) == key(10, 1001)  # 9 and 10 sequences pad to 10; 1000 and 1001 tokens to 1024
+    assert key(5, 1000) != key(11, 1000)
+    assert key(5, 1000) != key(5, 1100)  # 1100 tokens pad to 1280
+    assert key(5, 1000, max_seqlen_q=100) != key(5, 1000)
+    assert key(5, 1000, max_seqlen_q=100) == key(5, 1000, max_seqlen_q=101)  # both pad to 112
+    assert key(5, 1000, causal=True) != key(5, 1000)
+
+
+def test_a_head_major_lse_is_keyed_by_its_token_count():
+    # (h, tokens) contiguous: its head stride is the token count, which the key then holds
+    head_major = [_core._forward_graph_key(**forward_args(t_q=t, lse=fake((H_Q, t), "float32"),
+                                                          q=fake((t, H_Q, D)), out=fake((t, H_Q, D))))
+                  for t in (1000, 1001)]
+    assert head_major[0] != head_major[1]
+
+
+def test_the_key_holds_the_token_strides():
+    args = forward_args()
+    base = _core._forward_graph_key(**args)
+    # the same q as a slice of a (tokens, 3, h, d) projection: another token stride, another graph
+    args["q"] = fake((T_Q, H_Q, D), strides=(3 * H_Q * D, D, 1))
+    assert _core._forward_graph_key(**args) != base
+
+
+def test_a_training_run_over_random_documents_builds_few_graphs():
+    """1,000 steps of 16k-token batches of documents with lengths uniform in [64, 4096] (the last
+    one cut to fit): the distinct forward and backward keys, i.e. the graphs built, stay <= 16."""
+    rng = random.Random(0)
+    keys = set()
+    for _ in range(1000):
+        lengths, left = [], 16384
+        while left > 0:
+            n = min(rng.randint(64, 4096), left)
+            lengths.append(n)
+            left -= n
+        keys.add(key(len(lengths), 16384, causal=True))
+    assert len(keys) <= 8, len(keys)
+
+
+def _ptxas():
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    try:
+        import nvidia.cuda_nvcc  # nvidia-cuda-nvcc-cu12: the PTX assembler, no GPU needed
+    except ImportError:
+        return None
+    candidate = Path(list(nvidia.cuda_nvcc.__path__)[0]) / "bin" / "ptxas"
+    return str(candidate) if candidate.exists() else None
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_offsets_kernel_assembles(arch, tmp_path):
+    """The hand-written PTX of the offsets kernel (JIT-compiled by the driver at run time) is
+    valid for the GPUs cuDNN's attention runs on."""
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("no ptxas (pip install nvidia-cuda-nvcc-cu12)")
+    source = Path(__file__).parents[1] / "cpp" / "src" / "ragged_offsets.ptx.inc"
+    text = source.read_text()
+    ptx = text[text.index('R"PTX(') + len('R"PTX('):text.rindex(')PTX"')]
+    (tmp_path / "k.ptx").write_text(ptx)
+    result = subprocess.run([ptxas, f"-arch={arch}", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert sys.platform.startswith("linux")
