@@ -1,7 +1,6 @@
 #include "stridedfa/call_plan.hpp"
 
 #include <algorithm>
-#include <climits>
 #include <iterator>
 #include <string>
 
@@ -241,9 +240,11 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
     r.row_of[s] = int8_t(index);
     TensorView& view = set_view(plan, s, given);
     view.dims[0] = r.padded_sequences;
-    view.strides[0] = INT32_MAX;  // cuDNN steps between sequences by the ragged offsets instead
     view.dims[2] = key_side ? r.max_kv : r.max_q;
     view.strides[2] = token_stride;
+    // cuDNN steps between sequences by the ragged offsets; the batch stride is the padded layout's
+    // (16-byte aligned, as it checks), never used to address.
+    view.strides[0] = (view.dims[2] * token_stride + 7) / 8 * 8;
   }
   for (int s : {kSeqLensQ, kSeqLensKV}) {
     TensorView& lengths = set_view(plan, s, made_lengths_view(kOperands[s].name, plan.problem));
