@@ -61,12 +61,28 @@ def test_a_thd_call_passes_with_the_token_counts_as_its_seq_axes():
     _core._validate_backward(**backward_args())
 
 
-def test_views_of_a_packed_projection_pass():
-    # q, k, v as views of one (tokens, 3, h, d) buffer: token stride 3 h d, no copy
+def test_views_in_buffers_of_their_own_pass_at_any_strides():
+    # head-major k, v with a gap after each token's heads: verified right on the GPU (run 35)
+    k = fake((T_KV, H_KV, D), strides=(D, T_KV * D, 1))
+    v = fake((T_KV, H_KV, D), strides=((H_KV + 1) * D, D, 1))
+    validate_forward(**forward_args(k=k, v=v))
+
+
+def packed(n, heads=H_Q):
     base = 0x200000000000
-    stride = (3 * H_Q * D, D, 1)
-    q, k, v = (FakeTensor((T_Q, H_Q, D), stride, "bfloat16", data=base + i * H_Q * D * 2) for i in range(3))
-    validate_forward(**forward_args(t_kv=T_Q, q=q, k=k, v=v))
+    stride = (3 * heads * D, D, 1)
+    return [FakeTensor((T_Q, heads, D), stride, "bfloat16", data=base + i * heads * D * 2) for i in range(n)]
+
+
+def test_views_interleaved_in_one_projection_are_refused_by_name():
+    """q, k, v sliced out of one (tokens, 3, h, d) buffer: cuDNN 9.19's THD kernels gave wrong dQ
+    and a wrong forward for them (GPU run 35), so they are refused until verified."""
+    q, k, v = packed(3)
+    with pytest.raises(stridedfa.UnsupportedError, match=r"^q and k are views interleaved in one buffer"):
+        validate_forward(**forward_args(t_kv=T_Q, q=q, k=k, v=v))
+    _, k, v = packed(3)  # kv-packed with q apart
+    with pytest.raises(stridedfa.UnsupportedError, match=r"^k and v are views interleaved"):
+        validate_forward(**forward_args(t_kv=T_Q, k=k, v=v))
 
 
 @pytest.mark.parametrize("name, wrong, match", [
@@ -202,3 +218,19 @@ def test_the_offsets_kernel_assembles(arch, tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert sys.platform.startswith("linux")
+
+
+def test_the_torch_adapter_copies_interleaved_views_and_nothing_else():
+    torch = pytest.importorskip("torch")
+    from stridedfa._torch_varlen import _separate
+
+    qkv = torch.empty(64, 3, 4, 16)
+    q, k, v = qkv.unbind(1)
+    q2, k2, v2 = _separate(q, k, v)
+    assert q2 is q and k2._base is None and v2._base is None  # k and v got buffers of their own
+    kv = torch.empty(64, 2, 4, 16)
+    q = torch.empty(64, 4, 16)
+    q2, k2, v2 = _separate(q, kv[:, 0], kv[:, 1])
+    assert q2 is q and k2._base is None and v2._base is None
+    separate = [torch.empty(64, 4, 16).transpose(0, 1).contiguous().transpose(0, 1) for _ in range(3)]
+    assert all(a is b for a, b in zip(_separate(*separate), separate))  # head-major views: no copy

@@ -494,6 +494,37 @@ void check_ragged_operands(const TensorView* const* t) {
   }
 }
 
+// Two token-axis operands interleaved in one buffer: the same token stride, their first elements
+// less than one token row apart (q, k, v as views of one (tokens, 3, heads, dim) projection).
+bool interleaved(const TensorView& a, const TensorView& b) {
+  if (a.dims[2] < 2 || b.dims[2] < 2 || a.strides[2] != b.strides[2]) return false;
+  const std::uintptr_t apart = a.data > b.data ? a.data - b.data : b.data - a.data;
+  return apart < std::uintptr_t(a.strides[2] * a.itemsize());
+}
+
+// GPU run 35 (cuDNN 9.19): with q, k and v interleaved in one (tokens, 3, heads, dim) buffer the
+// variable-length kernels computed wrong dQ (h = 4) and a wrong forward (h = 8), while q, k, v in
+// buffers of their own -- at any token and head strides tried, head-major included -- were right:
+// the pattern cudnn-frontend #526 reports (THD kernels that rebuild packed views with hardcoded
+// strides). Refused by name until a layout is verified; stridedfa.torch copies such views.
+void refuse_interleaved(const TensorView* const* t) {
+  const int groups[2][3] = {{kQ, kK, kV}, {kGradQ, kGradK, kGradV}};
+  for (const auto& group : groups) {
+    for (int i = 0; i < 3; ++i) {
+      for (int j = i + 1; j < 3; ++j) {
+        const TensorView* a = t[group[i]];
+        const TensorView* b = t[group[j]];
+        if (!a || !b || !interleaved(*a, *b)) continue;
+        throw UnsupportedError(
+            std::string(a->name) + " and " + b->name + " are views interleaved in one buffer (token stride " +
+            std::to_string(a->strides[2]) +
+            "), which cuDNN 9.19's variable-length kernels mis-address (wrong results, GPU run 35). Pass "
+            "tensors of their own (x.contiguous()); stridedfa.torch.varlen_attention copies such views itself.");
+      }
+    }
+  }
+}
+
 // cuDNN takes the ragged offsets (a sequence's start times the token stride) as int32: every
 // element a ragged operand's sequences can start at must lie within 2^31 - 1 elements.
 void require_int32_offsets(const TensorView* const* t) {
@@ -717,7 +748,10 @@ Problem validate(GraphOp op, const SlotViews& given) {
     return p;
   }
   require_nonempty_problem(p);
-  if (ragged) require_int32_offsets(t);
+  if (ragged) {
+    require_int32_offsets(t);
+    refuse_interleaved(t);
+  }
 
   for (int s = 0; s < kNumSlots; ++s) {
     const OperandKind kind = kOperands[s].kind;

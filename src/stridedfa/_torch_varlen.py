@@ -37,6 +37,25 @@ def _readable(t: torch.Tensor) -> torch.Tensor:
     return _raw(t) if aligned else t.contiguous()
 
 
+def _interleaved(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Views of one buffer with one token stride, less than a token row apart (q, k, v sliced out of
+    a (tokens, 3, heads, dim) projection). Read from the views' structure, so it also holds for
+    the fake tensors torch.compile traces with."""
+    same_buffer = a._base is not None and a._base is b._base
+    return (same_buffer and a.shape[0] > 1 and b.shape[0] > 1 and a.stride(0) == b.stride(0)
+            and abs(a.storage_offset() - b.storage_offset()) < a.stride(0))
+
+
+def _separate(q, k, v):
+    """k and v as tensors of their own where they interleave with q or each other: cuDNN 9.19's
+    variable-length kernels mis-address interleaved views (GPU run 35; the core refuses them), so
+    a packed projection costs one copy of k and v here (differentiable: autograd routes the
+    gradients back into the projection)."""
+    kv = _interleaved(k, v)
+    copy_k, copy_v = kv or _interleaved(q, k), kv or _interleaved(q, v)
+    return q, k.contiguous() if copy_k else k, v.contiguous() if copy_v else v
+
+
 def _max(value: int):
     return value if value > 0 else None
 
@@ -114,8 +133,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
     Args:
         q: (total_q, h_q, d_qk) CUDA tensor, float16 or bfloat16: the queries of every sequence,
-            one after another. Any valid token and head strides, e.g. a slice of a fused
-            (total, 3, h, d) projection (no copy).
+            one after another. Any valid token and head strides (head-major, padded rows, ...)
+            without a copy. Slices of one fused (total, 3, h, d) projection are accepted too, but
+            k and v are then copied: cuDNN 9.19's variable-length kernels mis-address views
+            interleaved in one buffer (the generic entry points refuse them by name).
         k: (total_kv, h_kv, d_qk); h_q a multiple of h_kv (GQA). v: (total_kv, h_kv, d_v).
         cu_seqlens_q, cu_seqlens_kv: int32 (b + 1,) CUDA tensors, 0 then the end of each sequence
             (FlashAttention's cu_seqlens): sequence i is tokens [cu[i], cu[i + 1]). Read on the
@@ -151,6 +172,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                "of bounds there); pass sinks.detach(), or use attention() on padded tensors with "
                                "seqlens_q / seqlens_kv for trainable sinks.")
     left, right = _bounds(window) if window is not None else (-1, -1)
+    q, k, v = _separate(q, k, v)
     rng_state = _draw_rng_state(q, dropout_p) if dropout_p > 0 else None
     out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q or 0, max_seqlen_kv or 0, scale,
                               bool(causal), causal_alignment, left, right, softcap, sinks, float(dropout_p),

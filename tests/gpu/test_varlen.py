@@ -57,7 +57,8 @@ def reference(q, k, v, grad_out, cu_q, cu_kv, **options):
         if eq == sq or ekv == skv:
             continue
         bhsd = [t.transpose(0, 1).unsqueeze(0) for t in (q[sq:eq], k[skv:ekv], v[skv:ekv], grad_out[sq:eq])]
-        o, stats, (dq, dk, dv) = torch_reference_all(*bhsd, **options)
+        o, stats, all_grads = torch_reference_all(*bhsd, **options)
+        dq, dk, dv = all_grads[:3]  # (with sinks a fourth: theirs)
         out[sq:eq] = o[0].transpose(0, 1)
         lse[:, sq:eq] = stats[0]
         for g, d, (s, e) in zip(grads, (dq, dk, dv), ((sq, eq), (skv, ekv), (skv, ekv))):
@@ -125,18 +126,53 @@ def packed_projection(total, h, d, dtype, gen):
     return qkv, qkv[:, 0], qkv[:, 1], qkv[:, 2]
 
 
-def test_views_of_a_packed_projection_equal_contiguous_copies_bitwise():
+def test_views_in_buffers_of_their_own_equal_contiguous_copies_bitwise():
+    """Head-major q, k with padded rows, v a slice of a wider head axis, and outputs head-major:
+    bit for bit the call on contiguous copies."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     cu = cu_of(random_lengths(5, 200, torch.Generator().manual_seed(2)))
     total = int(cu[-1])
-    _, q, k, v = packed_projection(total, 4, 64, torch.bfloat16, gen)
-    grad_out = make(total, 4, 64, torch.bfloat16, "thd", gen)
+    q = make(total, 4, 64, torch.bfloat16, "head_major", gen)
+    k = make(total, 4, 64, torch.bfloat16, "padded_rows", gen)
+    v = torch.randn(total, 6, 64, generator=gen, device="cuda").to(torch.bfloat16)[:, 1:5]
+    grad_out = make(total, 4, 64, torch.bfloat16, "head_major", gen)
     viewed = run_generic(q, k, v, grad_out, cu, cu, causal=True)
-    copied = run_generic(q.contiguous(), k.contiguous(), v.contiguous(), grad_out, cu, cu, causal=True)
+    copied = run_generic(q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous(), cu, cu, causal=True)
     assert_bitexact(viewed[0], copied[0], "out")
     assert_bitexact(viewed[1], copied[1], "lse")
     for name, a, b in zip(("grad_q", "grad_k", "grad_v"), viewed[2], copied[2]):
         assert_bitexact(a, b, name)
+
+
+def test_interleaved_views_are_refused_by_the_generic_entry_points():
+    """GPU run 35: q, k, v sliced out of one (tokens, 3, h, d) buffer gave wrong dQ (h = 4) and a
+    wrong forward (h = 8) from cuDNN 9.19's THD kernels; refused by name before anything runs."""
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    cu = cu_of([30, 70])
+    _, q, k, v = packed_projection(100, 4, 64, torch.bfloat16, gen)
+    out = torch.full((100, 4, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(stridedfa.UnsupportedError, match="interleaved in one buffer"):
+        stridedfa.sdpa_forward(q, k, v, out, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    assert torch.isnan(out).all()
+
+
+def test_torch_packed_projection_equals_contiguous_copies_bitwise():
+    """varlen_attention copies interleaved k and v (the core refuses them): the result and the
+    projection's gradient equal the call on contiguous copies bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    cu = cu_of(random_lengths(6, 150, torch.Generator().manual_seed(5)))
+    total = int(cu[-1])
+    qkv, _, _, _ = packed_projection(total, 8, 64, torch.bfloat16, gen)
+    qkv.requires_grad_()
+    grad_out = make(total, 8, 64, torch.bfloat16, "thd", gen)
+    out = st.varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, causal=True)
+    out.backward(grad_out)
+    parts = [qkv.detach()[:, i].contiguous().requires_grad_() for i in range(3)]
+    expected = st.varlen_attention(*parts, cu, cu, causal=True)
+    expected.backward(grad_out)
+    assert_bitexact(out, expected, "out")
+    for i, name in enumerate(("grad_q", "grad_k", "grad_v")):
+        assert_bitexact(qkv.grad[:, i], parts[i].grad, name)
 
 
 def test_torch_autograd_matches_the_reference_with_lse():
@@ -213,16 +249,17 @@ def test_compiled_fullgraph_does_not_recompile_as_lengths_change():
     q, k, v = (make(total, h, d, torch.bfloat16, "thd", gen).requires_grad_() for _ in range(3))
 
     def step(q, k, v, cu):
-        return st.varlen_attention(q, k, v, cu, cu, causal=True).float().square().sum()
+        return st.varlen_attention(q, k, v, cu, cu, causal=True)
 
     compiled = torch.compile(step, fullgraph=True)
+    grad_out = make(total, h, d, torch.bfloat16, "thd", gen)
     for lengths in ([100, 284], [384], [1, 2, 381], [50, 50, 284]):
         cu = cu_of(lengths)
-        loss = compiled(q, k, v, cu)
-        grads = torch.autograd.grad(loss, (q, k, v))
-        eager_loss = step(q, k, v, cu)
-        eager_grads = torch.autograd.grad(eager_loss, (q, k, v))
-        assert_bitexact(loss, eager_loss, f"loss, lengths {lengths}")
+        out = compiled(q, k, v, cu)
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        eager = step(q, k, v, cu)
+        eager_grads = torch.autograd.grad(eager, (q, k, v), grad_out)
+        assert_bitexact(out, eager, f"out, lengths {lengths}")
         for g, e in zip(grads, eager_grads):
             assert_bitexact(g, e, f"gradient, lengths {lengths}")
     frames = torch._dynamo.utils.counters["frames"]
