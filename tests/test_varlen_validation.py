@@ -234,3 +234,35 @@ def test_the_torch_adapter_copies_interleaved_views_and_nothing_else():
     assert q2 is q and k2._base is None and v2._base is None
     separate = [torch.empty(64, 4, 16).transpose(0, 1).contiguous().transpose(0, 1) for _ in range(3)]
     assert all(a is b for a, b in zip(_separate(*separate), separate))  # head-major views: no copy
+
+
+def test_the_torch_entry_point_refuses_cpu_tensors_and_tensor_max_seqlen():
+    torch = pytest.importorskip("torch")
+    import stridedfa.torch as st
+
+    q = torch.zeros(10, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    with pytest.raises(stridedfa.LayoutError, match="needs a CUDA device"):
+        st.varlen_attention(q, q, q, cu, cu)
+    with pytest.raises(TypeError, match="max_seqlen_q must be a Python int"):
+        st.varlen_attention(q, q, q, cu, cu, torch.tensor(10))
+
+
+def test_the_torch_operators_trace_with_fake_tensors():
+    """Shapes and strides of the fakes: out (total_q, h_q, d_v) contiguous, lse (h_q, total_q) over
+    token-major memory, gradients contiguous -- what the real kernels return."""
+    torch = pytest.importorskip("torch")
+
+    import stridedfa.torch  # noqa: F401 (registers the operators)
+
+    # meta tensors run the fake kernels
+    q = torch.empty(100, 8, 64, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(120, 2, 128, dtype=torch.bfloat16, device="meta")
+    cu = torch.empty(4, dtype=torch.int32, device="meta")
+    out, lse = torch.ops.stridedfa.varlen_forward(q, kv[..., :64], kv, cu, cu, 0, 0, None, True, "top_left",
+                                                  -1, -1, None, None, 0.0, None, False)
+    assert out.shape == (100, 8, 128) and out.is_contiguous()
+    assert lse.shape == (8, 100) and lse.stride() == (1, 8)
+    grads = torch.ops.stridedfa.varlen_backward(out, q, kv[..., :64], kv, out, lse, cu, cu, 0, 0, None, True,
+                                                "top_left", -1, -1, None, None, 0.0, None, False)
+    assert [g.shape for g in grads] == [(100, 8, 64), (120, 2, 64), (120, 2, 128)]

@@ -27,7 +27,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
 
 from stridedfa import _core
 
-__all__ = ["attention", "attention_backward"]
+__all__ = ["attention", "attention_backward", "varlen_attention", "varlen_attention_backward"]
 
 _ndarray = cupy.ndarray
 _get_current_stream = cupy.cuda.get_current_stream
@@ -153,6 +153,83 @@ def attention_backward(q, k, v, out, lse, grad_out, *, scale: float | None = Non
     if bias is not None and bias_grad:
         result += (grads[4],)
     return result
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | None = None,
+                     max_seqlen_kv: int | None = None, *, scale: float | None = None, causal: bool = False,
+                     causal_alignment: str = "top_left", window=None, softcap: float | None = None, sinks=None,
+                     dropout_p: float = 0.0, rng_state=None, return_lse: bool = False, stream=None):
+    """Attention over sequences packed along one token axis (THD), on CuPy arrays.
+
+    q (total_q, h_q, d_qk), k (total_kv, h_kv, d_qk), v (total_kv, h_kv, d_v) at any valid token and
+    head strides (not views interleaved in one buffer, which cuDNN 9.19 mis-addresses: pass
+    ``cupy.ascontiguousarray`` copies); ``cu_seqlens_q`` / ``cu_seqlens_kv`` int32 (b + 1,) arrays,
+    0 then each sequence's end, read on the device only. The other arguments are
+    :func:`attention`'s and :func:`stridedfa.torch.varlen_attention`'s (max_seqlen: a promise; a
+    longer sequence is treated as empty; None bounds it by the token count).
+
+    Returns ``out`` (total_q, h_q, d_v), contiguous, or ``(out, lse)`` with lse float32 (h_q,
+    total_q) over token-major memory; tokens in no sequence get out = 0 and lse = -inf.
+    """
+    if not isinstance(q, _ndarray):
+        raise TypeError(_not_cupy("varlen_attention", q))
+    handle, allocation = _call(stream, q.data.device_id)
+    with allocation if allocation is not None else _NO_ALLOCATION:
+        out = cupy.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
+        lse = cupy.empty((q.shape[0], q.shape[1]), dtype=cupy.float32).T
+    _core._forward(q, k, v, out, lse, scale, causal, causal_alignment, handle, _workspace(allocation), window,
+                   softcap, None, None, sinks, None, None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+    return (out, lse) if return_lse else out
+
+
+def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_kv,
+                              max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None, *,
+                              scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
+                              window=None, softcap: float | None = None, sinks=None, dropout_p: float = 0.0,
+                              rng_state=None, deterministic: bool = False, stream=None):
+    """Gradients of :func:`varlen_attention`: ``(grad_q, grad_k, grad_v)``, contiguous (tokens,
+    heads, dim) arrays from CuPy's pool (token-major: cuDNN sums grouped heads only into those).
+    Tokens in no sequence get zero gradients. Use the forward's arguments."""
+    if not isinstance(q, _ndarray):
+        raise TypeError(_not_cupy("varlen_attention_backward", q))
+    handle, allocation = _call(stream, q.data.device_id)
+    with allocation if allocation is not None else _NO_ALLOCATION:
+        grad_q, grad_k, grad_v = (cupy.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+        if not _readable(grad_out):
+            grad_out = cupy.ascontiguousarray(grad_out)
+    _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, causal_alignment, handle,
+                    _workspace(allocation), window, softcap, None, None, sinks, None, deterministic, None, None,
+                    None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                    max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+    return grad_q, grad_k, grad_v
+
+
+def _readable(t) -> bool:
+    """head_dim contiguous, 16-byte strides and pointer: what cuDNN reads (else copied first)."""
+    item = t.itemsize
+    return (t.strides[-1] == item and t.data.ptr % 16 == 0
+            and all(s > 0 and s % 16 == 0 for s, n in zip(t.strides[:-1], t.shape[:-1]) if n > 1))
+
+
+class _NoAllocation:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_ALLOCATION = _NoAllocation()
+
+
+def _workspace(allocation):
+    """cuDNN's workspace from CuPy's allocator, on the call's device and stream."""
+    def allocate(nbytes: int, device: int):
+        with allocation if allocation is not None else _NO_ALLOCATION:
+            memory = cupy.cuda.alloc(nbytes)
+        return memory.ptr, memory
+    return allocate
 
 
 # --- Helpers ------------------------------------------------------------------------------------

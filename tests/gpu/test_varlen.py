@@ -347,3 +347,34 @@ def test_trainable_sinks_are_refused_by_name():
     sinks = torch.zeros(4, device="cuda", requires_grad=True)
     with pytest.raises(stridedfa.UnsupportedError, match="sinks' gradient"):
         st.varlen_attention(q, q, q, cu, cu, sinks=sinks)
+
+
+def test_cupy_varlen_equals_the_generic_call_bitwise():
+    cupy = pytest.importorskip("cupy")
+    import stridedfa.cupy as sc
+
+    gen = torch.Generator(device="cuda").manual_seed(43)
+    cu = cu_of(random_lengths(5, 120, torch.Generator().manual_seed(6)))
+    total = int(cu[-1]) + 2
+    q = make(total, 8, 64, torch.float16, "thd", gen)
+    k, v = (make(total, 2, 64, torch.float16, "head_major", gen) for _ in range(2))
+    grad_out = make(total, 8, 64, torch.float16, "thd", gen)
+    expected = run_generic(q, k, v, grad_out, cu, cu, causal=True)
+    torch.cuda.synchronize()
+    as_cupy = [cupy.from_dlpack(t) for t in (q, k, v, grad_out, cu)]
+    out, lse = sc.varlen_attention(*as_cupy[:3], as_cupy[4], as_cupy[4], causal=True, return_lse=True)
+    grads = sc.varlen_attention_backward(*as_cupy[:3], out, lse, as_cupy[3], as_cupy[4], as_cupy[4], causal=True)
+    cupy.cuda.get_current_stream().synchronize()
+    assert_bitexact(torch.from_dlpack(out), expected[0], "out")
+    assert_bitexact(torch.from_dlpack(lse), expected[1], "lse")
+    for name, g, e in zip(("grad_q", "grad_k", "grad_v"), grads, expected[2]):
+        assert_bitexact(torch.from_dlpack(g), e, name)
+
+
+def test_the_torch_operators_pass_opcheck():
+    gen = torch.Generator(device="cuda").manual_seed(47)
+    cu = cu_of([20, 0, 44])
+    q, k, v = (make(64, 4, 64, torch.bfloat16, "thd", gen).requires_grad_() for _ in range(3))
+    forward = torch.ops.stridedfa.varlen_forward.default
+    args = (q, k, v, cu, cu, 0, 0, None, True, "top_left", -1, -1, None, None, 0.0, None, False)
+    torch.library.opcheck(forward, args)
