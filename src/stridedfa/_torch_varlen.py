@@ -42,8 +42,9 @@ def _interleaved(a: torch.Tensor, b: torch.Tensor) -> bool:
     a (tokens, 3, heads, dim) projection). Read from the views' structure, so it also holds for
     the fake tensors torch.compile traces with."""
     same_buffer = a._base is not None and a._base is b._base
+    apart = a.storage_offset() - b.storage_offset()
     return (same_buffer and a.shape[0] > 1 and b.shape[0] > 1 and a.stride(0) == b.stride(0)
-            and abs(a.storage_offset() - b.storage_offset()) < a.stride(0))
+            and -a.stride(0) < apart < a.stride(0))
 
 
 def _separate(q, k, v):
