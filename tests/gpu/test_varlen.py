@@ -72,13 +72,18 @@ def random_lengths(n, longest, gen):
     return lengths
 
 
-def run_generic(q, k, v, grad_out, cu_q, cu_kv, **options):
-    """The generic entry points into NaN-poisoned outputs."""
-    out = torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=q.dtype, device="cuda")
+def _contiguous_nan(shape, dtype, name):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def run_generic(q, k, v, grad_out, cu_q, cu_kv, make_output=_contiguous_nan, **options):
+    """The generic entry points into NaN-poisoned outputs (`make_output(shape, dtype, name)` lays
+    out, grad_q, grad_k and grad_v out)."""
+    out = make_output((q.shape[0], q.shape[1], v.shape[2]), q.dtype, "out")
     lse = torch.full((q.shape[0], q.shape[1]), float("nan"), device="cuda").t()
     common = dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, **options)
     stridedfa.sdpa_forward(q, k, v, out, lse=lse, **common)
-    grads = [torch.full(t.shape, float("nan"), dtype=t.dtype, device="cuda") for t in (q, k, v)]
+    grads = [make_output(t.shape, t.dtype, name) for name, t in zip(("grad_q", "grad_k", "grad_v"), (q, k, v))]
     stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, *grads, **common)
     return out, lse, grads
 
@@ -378,3 +383,72 @@ def test_the_torch_operators_pass_opcheck():
     forward = torch.ops.stridedfa.varlen_forward.default
     args = (q, k, v, cu, cu, 0, 0, None, True, "top_left", -1, -1, None, None, 0.0, None, False)
     torch.library.opcheck(forward, args)
+
+
+def random_layout(tokens, heads, dim, dtype, rng, gen):
+    """(tokens, heads, dim) at random valid strides in a buffer of its own: token-major or
+    head-major, with random gaps after the head_dim rows, after each token's heads or between heads
+    (multiples of 8 elements: 16-byte strides), and a random 16-byte aligned start."""
+    gap = lambda: 8 * rng.randint(0, 2)  # noqa: E731
+    d_pad, h_pad, t_pad = dim + gap(), heads + rng.randint(0, 1), gap()
+    offset = 8 * rng.randint(0, 3)
+    if rng.random() < 0.5:  # token-major: (tokens, heads, dim)
+        strides = (h_pad * d_pad + t_pad, d_pad, 1)
+    else:  # head-major: (heads, tokens, dim)
+        strides = (d_pad, tokens * d_pad + t_pad, 1)
+    size = offset + sum((n - 1) * s for n, s in zip((tokens, heads, dim), strides)) + 1
+    buffer = torch.randn(size, generator=gen, device="cuda").to(dtype)
+    return buffer.as_strided((tokens, heads, dim), strides, offset)
+
+
+FUZZ_CASES = int(__import__("os").environ.get("STRIDEDFA_VARLEN_FUZZ", "24"))
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_CASES))
+def test_fuzzed_token_and_head_strides_match_the_reference_and_contiguous_copies(seed):
+    """Random lengths (empty and length-1 sequences included), heads, options and strides for every
+    operand and gradient: the per-sequence reference, and contiguous copies bit for bit."""
+    import random
+
+    rng = random.Random(seed)
+    gen = torch.Generator(device="cuda").manual_seed(1000 + seed)
+    dtype = rng.choice([torch.bfloat16, torch.float16])
+    h_kv = rng.choice([1, 2, 4])
+    h_q = h_kv * rng.choice([1, 2])
+    d = rng.choice([64, 128])
+    n = rng.randint(1, 6)
+    lengths_q = [rng.choice([0, 1, rng.randint(2, 200)]) for _ in range(n)]
+    lengths_kv = lengths_q if rng.random() < 0.6 else [rng.choice([0, 1, rng.randint(2, 200)]) for _ in range(n)]
+    cu_q, cu_kv = cu_of(lengths_q), cu_of(lengths_kv)
+    total_q, total_kv = int(cu_q[-1]) + rng.randint(0, 3), int(cu_kv[-1]) + rng.randint(0, 3)
+    if total_q == 0 or total_kv == 0:
+        total_q, total_kv = total_q + 1, total_kv + 1
+    options = rng.choice([dict(), dict(causal=True), dict(causal=True, causal_alignment="bottom_right"),
+                          dict(window=(rng.randint(0, 64), rng.randint(0, 64))), dict(softcap=30.0)])
+    q = random_layout(total_q, h_q, d, dtype, rng, gen)
+    k = random_layout(total_kv, h_kv, d, dtype, rng, gen)
+    v = random_layout(total_kv, h_kv, d, dtype, rng, gen)
+    grad_out = random_layout(total_q, h_q, d, dtype, rng, gen)
+    def make_output(shape, dtype, name):  # outputs at random strides too (token-major for GQA's dK, dV)
+        while True:
+            t = random_layout(*shape, dtype, rng, gen).fill_(float("nan"))
+            if h_q == h_kv or name not in ("grad_k", "grad_v") or t.stride(0) >= t.shape[1] * t.stride(1):
+                return t
+
+    try:
+        out, lse, grads = run_generic(q, k, v, grad_out, cu_q, cu_kv, make_output, **options)
+    except stridedfa.UnsupportedError as refused:  # named refusals are allowed; say which
+        pytest.skip(f"refused by name: {refused}")
+    ref_options = {("alignment" if name == "causal_alignment" else name): value for name, value in options.items()}
+    ref_out, ref_lse, ref_grads = reference(q, k, v, grad_out, cu_q, cu_kv, **ref_options)
+    atol, rel = TOL[dtype]
+    assert_close(out, ref_out, atol=atol, name="out")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), "lse: -inf exactly where a query sees no key"
+    for name, g, r in zip(("grad_q", "grad_k", "grad_v"), grads, ref_grads):
+        assert_close(g, r, atol=rel * max(r.abs().max().item(), 1e-3) + 1e-3, name=name)
+    copied = run_generic(q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous(), cu_q, cu_kv,
+                         **options)
+    assert_bitexact(out, copied[0], "out vs contiguous copies")
+    for name, a, b in zip(("grad_q", "grad_k", "grad_v"), grads, copied[2]):
+        assert_bitexact(a, b, f"{name} vs contiguous copies")
