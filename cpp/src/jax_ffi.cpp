@@ -37,12 +37,24 @@ TensorView dense_view(const char* name, int32_t ndim, DLDataType dtype, int32_t 
 
 TensorView array_view(const char* name, const int64_t* dims, int64_t rank, ArrayLayout layout, DLDataType dtype,
                       int32_t device, std::uintptr_t data) {
+  if (layout == ArrayLayout::thd) {  // (tokens, heads, dim), row-major, as given
+    if (rank != 3) {
+      throw LayoutError(std::string(name) + ": expected a (tokens, heads, head_dim) array, got " +
+                        std::to_string(rank) + " axes");
+    }
+    TensorView t = dense_view(name, 3, dtype, device, data);
+    for (int i = 0; i < 3; ++i) t.dims[i] = dims[i];
+    t.strides[0] = dims[1] * dims[2];
+    t.strides[1] = dims[2];
+    t.strides[2] = 1;
+    return t;
+  }
   if (rank < 4) {
     throw LayoutError(std::string(name) + ": expected an array of 4 axes, got " + std::to_string(rank));
   }
   if (layout != ArrayLayout::bshd && layout != ArrayLayout::bhsd) {
     throw LayoutError("unknown array layout code " + std::to_string(static_cast<int64_t>(layout)) +
-                      " (0: bshd, 1: bhsd)");
+                      " (0: bshd, 1: bhsd, 2: thd)");
   }
   int64_t batch = 1;
   for (int64_t i = 0; i < rank - 3; ++i) batch *= dims[i];
@@ -78,6 +90,22 @@ TensorView stats_view(const char* name, const int64_t* dims, int64_t rank, DLDat
     t.dims[i] = logical[i];
     t.strides[i] = strides[i];
   }
+  return t;
+}
+
+TensorView thd_stats_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                          std::uintptr_t data) {
+  if (rank != 2) {
+    throw LayoutError(std::string(name) + ": expected variable-length statistics (tokens, heads), got " +
+                      std::to_string(rank) + " axes");
+  }
+  TensorView t = dense_view(name, 2, dtype, device, data);
+  t.dims[0] = dims[1];  // the core's (heads, tokens) over the buffer's token-major memory
+  t.dims[1] = dims[0];
+  t.strides[0] = 1;
+  t.strides[1] = dims[1];
+  t.caller_axes[0] = 1;
+  t.caller_axes[1] = 0;
   return t;
 }
 
@@ -213,10 +241,11 @@ TensorView array_of(const char* name, const ffi::AnyBuffer& buffer, ArrayLayout 
                     reinterpret_cast<std::uintptr_t>(buffer.untyped_data()));
 }
 
-TensorView stats_of(const char* name, const ffi::AnyBuffer& buffer, int32_t device) {
+TensorView stats_of(const char* name, const ffi::AnyBuffer& buffer, ArrayLayout layout, int32_t device) {
   const auto dims = buffer.dimensions();
-  return stats_view(name, dims.begin(), static_cast<int64_t>(dims.size()), dl_dtype(name, buffer.element_type()),
-                    device, reinterpret_cast<std::uintptr_t>(buffer.untyped_data()));
+  const auto view = layout == ArrayLayout::thd ? thd_stats_view : stats_view;
+  return view(name, dims.begin(), static_cast<int64_t>(dims.size()), dl_dtype(name, buffer.element_type()), device,
+              reinterpret_cast<std::uintptr_t>(buffer.untyped_data()));
 }
 
 struct Attrs {
@@ -230,6 +259,7 @@ struct Attrs {
   int64_t layout;
   int64_t optional_operands;  // OptionalOperand bits
   double dropout_p;
+  int64_t max_seqlen_q, max_seqlen_kv;  // variable-length calls: 0 bounded by the token count
 };
 
 SdpaOptions options_of(const Attrs& a) {
@@ -247,6 +277,11 @@ SdpaOptions options_of(const Attrs& a) {
   o.softcap = a.softcap;
   o.deterministic = a.deterministic;
   o.dropout_p = a.dropout_p;
+  if (a.max_seqlen_q < 0 || a.max_seqlen_kv < 0 || a.max_seqlen_q >= INT32_MAX || a.max_seqlen_kv >= INT32_MAX) {
+    throw LayoutError("max_seqlen_q / max_seqlen_kv must be in [1, 2^31) or 0 (bounded by the token count)");
+  }
+  o.max_seqlen_q = a.max_seqlen_q;
+  o.max_seqlen_kv = a.max_seqlen_kv;
   return o;
 }
 
@@ -258,20 +293,24 @@ struct Optional {
   TensorView& bias;
   TensorView& alibi_slopes;
   TensorView& rng_state;
+  TensorView& cu_seqlens_q;
+  TensorView& cu_seqlens_kv;
 };
 
 // How many trailing arguments the OptionalOperand bits `present` announce.
 int64_t count_optional(int64_t present, bool backward) {
   const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias | kWithGradSinks : 0) |
-                        kWithAlibiSlopes | kWithRngState;
+                        kWithAlibiSlopes | kWithRngState | kWithCuSeqlens;
   if (present < 0 || (present & ~known) != 0 || ((present & kWithGradBias) && !(present & kWithBias)) ||
       ((present & kWithGradSinks) && !(present & kWithSinks))) {
     throw LayoutError("unknown optional_operands code " + std::to_string(present) +
                       " (bits: 1 seqlens_q and seqlens_kv, 2 sinks, 4 bias, 8 grad_bias: backward, with bias, " +
-                      "16 alibi_slopes, 32 rng_state, 64 grad_sinks: backward, with sinks)");
+                      "16 alibi_slopes, 32 rng_state, 64 grad_sinks: backward, with sinks, 128 cu_seqlens_q and " +
+                      "cu_seqlens_kv)");
   }
   return ((present & kWithLengths) ? 2 : 0) + ((present & kWithSinks) ? 1 : 0) + ((present & kWithBias) ? 1 : 0) +
-         ((present & kWithAlibiSlopes) ? 1 : 0) + ((present & kWithRngState) ? 1 : 0);
+         ((present & kWithAlibiSlopes) ? 1 : 0) + ((present & kWithRngState) ? 1 : 0) +
+         ((present & kWithCuSeqlens) ? 2 : 0);
 }
 
 // A bias (or its gradient) buffer as the core's view: q's buffer has 4 axes plus those jax.vmap put
@@ -286,7 +325,8 @@ TensorView bias_of(const char* name, const ffi::AnyBuffer& buffer, const ffi::An
 }
 
 // The trailing arguments `present` (OptionalOperand bits) announces, in that order: seqlens_q and
-// seqlens_kv, sinks, bias, alibi_slopes, rng_state. `q` is q's buffer and `q_view` its view (see bias_of).
+// seqlens_kv, sinks, bias, alibi_slopes, rng_state, cu_seqlens_q and cu_seqlens_kv. `q` is q's buffer and `q_view` its
+// view (see bias_of).
 void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, const ffi::AnyBuffer& q,
                const TensorView& q_view, int32_t device, Optional views) {
   const int64_t expected = count_optional(present, backward);
@@ -327,6 +367,10 @@ void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, c
     views.rng_state = rng_state_view("rng_state", dims.begin(), static_cast<int64_t>(dims.size()),
                                      dl_dtype("rng_state", b.element_type()), device,
                                      reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+  }
+  if (present & kWithCuSeqlens) {  // (b + 1,) int32 each: dense 1-D buffers, read as given
+    read("cu_seqlens_q", views.cu_seqlens_q, false);
+    read("cu_seqlens_kv", views.cu_seqlens_kv, false);
   }
 }
 
@@ -373,9 +417,10 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
     args.k = array_of("k", k, layout, device);
     args.v = array_of("v", v, layout, device);
     args.out = array_of("out", out, layout, device);
-    if (lse) args.lse = stats_of("lse", *lse, device);
+    if (lse) args.lse = stats_of("lse", *lse, layout, device);
     read_rest(rest, attrs.optional_operands, false, q, args.q, device,
-              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state});
+              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state,
+               args.cu_seqlens_q, args.cu_seqlens_kv});
     launch(prepare_forward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -387,20 +432,22 @@ ffi::Error forward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scr
                         ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> out,
                         ffi::Result<ffi::AnyBuffer> lse, double scale, bool has_scale, bool causal,
                         int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
-                        bool deterministic, int64_t layout, int64_t optional_operands, double dropout_p) {
+                        bool deterministic, int64_t layout, int64_t optional_operands, double dropout_p,
+                        int64_t max_seqlen_q, int64_t max_seqlen_kv) {
   return forward(stream, device, scratch, q, k, v, rest, *out, &*lse,
                  {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout,
-                  optional_operands, dropout_p});
+                  optional_operands, dropout_p, max_seqlen_q, max_seqlen_kv});
 }
 
 ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                                   ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest,
                                   ffi::Result<ffi::AnyBuffer> out, double scale, bool has_scale, bool causal,
                                   int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
-                                  bool deterministic, int64_t layout, int64_t optional_operands, double dropout_p) {
+                                  bool deterministic, int64_t layout, int64_t optional_operands, double dropout_p,
+                                  int64_t max_seqlen_q, int64_t max_seqlen_kv) {
   return forward(stream, device, scratch, q, k, v, rest, *out, nullptr,
                  {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout,
-                  optional_operands, dropout_p});
+                  optional_operands, dropout_p, max_seqlen_q, max_seqlen_kv});
 }
 
 // The backward's trailing result `i` (the sinks' or the bias' gradient).
@@ -416,7 +463,7 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
                          ffi::Result<ffi::AnyBuffer> grad_k, ffi::Result<ffi::AnyBuffer> grad_v,
                          ffi::RemainingRets more, double scale, bool has_scale, bool causal, int64_t causal_alignment,
                          int64_t window_left, int64_t window_right, double softcap, bool deterministic, int64_t layout,
-                         int64_t optional_operands, double dropout_p) {
+                         int64_t optional_operands, double dropout_p, int64_t max_seqlen_q, int64_t max_seqlen_kv) {
   try {
     const auto array_layout = static_cast<ArrayLayout>(layout);
     BackwardArgs args;
@@ -424,13 +471,14 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     args.k = array_of("k", k, array_layout, device);
     args.v = array_of("v", v, array_layout, device);
     args.out = array_of("out", out, array_layout, device);
-    args.lse = stats_of("lse", lse, device);
+    args.lse = stats_of("lse", lse, array_layout, device);
     args.grad_out = array_of("grad_out", grad_out, array_layout, device);
     args.grad_q = array_of("grad_q", *grad_q, array_layout, device);
     args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
     args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
     read_rest(rest, optional_operands, true, q, args.q, device,
-              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state});
+              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state,
+               args.cu_seqlens_q, args.cu_seqlens_kv});
     // The optional gradients: grad_sinks with sinks, then grad_bias where asked for.
     const bool with_sinks = (optional_operands & kWithGradSinks) != 0;  // grad_sinks wanted
     const bool with_bias = (optional_operands & kWithGradBias) != 0;
@@ -449,8 +497,9 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
                                       reinterpret_cast<std::uintptr_t>(grad_sinks.untyped_data()));
     }
     if (with_bias) args.grad_bias = bias_of("grad_bias", result_at(more, next++, "grad_bias"), q, args.q, device);
-    const Attrs attrs{scale,   has_scale,     causal, causal_alignment,  window_left, window_right,
-                      softcap, deterministic, layout, optional_operands, dropout_p};
+    const Attrs attrs{scale,        has_scale,    causal,        causal_alignment, window_left,
+                      window_right, softcap,      deterministic, layout,           optional_operands,
+                      dropout_p,    max_seqlen_q, max_seqlen_kv};
     launch(prepare_backward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -472,7 +521,9 @@ auto with_attrs(Binding binding) {
       .template Attr<bool>("deterministic")
       .template Attr<int64_t>("layout")
       .template Attr<int64_t>("optional_operands")
-      .template Attr<double>("dropout_p");
+      .template Attr<double>("dropout_p")
+      .template Attr<int64_t>("max_seqlen_q")
+      .template Attr<int64_t>("max_seqlen_kv");
 }
 
 // The execution context every handler takes: XLA's stream, the device ordinal, its scratch memory.

@@ -205,11 +205,15 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
     cdef enum class ArrayLayout(int64_t):
         bshd
         bhsd
+        thd
 
     TensorView jax_array_view "stridedfa::jax_ffi::array_view"(
         const char* name, const int64_t* dims, int64_t rank, ArrayLayout layout, DLDataType dtype,
         int device, uintptr_t data) except +raise_core_error
     TensorView jax_stats_view "stridedfa::jax_ffi::stats_view"(
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
+        uintptr_t data) except +raise_core_error
+    TensorView jax_thd_stats_view "stridedfa::jax_ffi::thd_stats_view"(
         const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
         uintptr_t data) except +raise_core_error
     TensorView jax_lengths_view "stridedfa::jax_ffi::lengths_view"(

@@ -47,7 +47,7 @@ cdef DLDataType jax_dtype(str name, const char* operand=b"the operand") except *
 
 
 cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, int device,
-                   TensorView** views, object lengths=None) except -1:
+                   TensorView** views, object lengths=None, int first_length_slot=9) except -1:
     """Fills the call's views (slot order) as the handler would, at distinct, 256-byte aligned
     fake addresses: the validator never dereferences them. `dtype`: the attention operands' dtype
     name, or one name per slot (so the validator sees each operand's own dtype)."""
@@ -74,7 +74,9 @@ cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, in
         for j in range(rank):
             dims[j] = shape[j]
             nbytes *= shape[j]
-        if i == 4:
+        if i == 4 and layout == 2:  # a variable-length call's (tokens, heads) statistics
+            views[i][0] = jax_thd_stats_view(SLOT_NAMES[i], dims, rank, stats_type, device, address)
+        elif i == 4:
             views[i][0] = jax_stats_view(SLOT_NAMES[i], dims, rank, stats_type, device, address)
         else:
             views[i][0] = jax_array_view(SLOT_NAMES[i], dims, rank, <ArrayLayout>layout, data_type,
@@ -82,20 +84,32 @@ cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, in
         address += (nbytes + 511) // 256 * 256
     if lengths is None:
         return 0
+    return jax_length_views(lengths, first_length_slot, device, views, address)
+
+
+cdef int jax_length_views(object lengths, int first, int device, TensorView** views, uintptr_t address) except -1:
+    """Two int32 vectors as the handler reads them, from (shape, dtype) pairs, into slots `first`
+    and `first` + 1: the padding lengths (seqlens_q, seqlens_kv) or the cumulative starts
+    (cu_seqlens_q, cu_seqlens_kv)."""
+    cdef int64_t dims[8]
+    cdef int i, j, rank
+    cdef int64_t nbytes
+    cdef DLDataType data_type
     if len(lengths) != 2:
-        raise ValueError("lengths: expected (seqlens_q, seqlens_kv) as (shape, dtype) pairs")
+        raise ValueError(f"expected ({SLOT_NAMES[first].decode()}, {SLOT_NAMES[first + 1].decode()}) as "
+                         f"(shape, dtype) pairs")
     for i in range(2):
         shape, name = lengths[i]
         shape = tuple(shape)
         rank = len(shape)
         if rank > 8:
-            raise LayoutError(f"{SLOT_NAMES[9 + i].decode()}: {rank} axes; stridedfa reads at most 8")
+            raise LayoutError(f"{SLOT_NAMES[first + i].decode()}: {rank} axes; stridedfa reads at most 8")
         nbytes = 4
         for j in range(rank):
             dims[j] = shape[j]
             nbytes *= shape[j]
-        data_type = jax_lengths_dtype(name, SLOT_NAMES[9 + i])
-        views[9 + i][0] = jax_lengths_view(SLOT_NAMES[9 + i], dims, rank, data_type, device, address)
+        data_type = jax_lengths_dtype(name, SLOT_NAMES[first + i])
+        views[first + i][0] = jax_lengths_view(SLOT_NAMES[first + i], dims, rank, data_type, device, address)
         address += (nbytes + 511) // 256 * 256
     return 0
 
@@ -192,15 +206,15 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
                   causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
                   sinks=None, grad_sinks=True, bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0,
-                  rng_state=None):
+                  rng_state=None, cu_seqlens=None, max_seqlen_q=None, max_seqlen_kv=None):
     """Runs the core's validation on the views the XLA handler would build for arrays of these
     shapes (slot order: q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse
-    may be None) in ``layout`` (0: bshd, 1: bhsd), padding ``lengths`` as ((shape, dtype) of
-    seqlens_q, of seqlens_kv), ``sinks``, ``bias``, ``alibi_slopes`` and dropout's ``rng_state``
-    each as (shape, dtype) when given (a backward's grad_sinks, with ``grad_sinks``, of the sinks',
-    its grad_bias, with ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the
-    options' rules (``dropout_p`` > 0 needs ``rng_state``) -- then plans the call and
-    describes its graph as the handler would, so what the plan refuses (a bias' gradient cuDNN does
+    may be None) in ``layout`` (0: bshd, 1: bhsd, 2: thd), padding ``lengths`` as ((shape, dtype) of
+    seqlens_q, of seqlens_kv), a variable-length call's ``cu_seqlens`` likewise, ``sinks``,
+    ``bias``, ``alibi_slopes`` and dropout's ``rng_state`` each as (shape, dtype) when given (a
+    backward's grad_sinks, with ``grad_sinks``, of the sinks', its grad_bias, with ``grad_bias``,
+    of the bias' shape; the slopes and rng_state have no gradient), and the options' rules
+    (``dropout_p`` > 0 needs ``rng_state``) -- then plans the call and describes its graph as the handler would, so what the plan refuses (a bias' gradient cuDNN does
     not compute, a band it cannot shift, ...) is refused while tracing, not when XLA runs it. Needs
     no GPU. Returns what validation established, or raises LayoutError / UnsupportedError."""
     cdef ForwardArgs fwd
@@ -210,8 +224,11 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     cdef vector[int64_t] key
     cdef TensorView* views[kNumSlots]
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     slot_views(backward, &fwd, &bwd, views)
     jax_views(backward, layout, shapes, dtype, 0, views, lengths)
+    if cu_seqlens is not None:
+        jax_length_views(cu_seqlens, kCuSeqlensQ, 0, views, 0x6000000000)
     if sinks is not None:
         jax_sink_views(backward, sinks, grad_sinks, 0, views)
     if bias is not None:

@@ -110,6 +110,8 @@ class _Options:
             "layout": np.int64(_LAYOUTS[self.layout]),
             "optional_operands": np.int64(optional_operands),
             "dropout_p": np.float64(self.dropout_p),
+            "max_seqlen_q": np.int64(0),  # variable-length calls only (stridedfa._jax_varlen)
+            "max_seqlen_kv": np.int64(0),
         }
 
     def core_options(self) -> dict[str, Any]:
@@ -679,3 +681,9 @@ def _attention_with_lse_bwd(options: _Options, residuals, cotangents):
 
 
 _attention_with_lse.defvjp(_forward_rule, _attention_with_lse_bwd, symbolic_zeros=True)
+
+
+# Variable-length (THD) attention: its own module, over the handlers above (imports this one).
+from stridedfa._jax_varlen import varlen_attention  # noqa: E402
+
+__all__ += ["varlen_attention"]

@@ -452,3 +452,36 @@ def test_fuzzed_token_and_head_strides_match_the_reference_and_contiguous_copies
     assert_bitexact(out, copied[0], "out vs contiguous copies")
     for name, a, b in zip(("grad_q", "grad_k", "grad_v"), grads, copied[2]):
         assert_bitexact(a, b, f"{name} vs contiguous copies")
+
+
+def test_jax_varlen_equals_the_generic_call_bitwise():
+    """stridedfa.jax.varlen_attention (its first public THD attention) under jit and grad: out,
+    lse and the gradients of the same problem bit for bit the generic call's."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import stridedfa.jax as sj
+
+    gen = torch.Generator(device="cuda").manual_seed(53)
+    cu = cu_of(random_lengths(5, 120, torch.Generator().manual_seed(7)))
+    total = int(cu[-1]) + 3
+    q = make(total, 8, 64, torch.bfloat16, "thd", gen)
+    k, v = (make(total, 2, 64, torch.bfloat16, "thd", gen) for _ in range(2))
+    grad_out = make(total, 8, 64, torch.bfloat16, "thd", gen)
+    expected = run_generic(q, k, v, grad_out, cu, cu, causal=True)
+    torch.cuda.synchronize()
+    to_jax = [jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in (q, k, v, grad_out)]
+    cu_jax = jnp.asarray(cu.cpu().numpy())
+
+    @jax.jit
+    def forward_and_grads(q, k, v, cu, grad_out):
+        (out, lse), vjp = jax.vjp(lambda q, k, v: sj.varlen_attention(q, k, v, cu, cu, causal=True,
+                                                                      return_lse=True), q, k, v)
+        return out, lse, vjp((grad_out, jnp.zeros_like(lse)))
+
+    out, lse, grads = forward_and_grads(*to_jax[:3], cu_jax, to_jax[3])
+    back = lambda x: torch.from_numpy(__import__("numpy").asarray(x.astype(jnp.float32))).cuda()  # noqa: E731
+    assert_bitexact(back(out), expected[0].float(), "out")
+    assert_bitexact(back(lse), expected[1].t().contiguous(), "lse (tokens, heads)")
+    for name, g, e in zip(("grad_q", "grad_k", "grad_v"), grads, expected[2]):
+        assert_bitexact(back(g), e.float(), name)

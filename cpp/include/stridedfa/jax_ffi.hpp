@@ -21,7 +21,8 @@
 namespace stridedfa::jax_ffi {
 
 // Values of the handlers' `layout` attribute.
-enum class ArrayLayout : int64_t { bshd = 0, bhsd = 1 };
+// thd: a variable-length call's (tokens, heads, head_dim) arrays, exactly as given (no vmap axes).
+enum class ArrayLayout : int64_t { bshd = 0, bhsd = 1, thd = 2 };
 
 // The (b, h, s, d) view of a dense row-major q/k/v/out-like buffer of `rank` >= 4 dims in `layout`.
 // Throws LayoutError for a rank below 4 or an unknown layout.
@@ -32,6 +33,12 @@ TensorView array_view(const char* name, const int64_t* dims, int64_t rank, Array
 // into b). Throws LayoutError for a rank below 3.
 TensorView stats_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
                       std::uintptr_t data);
+
+// A variable-length call's statistics: a dense row-major float32 (tokens, heads) buffer as the
+// core's (heads, tokens) view (token-major memory: strides (1, heads)). Throws LayoutError unless
+// the rank is 2.
+TensorView thd_stats_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                          std::uintptr_t data);
 
 // The (b,) view of dense int32 per-sequence lengths of any rank >= 1 (vmap's axes fold into b, in
 // the order the batch of array_view folds them).
@@ -70,18 +77,19 @@ TensorView rng_state_view(const char* name, const int64_t* dims, int64_t rank, D
 
 // Bits of the handlers' `optional_operands` attribute (i64): which optional trailing arguments follow
 // the fixed ones, and which optional results the backward has. Arguments present come in this order:
-// seqlens_q and seqlens_kv (both or neither), sinks, bias, alibi_slopes, rng_state. The backward's
-// trailing results are grad_sinks when kWithGradSinks says so, then grad_bias when kWithGradBias does
-// (sinks or a bias that are not differentiated need no gradient; the slopes and rng_state have none).
-// Counting alone cannot tell a bias from the sinks, hence the bits.
+// seqlens_q and seqlens_kv (both or neither), sinks, bias, alibi_slopes, rng_state, cu_seqlens_q and cu_seqlens_kv
+// (both or neither). The backward's trailing results are grad_sinks when kWithGradSinks says so, then grad_bias when
+// kWithGradBias does (sinks or a bias that are not differentiated need no gradient; the slopes and rng_state have
+// none). Counting alone cannot tell a bias from the sinks, hence the bits.
 enum OptionalOperand : int64_t {
   kWithLengths = 1,
   kWithSinks = 2,
   kWithBias = 4,
   kWithGradBias = 8,
   kWithAlibiSlopes = 16,
-  kWithRngState = 32,   // dropout's Philox state (see rng_state_view): the forward's and the backward's alike
-  kWithGradSinks = 64,  // backward, with sinks: grad_sinks is a result (sinks that are not differentiated get none)
+  kWithRngState = 32,    // dropout's Philox state (see rng_state_view): the forward's and the backward's alike
+  kWithGradSinks = 64,   // backward, with sinks: grad_sinks is a result (sinks that are not differentiated get none)
+  kWithCuSeqlens = 128,  // cu_seqlens_q and cu_seqlens_kv, int32 (b + 1,): a variable-length (layout thd) call
 };
 
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
@@ -89,9 +97,9 @@ enum OptionalOperand : int64_t {
 // (i64: 0 top_left, 1 bottom_right), window_left and window_right (i64, -1: unbounded), softcap
 // (f64, 0: none), deterministic (bool), layout (i64: ArrayLayout), optional_operands (i64: the
 // OptionalOperand bits of the trailing arguments given), dropout_p (f64, 0: none; > 0 needs
-// rng_state). Each takes the optional trailing arguments (seqlens_q, seqlens_kv) (padding lengths),
-// sinks, bias, alibi_slopes and rng_state.
-// (q, k, v[, seqlens_q, seqlens_kv][, sinks][, bias][, alibi_slopes][, rng_state]) -> (out, lse)
+// rng_state), max_seqlen_q and max_seqlen_kv (i64, variable-length calls; 0: bounded by the tokens). Each takes the
+// optional trailing arguments (seqlens_q, seqlens_kv) (padding lengths), sinks, bias, alibi_slopes and rng_state. (q,
+// k, v[, seqlens_q, seqlens_kv][, sinks][, bias][, alibi_slopes][, rng_state]) -> (out, lse)
 void* forward_handler();
 void* forward_inference_handler();  // (q, k, v[, ...]) -> (out): no statistics (cuDNN's inference graph)
 // (q, k, v, out, lse, grad_out[, ...]) -> (grad_q, grad_k, grad_v[, grad_sinks][, grad_bias])
