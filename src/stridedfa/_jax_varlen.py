@@ -18,8 +18,7 @@ import numpy as np
 
 from stridedfa import _core
 from stridedfa._errors import LayoutError
-
-from stridedfa.jax import (  # noqa: I001 (stridedfa.jax imports this module last)
+from stridedfa.jax import (  # stridedfa.jax imports this module last, once these are defined
     _ALIGNMENTS,
     _BACKWARD,
     _DTYPES,
