@@ -266,3 +266,18 @@ def test_the_torch_operators_trace_with_fake_tensors():
     grads = torch.ops.stridedfa.varlen_backward(out, q, kv[..., :64], kv, out, lse, cu, cu, 0, 0, None, True,
                                                 "top_left", -1, -1, None, None, 0.0, None, False)
     assert [g.shape for g in grads] == [(100, 8, 64), (120, 2, 64), (120, 2, 128)]
+
+
+def test_the_dispatcher_takes_any_dlpack_producer():
+    """stridedfa.varlen_attention on a producer without an adapter: validated before anything is
+    allocated or launched (no GPU here: the fake tensors fail on their device)."""
+    args = forward_args()
+    host = [FakeTensor(t.shape, None, t.dtype, device=(1, 0)) for t in (args["q"], args["k"], args["v"])]
+    with pytest.raises(stridedfa.LayoutError, match="needs a CUDA device"):
+        stridedfa.varlen_attention(*host, args["cu_seqlens_q"], args["cu_seqlens_kv"])
+    with pytest.raises(stridedfa.LayoutError, match="must be 3-D"):
+        stridedfa.varlen_attention(fake((1, T_Q, H_Q, D)), args["k"], args["v"], args["cu_seqlens_q"],
+                                   args["cu_seqlens_kv"])
+    with pytest.raises(TypeError, match="takes no option 'bias'"):
+        stridedfa.varlen_attention(args["q"], args["k"], args["v"], args["cu_seqlens_q"], args["cu_seqlens_kv"],
+                                   bias=args["q"])

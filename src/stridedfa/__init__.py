@@ -8,6 +8,7 @@ anything runs.
     stridedfa.sdpa_forward(q, k, v, out, lse=None, ...)      # any DLPack tensors, outputs in place
     stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, ...)
     stridedfa.attention(q, k, v, causal=True)                # any DLPack tensor, outputs allocated
+    stridedfa.varlen_attention(q, k, v, cu_q, cu_kv)         # packed documents (THD), any producer
     stridedfa.torch.attention(q, k, v, causal=True)          # torch.Tensor, differentiable
     stridedfa.cupy.attention(q, k, v, causal=True)           # cupy.ndarray, CuPy's pool and stream
     stridedfa.jax.attention(q, k, v, causal=True)            # jax.Array; jit, grad, vmap
@@ -18,7 +19,7 @@ at the first GPU call.
 """
 
 from stridedfa._core import DeviceBuffer, cache_clear, cache_info, sdpa_backward, sdpa_forward
-from stridedfa._dispatch import attention
+from stridedfa._dispatch import attention, varlen_attention
 from stridedfa._errors import BackendError, LayoutError, StridedFAError, UnsupportedError
 from stridedfa._info import info
 from stridedfa._version import __version__
@@ -36,6 +37,7 @@ __all__ = [
     "info",
     "sdpa_backward",
     "sdpa_forward",
+    "varlen_attention",
 ]
 
 

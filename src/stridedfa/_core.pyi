@@ -141,6 +141,10 @@ def _attention_generic(q: Any, k: Any, v: Any, scale: float | None, causal: bool
                        seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
                        alibi_slopes: Any = None, dropout_p: float = 0.0,
                    rng_state: Any = None) -> Any: ...
+def _varlen_generic(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_kv: Any, max_seqlen_q: int | None,
+                    max_seqlen_kv: int | None, scale: float | None, causal: bool, causal_alignment: str,
+                    return_lse: bool, stream: Stream, window: Window = None, softcap: float | None = None,
+                    sinks: Any = None, dropout_p: float = 0.0, rng_state: Any = None) -> Any: ...
 def _cupy_forward(q: Any, k: Any, v: Any, scale: float | None, causal: bool, causal_alignment: str,
                   with_lse: bool, stream: int, allocation: Any, hooks: Any, window: Window = None,
                   softcap: float | None = None,

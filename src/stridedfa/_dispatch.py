@@ -13,7 +13,7 @@ import sys
 
 from stridedfa import _core
 
-__all__ = ["attention"]
+__all__ = ["attention", "varlen_attention"]
 
 # kind -> (framework module, its array type's attribute, stridedfa adapter module)
 _FRAMEWORKS = {
@@ -83,6 +83,41 @@ def attention(q, k, v, **options):
     if kind == "jax" and "layout" not in options:
         options["layout"] = "bhsd"
     return function(q, k, v, **options)
+
+
+_VARLEN_GENERIC_OPTIONS = frozenset({"scale", "causal", "causal_alignment", "window", "softcap", "sinks",
+                                     "dropout_p", "rng_state", "return_lse", "stream"})
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q=None, max_seqlen_kv=None, **options):
+    """Attention over sequences packed along one token axis (THD) for any DLPack tensors.
+
+    q (total_q, h_q, d_qk), k (total_kv, h_kv, d_qk), v (total_kv, h_kv, d_v), int32
+    ``cu_seqlens_q`` / ``cu_seqlens_kv`` (b + 1,) on the device; ``max_seqlen_*`` optional Python
+    ints (see :func:`stridedfa.torch.varlen_attention`). Dispatches on the type of ``q`` to
+    ``stridedfa.torch`` / ``stridedfa.cupy`` / ``stridedfa.jax``'s ``varlen_attention``; any
+    other DLPack producer gets ``out`` (and with ``return_lse`` the (h_q, total_q) ``lse``) as
+    :class:`stridedfa.DeviceBuffer` s, with the options ``scale``, ``causal``,
+    ``causal_alignment``, ``window``, ``softcap``, ``sinks``, ``dropout_p`` with ``rng_state``,
+    ``return_lse`` and ``stream``.
+    """
+    kind = _kind_by_type.get(type(q))
+    if kind is None:
+        kind = _classify(q)
+    if kind == "dlpack":
+        unknown = options.keys() - _VARLEN_GENERIC_OPTIONS
+        if unknown:
+            raise TypeError(_unknown_options(unknown, "stridedfa.varlen_attention for generic DLPack producers",
+                                             _VARLEN_GENERIC_OPTIONS))
+        return _core._varlen_generic(
+            q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, options.get("scale"),
+            options.get("causal", False), options.get("causal_alignment", "top_left"),
+            options.get("return_lse", False), options.get("stream"), options.get("window"), options.get("softcap"),
+            options.get("sinks"), options.get("dropout_p", 0.0), options.get("rng_state"))
+    adapter = sys.modules.get(_FRAMEWORKS[kind][2])
+    if adapter is None:
+        adapter = importlib.import_module(_FRAMEWORKS[kind][2])
+    return adapter.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, **options)
 
 
 def _classify(q) -> str:

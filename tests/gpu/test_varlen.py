@@ -485,3 +485,18 @@ def test_jax_varlen_equals_the_generic_call_bitwise():
     assert_bitexact(back(lse), expected[1].t().contiguous(), "lse (tokens, heads)")
     for name, g, e in zip(("grad_q", "grad_k", "grad_v"), grads, expected[2]):
         assert_bitexact(back(g), e.float(), name)
+
+
+def test_the_dispatcher_serves_any_producer_and_torch():
+    from helpers.producers import Producer
+
+    gen = torch.Generator(device="cuda").manual_seed(59)
+    cu = cu_of(random_lengths(4, 100, torch.Generator().manual_seed(8)))
+    total = int(cu[-1]) + 1
+    q, k, v = (make(total, 4, 64, torch.bfloat16, "thd", gen) for _ in range(3))
+    expected = run_generic(q, k, v, torch.zeros_like(q), cu, cu, causal=True)
+    out, lse = stridedfa.varlen_attention(*(Producer(t) for t in (q, k, v, cu, cu)), causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    assert_bitexact(torch.from_dlpack(out), expected[0], "out through a generic producer")
+    assert_bitexact(torch.from_dlpack(lse), expected[1], "lse through a generic producer")
+    assert_bitexact(stridedfa.varlen_attention(q, k, v, cu, cu, causal=True), expected[0], "out through torch")
