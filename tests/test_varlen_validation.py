@@ -281,3 +281,31 @@ def test_the_dispatcher_takes_any_dlpack_producer():
     with pytest.raises(TypeError, match="takes no option 'bias'"):
         stridedfa.varlen_attention(args["q"], args["k"], args["v"], args["cu_seqlens_q"], args["cu_seqlens_kv"],
                                    bias=args["q"])
+
+
+def test_a_backward_without_queries_zeroes_the_key_gradients():
+    # no query tokens: dK and dV are zeros, filled without cuDNN -- not a refusal
+    args = backward_args(q=fake((0, H_Q, D)), out=fake((0, H_Q, D)), lse=token_major_lse(0),
+                         grad_out=fake((0, H_Q, D)), grad_q=fake((0, H_Q, D)))
+    problem = _core._validate_backward(**args)
+    assert problem["s_q"] == 0 and not problem["nothing_to_do"]
+    assert _core._backward_graph_key(**args) == ()  # nothing for cuDNN
+
+
+def test_the_varlen_backward_is_refused_by_name_where_cudnn_cannot_run_it():
+    forward = _core._forward_graph_key(**forward_args(), sm_version=80)
+    assert forward  # the forward runs on Ampere
+    with pytest.raises(stridedfa.UnsupportedError, match=r"backward is not supported on compute capability 8\.x"):
+        _core._backward_graph_key(**backward_args(), sm_version=80)
+    with pytest.raises(stridedfa.UnsupportedError, match=r"compute capability 12\.x"):
+        _core._backward_graph_key(**backward_args(), sm_version=120)
+    assert _core._backward_graph_key(**backward_args(), sm_version=90)
+
+
+def test_one_tensor_passed_as_k_and_v_is_copied_by_the_torch_adapter():
+    torch = pytest.importorskip("torch")
+    from stridedfa._torch_varlen import _separate
+
+    q, kv = torch.empty(64, 4, 16), torch.empty(64, 4, 16)
+    q2, k2, v2 = _separate(q, kv, kv)
+    assert q2 is q and k2 is not kv and v2 is not kv and k2 is not v2

@@ -184,7 +184,7 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
     const bool token_axis = kind == OperandKind::attention || kind == OperandKind::stats;
     if (operands[s] && token_axis && role_in(op, s) == Role::output) add_fill(plan, *operands[s], s);
   }
-  if (full.sequences == 0 || full.s_kv == 0) {  // no key anywhere: the fills are the answer
+  if (full.sequences == 0 || full.s_q == 0 || full.s_kv == 0) {  // no query or key: the fills are the answer
     plan.nothing_for_cudnn = true;
     return;
   }
@@ -193,7 +193,7 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
         "attention sinks in a variable-length backward need cuDNN 9.26 or newer (earlier versions read out of "
         "bounds there); this process runs cuDNN " +
         std::to_string(cudnn_version / 10000) + "." + std::to_string(cudnn_version / 100 % 100) +
-        ". Use padded tensors with seqlens_q / seqlens_kv, or sinks that do not require grad.");
+        " (fixed sinks too). Use padded tensors with seqlens_q / seqlens_kv, or no sinks in training.");
   }
   RaggedPlan& r = plan.ragged;
   r.on = true;

@@ -29,7 +29,6 @@ const Driver& driver() {
     find(d.module_load_data, "cuModuleLoadData");
     find(d.module_get_function, "cuModuleGetFunction");
     find(d.launch_kernel, "cuLaunchKernel");
-    find(d.ctx_get_current, "cuCtxGetCurrent");
   });
   if (!failure.empty()) throw BackendError(failure);
   return d;

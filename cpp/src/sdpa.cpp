@@ -182,6 +182,17 @@ void check_known_wrong(const GraphSpec& spec) {
   }
 }
 
+// cudnn-frontend 1.32 refuses a variable-length backward on SM8x and SM12x (ragged statistics,
+// which stridedfa's THD lse always are): refused by name instead of by the frontend's wording.
+void check_ragged_backward(const GraphSpec& spec) {
+  const int32_t major = spec.sm_version / 10;
+  if (!spec.ragged || spec.op != GraphOp::backward || (major != 8 && major != 12)) return;
+  throw UnsupportedError("the variable-length (cu_seqlens) backward is not supported on compute capability " +
+                         std::to_string(major) +
+                         ".x: cuDNN runs it with ragged statistics on Hopper and "
+                         "datacenter Blackwell only. Train with padded tensors and seqlens_q / seqlens_kv there.");
+}
+
 GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t sm_version, int64_t cudnn_version) {
   const Problem& p = plan.problem;
   GraphSpec spec;
@@ -219,6 +230,7 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   check_version_gates(spec);
   check_bias_gradient(spec);
   check_known_wrong(spec);
+  check_ragged_backward(spec);
   return spec;
 }
 

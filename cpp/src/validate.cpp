@@ -426,8 +426,8 @@ void require_nonempty_problem(const Problem& p) {
   const int64_t extents[] = {p.b, p.h_q, p.h_kv, p.s_q, p.s_kv, p.d_qk, p.d_v};
   const char* names[] = {"batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v"};
   for (int i = 0; i < 7; ++i) {
-    // A variable-length call with no keys at all (or no sequences) is defined: out 0, lse -inf.
-    if (p.ragged && (i == 4)) continue;
+    // A variable-length call without queries or keys is defined: out 0, lse -inf, zero gradients.
+    if (p.ragged && (i == 3 || i == 4)) continue;
     if (extents[i] == 0) {
       throw UnsupportedError(std::string(names[i]) + " is 0 while an output has elements; attention over an empty " +
                              "axis is not defined by cuDNN. Skip the call or give inputs with that axis non-empty.");

@@ -88,8 +88,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
             (sequence i is tokens [cu[i], cu[i + 1])), traced values read on the device only.
             Outside the contract (decreasing, past the end) they are clamped into the arrays:
             nothing outside them is read or written.
-        max_seqlen_q, max_seqlen_kv: optional Python ints, the longest sequence (a promise: a
-            longer one is treated as empty); None bounds it by the token count. Compiled into the
+        max_seqlen_q, max_seqlen_kv: optional Python ints, the longest sequence (a promise: one
+            longer than its bucket, at most 1.25x the promise, is treated as empty); None bounds it
+            by the token count. Compiled into the
             call, as its bucket keys cuDNN's graph.
         scale, causal, causal_alignment, window, softcap, dropout_p, dropout_key, deterministic:
             as in :func:`stridedfa.jax.attention`, per sequence.

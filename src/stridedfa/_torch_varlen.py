@@ -52,9 +52,22 @@ def _separate(q, k, v):
     variable-length kernels mis-address interleaved views (GPU run 35; the core refuses them), so
     a packed projection costs one copy of k and v here (differentiable: autograd routes the
     gradients back into the projection)."""
-    kv = _interleaved(k, v)
-    copy_k, copy_v = kv or _interleaved(q, k), kv or _interleaved(q, v)
-    return q, k.contiguous() if copy_k else k, v.contiguous() if copy_v else v
+    kv = _interleaved_or_same(k, v)  # one tensor passed twice counts: 0 bytes apart
+    copy_k, copy_v = kv or _interleaved_or_same(q, k), kv or _interleaved_or_same(q, v)
+    def copy(t):  # a buffer of its own, also for a tensor that is already contiguous
+        return t.clone(memory_format=torch.contiguous_format)
+
+    return q, copy(k) if copy_k else k, copy(v) if copy_v else v
+
+
+def _cudnn_version() -> int:
+    """The cuDNN this process runs (loaded on first use, as the first call would)."""
+    _core._load_libraries()
+    return _core._runtime_versions()["cudnn"]
+
+
+def _interleaved_or_same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or _interleaved(a, b)
 
 
 def _max(value: int):
@@ -146,14 +159,15 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             token counts; entries outside that are clamped into the buffers (nothing outside them
             is read or written) and give wrong results for the sequences concerned.
         max_seqlen_q, max_seqlen_kv: optional Python ints, the longest sequence on each side (a
-            promise: a longer one is treated as empty -- zeros out). None bounds it by the token
-            count, always correct; a tighter bound spares cuDNN launching blocks for padding.
+            promise: a sequence longer than its bucket, at most 1.25x the promise, is treated as
+            empty -- zeros out). None bounds it by the token count, always correct; a tighter bound
+            spares cuDNN launching blocks for padding.
             Graphs are keyed by a bucket of these and of the token counts (at most 1.25x apart),
             so a training run over random document lengths builds a bounded number.
         scale, causal, causal_alignment, window, softcap, sinks, dropout_p, deterministic: as in
             :func:`stridedfa.torch.attention`, applied per sequence ("bottom_right" aligns each
-            sequence's last query with its last key). Sinks are not differentiable here before
-            cuDNN 9.26 (the backward refuses them by name).
+            sequence's last query with its last key). Sinks only without a backward before cuDNN
+            9.26 (refused by name before the forward when q, k or v require grad), never trainable.
         return_lse: also return the float32 log-sum-exp, shape (h_q, total_q) (FlashAttention's
             softmax_lse layout; its memory is token-major, strides (1, h_q)); not differentiable.
 
@@ -168,10 +182,16 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                             f"host synchronisation (leave it None to bound it by the token count)")
         if value is not None and not 1 <= value < 2**31:
             raise ValueError(f"{name} must be in [1, 2**31) or None, got {value}")
-    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
-        raise UnsupportedError("varlen_attention does not compute the sinks' gradient (cuDNN before 9.26 reads out "
-                               "of bounds there); pass sinks.detach(), or use attention() on padded tensors with "
-                               "seqlens_q / seqlens_kv for trainable sinks.")
+    if sinks is not None and torch.is_grad_enabled():
+        if sinks.requires_grad:
+            raise UnsupportedError("varlen_attention does not compute the sinks' gradient (cuDNN before 9.26 reads "
+                                   "out of bounds there); pass sinks.detach(), or use attention() on padded tensors "
+                                   "with seqlens_q / seqlens_kv for trainable sinks.")
+        if any(t.requires_grad for t in (q, k, v)) and _cudnn_version() < 92600:
+            raise UnsupportedError("attention sinks in a variable-length backward need cuDNN 9.26 or newer (earlier "
+                                   "versions read out of bounds there), also fixed sinks; run with sinks under "
+                                   "torch.no_grad(), or use attention() on padded tensors with seqlens_q / "
+                                   "seqlens_kv.")
     left, right = _bounds(window) if window is not None else (-1, -1)
     q, k, v = _separate(q, k, v)
     rng_state = _draw_rng_state(q, dropout_p) if dropout_p > 0 else None

@@ -166,7 +166,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
     ``cupy.ascontiguousarray`` copies); ``cu_seqlens_q`` / ``cu_seqlens_kv`` int32 (b + 1,) arrays,
     0 then each sequence's end, read on the device only. The other arguments are
     :func:`attention`'s and :func:`stridedfa.torch.varlen_attention`'s (max_seqlen: a promise; a
-    longer sequence is treated as empty; None bounds it by the token count).
+    sequence longer than its bucket, at most 1.25x the promise, is treated as empty; None bounds it
+    by the token count; sinks only where no backward follows before cuDNN 9.26).
 
     Returns ``out`` (total_q, h_q, d_v), contiguous, or ``(out, lse)`` with lse float32 (h_q,
     total_q) over token-major memory; tokens in no sequence get out = 0 and lse = -inf.

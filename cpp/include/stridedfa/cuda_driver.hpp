@@ -16,7 +16,6 @@ struct Driver {
   decltype(&::cuModuleLoadData) module_load_data = nullptr;
   decltype(&::cuModuleGetFunction) module_get_function = nullptr;
   decltype(&::cuLaunchKernel) launch_kernel = nullptr;
-  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
 };
 
 // Throws BackendError when libcuda.so.1 or one of the entry points is missing.

@@ -26,9 +26,9 @@ struct SdpaOptions {
   // > 0: each softmax probability is dropped with this probability and the kept ones scaled by
   // 1 / (1 - dropout_p), by cuDNN's Philox generator from the rng_state operand.
   double dropout_p = 0.0;
-  // Variable-length (THD) calls: the longest sequence on each side, a promise the call keeps by
-  // treating a longer one as empty; 0: bounded by the token count (always kept). Graphs are keyed
-  // by a bucket of it (ragged.hpp), so a training run builds a bounded number.
+  // Variable-length (THD) calls: the longest sequence on each side, a promise; a sequence longer
+  // than its bucket (ragged.hpp: at most 1.25x) is treated as empty. 0: bounded by the token count
+  // (always kept). Graphs are keyed by the bucket, so a training run builds a bounded number.
   int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
 
   static constexpr int64_t kUnbounded = -1;
