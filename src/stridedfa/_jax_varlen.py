@@ -18,7 +18,7 @@ import numpy as np
 
 from stridedfa import _core
 from stridedfa._errors import LayoutError
-from stridedfa.jax import (  # stridedfa.jax imports this module last, once these are defined
+from stridedfa._jax_runtime import (
     _ALIGNMENTS,
     _BACKWARD,
     _DTYPES,
