@@ -309,3 +309,49 @@ def test_one_tensor_passed_as_k_and_v_is_copied_by_the_torch_adapter():
     q, kv = torch.empty(64, 4, 16), torch.empty(64, 4, 16)
     q2, k2, v2 = _separate(q, kv, kv)
     assert q2 is q and k2 is not kv and v2 is not kv and k2 is not v2
+
+
+# --- Fuzzed strides: what validation accepts and refuses for THD operands -------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def thd_layouts(draw, tokens, heads, dim):
+    """(strides, ok): a (tokens, heads, dim) bfloat16 layout with random token and head strides,
+    token- or head-major with gaps, and whether cuDNN's rules admit it (head_dim contiguous,
+    strides of axes with extent > 1 positive multiples of 8 elements)."""
+    head_major = draw(st.booleans())
+    gap = draw(st.integers(0, 3)) * draw(st.sampled_from([8, 1]))  # 1: a misaligned gap
+    d_stride = draw(st.sampled_from([1, 1, 1, 2]))
+    row = dim * d_stride + gap
+    token, head = (row, tokens * row + gap) if head_major else (heads * row + gap, row)
+    sign = draw(st.sampled_from([1, 1, 1, -1]))
+    token *= sign
+    strides = (token, head, d_stride)
+    ok = d_stride == 1 and all(s > 0 and s % 8 == 0 for s, n in zip(strides[:2], (tokens, heads)) if n > 1)
+    return strides, ok
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_fuzzed_thd_strides_are_accepted_exactly_when_cudnn_can_read_them(data):
+    tokens = data.draw(st.sampled_from([1, 2, 37, 1000]))
+    heads = data.draw(st.sampled_from([1, 2, 8]))
+    name = data.draw(st.sampled_from(["q", "k", "v", "out"]))
+    strides, ok = data.draw(thd_layouts(tokens, heads, 64))
+    span = sum(abs(s) * (n - 1) for s, n in zip(strides, (tokens, heads, 64))) + 1
+    base = 0x300000000000 + next(_bases) * GiB + (span * 2 if strides[0] < 0 else 0)
+    tensor = FakeTensor((tokens, heads, 64), strides, "bfloat16", data=base)
+    args = forward_args(t_q=tokens, t_kv=tokens)
+    args["q"], args["out"] = fake((tokens, heads, 64)), fake((tokens, heads, 64))
+    args["k"], args["v"] = fake((tokens, heads, 64)), fake((tokens, heads, 64))
+    args["lse"] = fake((heads, tokens), "float32", strides=(1, heads))
+    args[name] = tensor
+    if ok:
+        problem = validate_forward(**args)
+        assert problem["s_q"] == tokens and problem["sequences"] == 5
+    else:
+        with pytest.raises(stridedfa.LayoutError, match=rf"^{name}\b"):
+            validate_forward(**args)
