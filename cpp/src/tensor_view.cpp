@@ -173,4 +173,10 @@ std::string device_type_name(int32_t device_type) {
   }
 }
 
+int64_t element_extent(const TensorView& t) {
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim; ++i) last += (t.dims[i] - 1) * t.strides[i];
+  return last + 1;
+}
+
 }  // namespace stridedfa

@@ -29,6 +29,7 @@
 #include "stridedfa/errors.hpp"
 #include "stridedfa/overlap.hpp"
 #include "stridedfa/sdpa.hpp"
+#include "stridedfa/validate_ragged.hpp"
 
 namespace stridedfa {
 namespace {
@@ -435,13 +436,6 @@ void require_nonempty_problem(const Problem& p) {
   }
 }
 
-// Elements from t's data pointer to its last element, plus one (t non-empty, strides >= 0).
-int64_t element_extent(const TensorView& t) {
-  int64_t last = 0;
-  for (int i = 0; i < t.ndim; ++i) last += (t.dims[i] - 1) * t.strides[i];
-  return last + 1;
-}
-
 // cuDNN's backward addresses its operands with 32-bit arithmetic (GPU runs 13 and 14, cuDNN 9.19):
 // out or grad_out reaching past 4 GiB (2^32 bytes) gives wrong or NaN dq/dk (its dO.O kernel,
 // cudnn::fusion::compute_dot_do_o); q and dq with a batch stride of 2^32 + 64 elements leave half of
@@ -457,88 +451,6 @@ void require_32bit_reach(const TensorView& t, bool bytes) {
                          (bytes ? "out and grad_out within 4 GiB (2^32 bytes)" : "its operands within 2^32 elements") +
                          " and computes wrong gradients beyond. Pass a compact copy (x.contiguous()), or split " +
                          "the batch over several calls if the tensor itself is that large.");
-}
-
-// Whether a call is variable-length: cu_seqlens given (both sides are then required).
-bool is_ragged(const SlotViews& given) {
-  for (int s : {kCuSeqlensQ, kCuSeqlensKV}) {
-    if (given[s] && given[s]->present) return true;
-  }
-  return false;
-}
-
-// What a variable-length call needs and what it cannot take (t: the operands as 4-axis views).
-void check_ragged_operands(const TensorView* const* t) {
-  if (!t[kCuSeqlensQ] || !t[kCuSeqlensKV]) {
-    throw LayoutError(std::string("a variable-length call needs both cu_seqlens_q and cu_seqlens_kv (") +
-                      (t[kCuSeqlensQ] ? "cu_seqlens_kv" : "cu_seqlens_q") +
-                      " is missing); for self-attention pass the same tensor twice.");
-  }
-  if (t[kCuSeqlensQ]->dims[3] != t[kCuSeqlensKV]->dims[3]) {
-    throw LayoutError("cu_seqlens_q has " + std::to_string(t[kCuSeqlensQ]->dims[3]) + " entries but cu_seqlens_kv " +
-                      std::to_string(t[kCuSeqlensKV]->dims[3]) + "; both hold batch + 1 starts.");
-  }
-  for (int s : {kSeqLensQ, kSeqLensKV}) {
-    if (t[s]) {
-      throw LayoutError(std::string(kOperands[s].name) +
-                        " (padding lengths) cannot be combined with cu_seqlens: a variable-length call's "
-                        "lengths are the differences of its cumulative starts.");
-    }
-  }
-  for (int s : {kBias, kGradBias, kAlibiSlopes}) {
-    if (t[s]) {
-      throw UnsupportedError(std::string(kOperands[s].name) +
-                             " is not supported in a variable-length call (cuDNN's ragged layout takes no score "
-                             "bias here); use padded (batch, heads, seq, dim) tensors with seqlens_q / seqlens_kv.");
-    }
-  }
-}
-
-// Two token-axis operands interleaved in one buffer: the same token stride, their first elements
-// less than one token row apart (q, k, v as views of one (tokens, 3, heads, dim) projection).
-bool interleaved(const TensorView& a, const TensorView& b) {
-  if (a.dims[2] < 2 || b.dims[2] < 2 || a.strides[2] != b.strides[2]) return false;
-  const std::uintptr_t apart = a.data > b.data ? a.data - b.data : b.data - a.data;
-  return apart < std::uintptr_t(a.strides[2] * a.itemsize());
-}
-
-// GPU run 35 (cuDNN 9.19): with q, k and v interleaved in one (tokens, 3, heads, dim) buffer the
-// variable-length kernels computed wrong dQ (h = 4) and a wrong forward (h = 8), while q, k, v in
-// buffers of their own -- at any token and head strides tried, head-major included -- were right:
-// the pattern cudnn-frontend #526 reports (THD kernels that rebuild packed views with hardcoded
-// strides). Refused by name until a layout is verified; stridedfa.torch copies such views.
-void refuse_interleaved(const TensorView* const* t) {
-  const int groups[2][3] = {{kQ, kK, kV}, {kGradQ, kGradK, kGradV}};
-  for (const auto& group : groups) {
-    for (int i = 0; i < 3; ++i) {
-      for (int j = i + 1; j < 3; ++j) {
-        const TensorView* a = t[group[i]];
-        const TensorView* b = t[group[j]];
-        if (!a || !b || !interleaved(*a, *b)) continue;
-        throw UnsupportedError(
-            std::string(a->name) + " and " + b->name + " are views interleaved in one buffer (token stride " +
-            std::to_string(a->strides[2]) +
-            "), which cuDNN 9.19's variable-length kernels mis-address (wrong results, GPU run 35). Pass "
-            "tensors of their own (x.contiguous()); stridedfa.torch.varlen_attention copies such views itself.");
-      }
-    }
-  }
-}
-
-// cuDNN takes the ragged offsets (a sequence's start times the token stride) as int32: every
-// element a ragged operand's sequences can start at must lie within 2^31 - 1 elements.
-void require_int32_offsets(const TensorView* const* t) {
-  for (int s = 0; s < kNumSlots; ++s) {
-    const OperandKind kind = kOperands[s].kind;
-    if (!t[s] || (kind != OperandKind::attention && kind != OperandKind::stats) || t[s]->numel() == 0) continue;
-    const int64_t tokens = t[s]->dims[2], stride = t[s]->strides[2];
-    const int64_t reach = tokens > 1 ? tokens * stride : 0;
-    if (reach <= INT32_MAX && element_extent(*t[s]) <= INT32_MAX) continue;
-    throw UnsupportedError(std::string(t[s]->name) + ": " + std::to_string(tokens) + " tokens at a token stride of " +
-                           std::to_string(stride) +
-                           " elements reach past 2^31 elements, the limit of cuDNN's int32 ragged offsets; split "
-                           "the batch over several calls.");
-  }
 }
 
 }  // namespace
@@ -598,31 +510,6 @@ TensorView scores_as_4d(const TensorView& scores) {
   return t;
 }
 
-}  // namespace
-
-namespace {
-// A variable-length call's (tokens, heads, dim) operand, or its (heads, tokens) statistics, as the
-// core's (batch, heads, seq, dim) with one batch entry: the seq axis is the token axis, so every
-// memory rule applies to the caller's real memory (the sequences are cut out of it at launch).
-TensorView thd_as_4d(const TensorView& thd, bool stats) {
-  TensorView t = thd;
-  t.ndim = 4;
-  const int tokens = stats ? 1 : 0, heads = stats ? 0 : 1;
-  const int64_t inner = stats ? 1 : thd.dims[2] * thd.strides[2];
-  t.dims[0] = 1;
-  t.strides[0] = inner * thd.dims[heads];  // extent 1: never stepped along
-  t.caller_axes[0] = -1;
-  t.dims[1] = thd.dims[heads];
-  t.strides[1] = thd.strides[heads];
-  t.caller_axes[1] = thd.caller_axes[heads];
-  t.dims[2] = thd.dims[tokens];
-  t.strides[2] = thd.strides[tokens];
-  t.caller_axes[2] = thd.caller_axes[tokens];
-  t.dims[3] = stats ? 1 : thd.dims[2];
-  t.strides[3] = stats ? 1 : thd.strides[2];
-  t.caller_axes[3] = static_cast<int8_t>(stats ? -1 : thd.caller_axes[2]);
-  return t;
-}
 }  // namespace
 
 TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged) {

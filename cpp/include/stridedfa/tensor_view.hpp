@@ -57,6 +57,9 @@ TensorView view_from_dltensor(const DLTensor& tensor, bool read_only, const char
 // tensors pass whatever their strides (DLPack leaves them arbitrary). Exact: 128-bit arithmetic.
 void check_addressable(const TensorView& t);
 
+// Elements from t's data pointer to its last element, plus one (t non-empty, strides >= 0).
+int64_t element_extent(const TensorView& t);
+
 // "float16", "bfloat16", "float32", "int8", ... for messages.
 std::string dtype_name(DLDataType dtype);
 // "CPU", "CUDA", "CUDA host (pinned)", ... for messages.
