@@ -355,3 +355,25 @@ def test_fuzzed_thd_strides_are_accepted_exactly_when_cudnn_can_read_them(data):
     else:
         with pytest.raises(stridedfa.LayoutError, match=rf"^{name}\b"):
             validate_forward(**args)
+
+
+def test_the_packed_varlen_entry_point_reads_a_fused_projection():
+    """Shapes through the fake kernels (meta tensors): (total, 3, h, d) and (total, h, 3, d) with
+    q, k, v inside, (total, 2, h, d) with q apart; the gradient is one tensor of packed's shape."""
+    torch = pytest.importorskip("torch")
+    import stridedfa.torch as st
+
+    cu = torch.empty(4, dtype=torch.int32, device="meta")
+    for shape, dim in (((100, 3, 4, 64), 1), ((100, 4, 3, 64), 2)):
+        packed = torch.empty(shape, dtype=torch.bfloat16, device="meta", requires_grad=True)
+        out = st.varlen_packed_attention(packed, dim, cu, causal=True)
+        assert out.shape == (100, 4, 64)
+        out.sum().backward()
+        assert packed.grad.shape == shape
+    kv = torch.empty(120, 2, 2, 64, dtype=torch.bfloat16, device="meta")
+    q = torch.empty(100, 8, 64, dtype=torch.bfloat16, device="meta")
+    assert st.varlen_packed_attention(kv, 1, cu, cu, q=q).shape == (100, 8, 64)
+    with pytest.raises(ValueError, match="extent 3 .* without q, or 2"):
+        st.varlen_packed_attention(kv, 1, cu)
+    with pytest.raises(ValueError, match=r"packed must be \(total, n, h, d\)"):
+        st.varlen_packed_attention(q, 1, cu)

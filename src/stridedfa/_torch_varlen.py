@@ -199,3 +199,33 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                               bool(causal), causal_alignment, left, right, softcap, sinks, float(dropout_p),
                               rng_state, bool(deterministic))
     return (out, lse) if return_lse else out
+
+
+def varlen_packed_attention(packed: torch.Tensor, dim: int, cu_seqlens_q: torch.Tensor,
+                            cu_seqlens_kv: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                            max_seqlen_kv: int | None = None, *, q: torch.Tensor | None = None, **options):
+    """:func:`varlen_attention` on a packed projection (FlashAttention's varlen qkvpacked /
+    kvpacked functions): ``packed`` holds q, k and v interleaved along axis ``dim`` (extent 3) of
+    a (total, 3, h, d) (``dim=1``) or (total, h, 3, d) (``dim=2``) tensor, or k and v (extent 2)
+    with ``q`` (total_q, h_q, d) given apart. ``cu_seqlens_kv`` defaults to ``cu_seqlens_q`` (and
+    ``max_seqlen_kv`` to ``max_seqlen_q``) for self-attention. The gradient flows into ``packed``
+    as one tensor of its shape. Options as in :func:`varlen_attention`.
+
+    cuDNN 9.19 mis-addresses q, k, v views interleaved in one buffer, so k and v are copied out
+    of ``packed`` (and the packed gradient assembled from separate ones) until a layout is
+    verified; q is read in place.
+    """
+    if packed.dim() != 4 or dim not in (1, 2, -3, -2):
+        raise ValueError(f"packed must be (total, n, h, d) with dim=1 or (total, h, n, d) with dim=2, got shape "
+                         f"{tuple(packed.shape)} and dim={dim}")
+    parts = packed.unbind(dim)
+    if len(parts) == 3 and q is None:
+        q, k, v = parts
+    elif len(parts) == 2 and q is not None:
+        k, v = parts
+    else:
+        raise ValueError(f"packed's axis {dim} must have extent 3 (q, k, v) without q, or 2 (k, v) with q "
+                         f"given; got extent {len(parts)} with q {'given' if q is not None else 'not given'}")
+    if cu_seqlens_kv is None:
+        cu_seqlens_kv, max_seqlen_kv = cu_seqlens_q, max_seqlen_q if max_seqlen_kv is None else max_seqlen_kv
+    return varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, **options)

@@ -1,12 +1,13 @@
 """The torch adapter: stridedfa attention as torch operators.
 
-Three entry points, all differentiable and usable under ``torch.compile(fullgraph=True)`` and CUDA
+Four entry points, all differentiable and usable under ``torch.compile(fullgraph=True)`` and CUDA
 graph capture:
 
 - :func:`attention` takes q, k, v with any valid strides (e.g. views of one packed projection);
 - :func:`packed_attention` takes the packed projection itself plus the axis along which q/k/v (or
   k/v) interleave, and writes the backward's dQ/dK/dV straight into one packed gradient buffer;
-- :func:`varlen_attention` takes sequences packed along one token axis (THD) with cu_seqlens.
+- :func:`varlen_attention` takes sequences packed along one token axis (THD) with cu_seqlens, and
+  :func:`varlen_packed_attention` their fused (total, 3, h, d) projection.
 
 They are backed by registered operators (``torch.ops.stridedfa.*``, see ``torch.library``) whose
 fake implementations give exactly the strides the real kernels produce (``stridedfa._layouts``).
@@ -41,9 +42,9 @@ from stridedfa._torch_ops import (
 )
 
 # Variable-length (THD) attention: its own operators (importing it registers them).
-from stridedfa._torch_varlen import varlen_attention  # noqa: I001
+from stridedfa._torch_varlen import varlen_attention, varlen_packed_attention  # noqa: I001
 
-__all__ = ["attention", "packed_attention", "varlen_attention"]
+__all__ = ["attention", "packed_attention", "varlen_attention", "varlen_packed_attention"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,

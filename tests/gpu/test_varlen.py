@@ -545,3 +545,21 @@ def test_a_transformer_on_packed_documents_equals_it_per_document():
     assert abs(packed_loss.item() - per_document_loss.item()) <= 1e-2 * abs(per_document_loss.item())
     for (name, _), a, b in zip(model.named_parameters(), packed_grads, per_document_grads):
         assert_close_to_scale(a.float(), b.float(), rel=3e-2, name=name)
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_the_packed_varlen_entry_point_equals_separate_tensors_bitwise(dim):
+    gen = torch.Generator(device="cuda").manual_seed(67 + dim)
+    cu = cu_of(random_lengths(5, 90, torch.Generator().manual_seed(9)))
+    total = int(cu[-1])
+    shape = (total, 3, 4, 64) if dim == 1 else (total, 4, 3, 64)
+    packed = torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    grad_out = make(total, 4, 64, torch.bfloat16, "thd", gen)
+    out = st.varlen_packed_attention(packed, dim, cu, causal=True)
+    out.backward(grad_out)
+    parts = [t.detach().contiguous().requires_grad_() for t in packed.unbind(dim)]
+    expected = st.varlen_attention(*parts, cu, cu, causal=True)
+    expected.backward(grad_out)
+    assert_bitexact(out, expected, "out")
+    for i, part in enumerate(parts):
+        assert_bitexact(packed.grad.select(dim, i), part.grad, f"gradient {i}")
