@@ -19,12 +19,12 @@ import numpy as np
 from stridedfa import _core
 from stridedfa._errors import LayoutError
 from stridedfa._jax_runtime import (
-    _ALIGNMENTS,
     _BACKWARD,
     _DTYPES,
     _FORWARD,
     _check_devices,
     _ensure_runtime,
+    _Options,
     _options,
     _rng_state,
     jax,
@@ -37,41 +37,20 @@ _WITH_RNG_STATE, _WITH_CU_SEQLENS = 32, 128  # OptionalOperand bits (jax_ffi.hpp
 
 @dataclasses.dataclass(frozen=True)
 class _VarlenOptions:
-    """The static configuration of a call (hashable: it keys JAX's caches)."""
+    """The static configuration of a call (hashable: it keys JAX's caches): a dense call's options
+    (their layout replaced by thd) and the promised longest sequences (0: bounded by the tokens)."""
 
-    scale: float | None
-    causal: bool
-    causal_alignment: str
-    window: tuple[int | None, int | None] | None
-    softcap: float | None
-    deterministic: bool
-    dropout_p: float
+    base: _Options
     max_seqlen_q: int
-    max_seqlen_kv: int  # 0: bounded by the token count
+    max_seqlen_kv: int
 
     def attributes(self, optional_operands: int) -> dict[str, Any]:
-        left, right = (None, None) if self.window is None else self.window
-        return {
-            "scale": np.float64(0.0 if self.scale is None else self.scale),
-            "has_scale": np.bool_(self.scale is not None),
-            "causal": np.bool_(self.causal),
-            "causal_alignment": np.int64(_ALIGNMENTS[self.causal_alignment]),
-            "window_left": np.int64(-1 if left is None else left),
-            "window_right": np.int64(-1 if right is None else right),
-            "softcap": np.float64(0.0 if self.softcap is None else self.softcap),
-            "deterministic": np.bool_(self.deterministic),
-            "layout": np.int64(_THD),
-            "optional_operands": np.int64(optional_operands),
-            "dropout_p": np.float64(self.dropout_p),
-            "max_seqlen_q": np.int64(self.max_seqlen_q),
-            "max_seqlen_kv": np.int64(self.max_seqlen_kv),
-        }
+        return dict(self.base.attributes(optional_operands), layout=np.int64(_THD),
+                    max_seqlen_q=np.int64(self.max_seqlen_q), max_seqlen_kv=np.int64(self.max_seqlen_kv))
 
     def core_options(self) -> dict[str, Any]:
-        return {"scale": self.scale, "causal": self.causal, "causal_alignment": self.causal_alignment,
-                "window": self.window, "softcap": self.softcap, "deterministic": self.deterministic,
-                "dropout_p": self.dropout_p, "max_seqlen_q": self.max_seqlen_q or None,
-                "max_seqlen_kv": self.max_seqlen_kv or None}
+        return dict(self.base.core_options(), max_seqlen_q=self.max_seqlen_q or None,
+                    max_seqlen_kv=self.max_seqlen_kv or None)
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | None = None,
@@ -108,12 +87,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
             raise ValueError(f"{name} must be in [1, 2**31) or None, got {value}")
     base = _options("bshd", scale, causal, causal_alignment, window, deterministic, softcap=softcap,
                     dropout_p=dropout_p)
-    options = _VarlenOptions(base.scale, base.causal, base.causal_alignment, base.window, base.softcap,
-                             base.deterministic, base.dropout_p, int(max_seqlen_q or 0), int(max_seqlen_kv or 0))
+    options = _VarlenOptions(base, int(max_seqlen_q or 0), int(max_seqlen_kv or 0))
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
     cu_q, cu_kv = jnp.asarray(cu_seqlens_q), jnp.asarray(cu_seqlens_kv)
     rng_state: tuple = ()
-    if options.dropout_p > 0:
+    if options.base.dropout_p > 0:
         if dropout_key is None:
             raise ValueError("dropout_p > 0 needs dropout_key (a jax.random key), which picks the mask")
         rng_state = (_rng_state(dropout_key),)

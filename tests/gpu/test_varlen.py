@@ -354,18 +354,25 @@ def test_trainable_sinks_are_refused_by_name():
         st.varlen_attention(q, q, q, cu, cu, sinks=sinks)
 
 
+def generic_case(seed, dtype, kv_layout):
+    """GQA 8/2 inputs with trailing tokens in no sequence, and the generic call's causal (out, lse,
+    gradients) on them: what the other entry points must equal bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    cu = cu_of(random_lengths(5, 120, torch.Generator().manual_seed(seed)))
+    total = int(cu[-1]) + 2
+    q = make(total, 8, 64, dtype, "thd", gen)
+    k, v = (make(total, 2, 64, dtype, kv_layout, gen) for _ in range(2))
+    grad_out = make(total, 8, 64, dtype, "thd", gen)
+    expected = run_generic(q, k, v, grad_out, cu, cu, causal=True)
+    torch.cuda.synchronize()
+    return q, k, v, grad_out, cu, expected
+
+
 def test_cupy_varlen_equals_the_generic_call_bitwise():
     cupy = pytest.importorskip("cupy")
     import stridedfa.cupy as sc
 
-    gen = torch.Generator(device="cuda").manual_seed(43)
-    cu = cu_of(random_lengths(5, 120, torch.Generator().manual_seed(6)))
-    total = int(cu[-1]) + 2
-    q = make(total, 8, 64, torch.float16, "thd", gen)
-    k, v = (make(total, 2, 64, torch.float16, "head_major", gen) for _ in range(2))
-    grad_out = make(total, 8, 64, torch.float16, "thd", gen)
-    expected = run_generic(q, k, v, grad_out, cu, cu, causal=True)
-    torch.cuda.synchronize()
+    q, k, v, grad_out, cu, expected = generic_case(43, torch.float16, "head_major")
     as_cupy = [cupy.from_dlpack(t) for t in (q, k, v, grad_out, cu)]
     out, lse = sc.varlen_attention(*as_cupy[:3], as_cupy[4], as_cupy[4], causal=True, return_lse=True)
     grads = sc.varlen_attention_backward(*as_cupy[:3], out, lse, as_cupy[3], as_cupy[4], as_cupy[4], causal=True)
@@ -462,14 +469,7 @@ def test_jax_varlen_equals_the_generic_call_bitwise():
 
     import stridedfa.jax as sj
 
-    gen = torch.Generator(device="cuda").manual_seed(53)
-    cu = cu_of(random_lengths(5, 120, torch.Generator().manual_seed(7)))
-    total = int(cu[-1]) + 3
-    q = make(total, 8, 64, torch.bfloat16, "thd", gen)
-    k, v = (make(total, 2, 64, torch.bfloat16, "thd", gen) for _ in range(2))
-    grad_out = make(total, 8, 64, torch.bfloat16, "thd", gen)
-    expected = run_generic(q, k, v, grad_out, cu, cu, causal=True)
-    torch.cuda.synchronize()
+    q, k, v, grad_out, cu, expected = generic_case(53, torch.bfloat16, "thd")
     to_jax = [jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in (q, k, v, grad_out)]
     cu_jax = jnp.asarray(cu.cpu().numpy())
 
