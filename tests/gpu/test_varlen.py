@@ -563,3 +563,19 @@ def test_the_packed_varlen_entry_point_equals_separate_tensors_bitwise(dim):
     assert_bitexact(out, expected, "out")
     for i, part in enumerate(parts):
         assert_bitexact(packed.grad.select(dim, i), part.grad, f"gradient {i}")
+
+
+def test_queries_of_a_sequence_without_keys_get_zeros_and_minus_infinity():
+    """lengths_q (5, 7), lengths_kv (0, 9): the first sequence's queries see no key -- out 0, lse
+    -inf, zero dq, as for tokens in no sequence; the second matches the reference."""
+    gen = torch.Generator(device="cuda").manual_seed(71)
+    cu_q, cu_kv = cu_of([5, 7]), cu_of([0, 9])
+    q, grad_out = (make(12, 4, 64, torch.bfloat16, "thd", gen) for _ in range(2))
+    k, v = (make(9, 4, 64, torch.bfloat16, "thd", gen) for _ in range(2))
+    out, lse, (dq, dk, dv) = run_generic(q, k, v, grad_out, cu_q, cu_kv)
+    assert torch.count_nonzero(out[:5]) == 0 and torch.isneginf(lse[:, :5]).all()
+    assert torch.count_nonzero(dq[:5]) == 0
+    ref_out, ref_lse, ref_grads = reference(q, k, v, grad_out, cu_q, cu_kv)
+    assert_close(out, ref_out, atol=TOL[torch.bfloat16][0], name="out")
+    for name, g, r in zip(("grad_q", "grad_k", "grad_v"), (dq, dk, dv), ref_grads):
+        assert_close_to_scale(g, r, rel=TOL[torch.bfloat16][1], name=name)
