@@ -26,9 +26,10 @@ OPS = {"forward": stridedfa.sdpa_forward, "backward": stridedfa.sdpa_backward}
 
 
 def operands(op):
-    # cu_seqlens make a call variable-length, with other shapes for every operand: its rows are
-    # walked in test_varlen_validation.py.
-    return [row for row in TABLE if row[op] is not None and row["kind"] != "cumulative"]
+    # cu_seqlens make a call variable-length and a block table makes k and v paged caches, with
+    # other shapes for those operands: their rows are walked in test_varlen_validation.py and
+    # test_paged_validation.py.
+    return [row for row in TABLE if row[op] is not None and row["kind"] not in ("cumulative", "page_table")]
 
 
 def shape_of(row, **change):

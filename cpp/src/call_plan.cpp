@@ -274,6 +274,16 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     plan_ragged(op, options, operands, cudnn_version, plan);
     return;
   }
+  if (problem.paged) {
+    if (options.dropout_p > 0) {
+      throw UnsupportedError(
+          "dropout is not supported with a paged KV cache (block_table); paged calls serve "
+          "inference.");
+    }
+    // cuDNN reads the launch's range-checked, packed copy of the table: described packed.
+    TensorView& table = set_view(plan, kBlockTable, *operands[kBlockTable]);
+    table.strides[0] = table.dims[2];
+  }
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);
   if (operands[kBias]) expand_bias_rows(plan);

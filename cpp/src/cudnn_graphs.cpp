@@ -43,7 +43,8 @@ Tensor_attributes describe(const GraphSpec& spec, Slot slot) {
   if (kOperands[slot].kind == OperandKind::stats || kOperands[slot].kind == OperandKind::per_head) {
     t.set_data_type(fe::DataType_t::FLOAT);
   }
-  if (kOperands[slot].kind == OperandKind::lengths) t.set_data_type(fe::DataType_t::INT32);
+  const OperandKind kind = kOperands[slot].kind;
+  if (kind == OperandKind::lengths || kind == OperandKind::page_table) t.set_data_type(fe::DataType_t::INT32);
   return t;
 }
 
@@ -244,6 +245,17 @@ void set_score_modifier(fe::graph::Graph& graph, Attributes& attributes, const G
   });
 }
 
+// A paged KV cache: k and v are (num_blocks, h_kv, block_size, d) containers read through one page
+// table each (the same block ids, two tensors), up to blocks x block_size keys per sequence.
+void set_paged(fe::graph::Graph& graph, fe::graph::SDPA_attributes& attributes, const GraphSpec& spec) {
+  auto v_table = describe(spec, kBlockTable);
+  v_table.set_uid(int64_t(kPageTableV) + 1).set_name("page_table_v");
+  const int64_t s_kv = spec.operands[kBlockTable].dims[2] * spec.operands[kK].dims[2];
+  attributes.set_paged_attention_k_table(graph.tensor(describe(spec, kBlockTable)))
+      .set_paged_attention_v_table(graph.tensor(v_table))
+      .set_paged_attention_max_seq_len_kv(static_cast<int>(s_kv));
+}
+
 void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   auto q = input(graph, spec, kQ);
   auto k = input(graph, spec, kK);
@@ -259,6 +271,7 @@ void add_forward(fe::graph::Graph& graph, const GraphSpec& spec) {
   }
   if (spec.operands[kSinks].present) attributes.set_sink_token(graph.tensor(describe(spec, kSinks)));
   if (spec.operands[kBias].present) attributes.set_bias(graph.tensor(describe(spec, kBias)));
+  if (spec.operands[kBlockTable].present) set_paged(graph, attributes, spec);
   set_dropout(graph, attributes, spec);
   if (spec.ragged) attributes.set_max_total_seq_len_q(spec.max_total_q).set_max_total_seq_len_kv(spec.max_total_kv);
   auto [o, lse] = graph.sdpa(q, k, v, attributes);

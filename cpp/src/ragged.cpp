@@ -24,26 +24,41 @@ const char kRaggedOffsetsPtx[] =
 
 constexpr int kMaxDevices = 64;
 
-// The kernel, loaded once per device into its primary context (the driver JIT-compiles the PTX).
-CUfunction ragged_kernel(int32_t device) {
+// The kernels, loaded once per device into its primary context (the driver JIT-compiles the PTX).
+struct Kernels {
+  CUfunction offsets = nullptr, clamp_blocks = nullptr;
+};
+
+const Kernels& kernels(int32_t device) {
   static std::mutex mutex;
-  static CUfunction functions[kMaxDevices] = {};
+  static Kernels loaded[kMaxDevices];
   if (device < 0 || device >= kMaxDevices) throw BackendError("stridedfa: CUDA device ordinal out of range");
   std::lock_guard<std::mutex> lock(mutex);
-  if (!functions[device]) {
+  Kernels& k = loaded[device];
+  if (!k.offsets) {
     const Driver& d = driver();
     CUmodule module = nullptr;
-    check_driver(d.module_load_data(&module, kRaggedOffsetsPtx), "cuModuleLoadData (stridedfa's offsets kernel)");
-    check_driver(d.module_get_function(&functions[device], module, "stridedfa_ragged_offsets"),
+    check_driver(d.module_load_data(&module, kRaggedOffsetsPtx), "cuModuleLoadData (stridedfa's kernels)");
+    check_driver(d.module_get_function(&k.clamp_blocks, module, "stridedfa_clamp_blocks"),
+                 "cuModuleGetFunction (stridedfa_clamp_blocks)");
+    check_driver(d.module_get_function(&k.offsets, module, "stridedfa_ragged_offsets"),
                  "cuModuleGetFunction (stridedfa_ragged_offsets)");
   }
-  return functions[device];
+  return k;
+}
+
+void launch(CUfunction kernel, int64_t threads_needed, void** params, std::uintptr_t stream, const char* what) {
+  const unsigned threads = 128, blocks = unsigned((threads_needed + threads - 1) / threads);
+  if (blocks == 0) return;
+  check_driver(driver().launch_kernel(kernel, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream),
+                                      params, nullptr),
+               what);
 }
 
 }  // namespace
 
 void make_ragged_offsets(const RaggedPlan& r, int32_t device, void* buffer, std::uintptr_t stream) {
-  CUfunction kernel = ragged_kernel(device);
+  CUfunction kernel = kernels(device).offsets;
   unsigned long long cu_q = r.cu_q, cu_kv = r.cu_kv, out = reinterpret_cast<std::uintptr_t>(buffer);
   unsigned int batch = unsigned(r.sequences), batch_pad = unsigned(r.padded_sequences), pitch = unsigned(r.pitch());
   unsigned int total_q = unsigned(r.total_q), total_kv = unsigned(r.total_kv);
@@ -52,10 +67,17 @@ void make_ragged_offsets(const RaggedPlan& r, int32_t device, void* buffer, std:
   for (int i = 0; i < r.n_rows; ++i) rows[i] = r.rows[i];
   void* params[] = {&cu_q,    &cu_kv,    &out,   &batch,  &batch_pad, &pitch,
                     &total_q, &total_kv, &max_q, &max_kv, &n_rows,    rows};
-  const unsigned threads = 128, blocks = unsigned((r.padded_sequences + 1 + threads - 1) / threads);
-  check_driver(driver().launch_kernel(kernel, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream),
-                                      params, nullptr),
-               "cuLaunchKernel (stridedfa_ragged_offsets)");
+  launch(kernel, r.padded_sequences + 1, params, stream, "cuLaunchKernel (stridedfa_ragged_offsets)");
+}
+
+void clamp_block_table(const TensorView& table, int64_t num_blocks, int32_t device, void* out, std::uintptr_t stream) {
+  CUfunction kernel = kernels(device).clamp_blocks;
+  unsigned long long in = table.data, packed = reinterpret_cast<std::uintptr_t>(out);
+  unsigned int rows = unsigned(table.dims[0]), cols = unsigned(table.dims[2]);
+  unsigned int row_stride = unsigned(table.dims[0] > 1 ? table.strides[0] : table.dims[2]);
+  unsigned int blocks = unsigned(num_blocks);
+  void* params[] = {&in, &packed, &rows, &cols, &row_stride, &blocks};
+  launch(kernel, table.dims[0] * table.dims[2], params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
 }
 
 }  // namespace stridedfa

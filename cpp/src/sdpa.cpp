@@ -283,6 +283,11 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   call.workspace_bytes = call.graph->workspace_bytes;
   call.n_ptrs = static_cast<int>(call.graph->operand_order.size());
   call.ragged = plan.ragged;
+  if (problem.paged) {
+    call.paged = true;
+    call.block_table = *operands[kBlockTable];
+    call.num_blocks = problem.num_blocks;
+  }
   std::fill(std::begin(call.ragged_row_of_ptr), std::end(call.ragged_row_of_ptr), int8_t(-1));
   for (int i = 0; i < call.n_ptrs; ++i) {
     const int slot = call.graph->operand_order[size_t(i)];
@@ -290,6 +295,10 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
       // rows of the kernel's buffer: the lengths, then the offsets rows
       call.ragged_row_of_ptr[i] =
           int8_t(slot < kRaggedOffsetTensor ? slot - kSeqLensQ : 2 + plan.ragged.row_of[slot - kRaggedOffsetTensor]);
+      continue;
+    }
+    if (slot == kBlockTable || slot == kPageTableV) {  // the launch's range-checked copy
+      call.page_table_ptr[slot == kBlockTable ? 0 : 1] = i;
       continue;
     }
     if (slot == kRngOffsetTensor) {  // rng_state's second value
@@ -420,7 +429,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   DeviceGuard guard(call.problem.device);
   // The fills, copies and staging below are driver calls: once per call, the context made current.
   const bool memops = call.n_fills > 0 || call.n_copies > 0 || call.staged_lse_ptr >= 0 ||
-                      call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0 || call.ragged.on;
+                      call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0 || call.ragged.on || call.paged;
   if (memops) bind_device_context(call.problem.device);
   for (int i = 0; i < call.n_fills; ++i) fill_strided(call.fills[i].region, call.fills[i].pattern, stream);
   for (int i = 0; i < call.n_copies; ++i) copy_strided(call.copies[i].from, call.copies[i].to, stream);
@@ -430,9 +439,18 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   void* staged = nullptr;
   void* lengths = nullptr;
   void* ragged = nullptr;
+  void* table = nullptr;
   void* ptrs[kMaxGraphTensors];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
+    if (call.paged) {  // block ids clamped into the cache: no id reads outside it
+      const TensorView& given = call.block_table;
+      table = pool_alloc(call.problem.device, std::max<int64_t>(given.numel(), 1) * int64_t(sizeof(int32_t)), stream);
+      clamp_block_table(given, call.num_blocks, call.problem.device, table, stream);
+      for (int side = 0; side < 2; ++side) {
+        if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
+      }
+    }
     if (call.ragged.on) {
       ragged = pool_alloc(call.problem.device, call.ragged.bytes(), stream);
       make_ragged_offsets(call.ragged, call.problem.device, ragged, stream);
@@ -481,12 +499,14 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     if (staged) pool_free(staged, stream);
     if (lengths) pool_free(lengths, stream);
     if (ragged) pool_free(ragged, stream);
+    if (table) pool_free(table, stream);
     throw;
   }
   if (pooled) pool_free(pooled, stream);
   if (staged) pool_free(staged, stream);
   if (lengths) pool_free(lengths, stream);
   if (ragged) pool_free(ragged, stream);
+  if (table) pool_free(table, stream);
 }
 
 }  // namespace stridedfa

@@ -108,6 +108,32 @@ class Validator {
     }
   }
 
+  // A paged cache's block table: int32 (batch, blocks per sequence), each row contiguous.
+  void page_table(const TensorView& t) {
+    if (t.ndim != 2) {
+      throw LayoutError(std::string(t.name) + ": expected shape (batch, blocks per sequence), got " + shape_str(t) +
+                        ".");
+    }
+    check_addressable(t);
+    device(t);
+    if (!(t.dtype.code == kDLInt && t.dtype.bits == 32 && t.dtype.lanes == 1)) {
+      throw LayoutError(std::string(t.name) + ": dtype " + dtype_name(t.dtype) +
+                        " is not supported; block ids are int32 (torch: x.int()).");
+    }
+    const bool rows_ok = t.dims[1] <= 1 || t.strides[1] == 1;
+    const bool apart_ok = t.dims[0] <= 1 || t.strides[0] >= t.dims[1];
+    if (!rows_ok || !apart_ok) {
+      throw LayoutError(std::string(t.name) + ": strides " + strides_str(t) +
+                        "; each sequence's row of block ids must be contiguous (x.contiguous()).");
+    }
+    if (t.numel() != 0 && t.data % 4 != 0) {
+      throw LayoutError(std::string(t.name) + ": data pointer is not 4-byte aligned; pass a contiguous copy.");
+    }
+    if (t.numel() != 0 && (element_extent(t) > INT32_MAX || t.numel() > INT32_MAX)) {
+      throw UnsupportedError(std::string(t.name) + ": more than 2^31 block ids; split the batch over calls.");
+    }
+  }
+
   // Cumulative sequence starts: int32 (batch + 1,), 0 first, each sequence's end after it.
   void cumulative(const TensorView& t) {
     vector(t, t.ndim == 1 && t.dims[0] >= 1, "(batch + 1,) of cumulative sequence starts (0, end of sequence 0, ...)",
@@ -391,7 +417,7 @@ class Validator {
 };
 
 // Shared by forward and backward: the attention operands' shapes.
-Problem problem_from(const TensorView& q, const TensorView& k, const TensorView& v) {
+Problem problem_from(const TensorView& q, const TensorView& k, const TensorView& v, bool paged) {
   Problem p;
   p.b = q.dims[0];
   p.h_q = q.dims[1];
@@ -402,7 +428,11 @@ Problem problem_from(const TensorView& q, const TensorView& k, const TensorView&
   p.d_v = v.dims[3];
   p.device = q.device_id;
   p.dtype = q.dtype;
-  if (k.dims[0] != p.b || v.dims[0] != p.b) {
+  if (paged && v.dims[0] != k.dims[0]) {  // caches: their batch axis is the blocks
+    throw LayoutError("v: axis 0 (blocks) is " + std::to_string(v.dims[0]) + " but k's is " +
+                      std::to_string(k.dims[0]) + "; the k and v caches hold the same blocks.");
+  }
+  if (!paged && (k.dims[0] != p.b || v.dims[0] != p.b)) {
     const TensorView& bad = k.dims[0] != p.b ? k : v;
     throw LayoutError(std::string(bad.name) + ": batch (axis 0) is " + std::to_string(bad.dims[0]) + " but q's is " +
                       std::to_string(p.b) + "; q, k and v must share the batch size.");
@@ -512,6 +542,24 @@ TensorView scores_as_4d(const TensorView& scores) {
 
 }  // namespace
 
+namespace {
+// A block table (b, blocks) as cuDNN's page table (b, 1, blocks, 1).
+TensorView page_table_as_4d(const TensorView& table) {
+  TensorView t = table;
+  if (table.ndim != 2) return t;
+  t.ndim = 4;
+  const int64_t dims[4] = {table.dims[0], 1, table.dims[1], 1};
+  const int64_t strides[4] = {table.strides[0], table.dims[1], table.strides[1], 1};
+  const int8_t axes[4] = {0, -1, 1, -1};
+  for (int i = 0; i < 4; ++i) {
+    t.dims[i] = dims[i];
+    t.strides[i] = strides[i];
+    t.caller_axes[i] = axes[i];
+  }
+  return t;
+}
+}  // namespace
+
 TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged) {
   switch (kind) {
     case OperandKind::attention:
@@ -520,6 +568,8 @@ TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged) {
       return ragged && t.ndim == 2 ? thd_as_4d(t, true) : stats_as_4d(t);
     case OperandKind::cumulative:
       return vector_as_4d(t, 3);
+    case OperandKind::page_table:
+      return page_table_as_4d(t);
     case OperandKind::lengths:
       return vector_as_4d(t, 0);
     case OperandKind::per_head:
@@ -534,6 +584,29 @@ TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged) {
 }
 
 namespace {
+
+// A paged call's extents: k and v are (num_blocks, h_kv, block_size, d) caches, each sequence reads
+// `blocks` of their blocks (s_kv = blocks * block_size) up to its cached length seqlens_kv.
+void set_paged(Problem& p, const TensorView* const* t) {
+  if (!t[kSeqLensKV]) {
+    throw LayoutError("a paged call (block_table) needs seqlens_kv, each sequence's cached length (cache_seqlens).");
+  }
+  for (int s : {kCuSeqlensQ, kCuSeqlensKV, kBias, kAlibiSlopes, kSinks}) {
+    if (t[s]) {
+      throw UnsupportedError(std::string(kOperands[s].name) +
+                             " is not supported with a paged KV cache (block_table) yet; gather the cache into "
+                             "contiguous k and v for this call.");
+    }
+  }
+  if (t[kK]->dims[0] == 0 && t[kBlockTable]->numel() != 0) {
+    throw LayoutError("k: the paged cache has no blocks, but block_table names some; give the cache its blocks.");
+  }
+  p.paged = true;
+  p.num_blocks = t[kK]->dims[0];
+  p.block_size = t[kK]->dims[2];
+  p.blocks = t[kBlockTable]->dims[2];
+  p.s_kv = p.blocks * p.block_size;
+}
 
 // Output `s` is writable and shares no memory with any input or earlier output.
 void check_output(Validator& check, GraphOp op, const TensorView* const* t, int s) {
@@ -571,6 +644,9 @@ Problem validate(GraphOp op, const SlotViews& given) {
       case OperandKind::cumulative:
         check.cumulative(*given[s]);
         break;
+      case OperandKind::page_table:
+        check.page_table(*given[s]);
+        break;
       case OperandKind::lengths:
         check.lengths(*given[s]);
         break;
@@ -593,7 +669,9 @@ Problem validate(GraphOp op, const SlotViews& given) {
     if (t[s]) check.same_device_and_dtype(*t[kQ], *t[s], kind == OperandKind::attention || kind == OperandKind::scores);
   }
 
-  Problem p = problem_from(*t[kQ], *t[kK], *t[kV]);  // q, k and v agree with each other
+  const bool paged = t[kBlockTable] != nullptr;
+  Problem p = problem_from(*t[kQ], *t[kK], *t[kV], paged);  // q, k and v agree with each other
+  if (paged) set_paged(p, t);
   if (ragged) {
     p.ragged = true;
     p.sequences = t[kCuSeqlensQ]->dims[3] - 1;

@@ -22,15 +22,15 @@ cdef tuple int_tuple(const int64_t* values, int n, int64_t factor):
     return tuple(items)
 
 
-_EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1, 2, "batch+1")
-KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores", "philox", "cumulative")
+_EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1, 2, "batch+1", "blocks")
+KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores", "philox", "cumulative", "page_table")
 
 
 def _operands():
     """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
     one dict per operand with its name, its role in the forward and the backward (None, "input" or
     "output"), whether each op may leave it out, its kind ("attention", "stats", "lengths",
-    "per_head", "scores", "philox" or "cumulative") and the logical extents of its (b, h, s, d)
+    "per_head", "scores", "philox", "cumulative" or "page_table") and the logical extents of its (b, h, s, d)
     axes. Intake, validation, the cache key and the graph builder all walk this table."""
     cdef int slot, n = kNumSlots
     cdef const OperandInfo* info
@@ -110,6 +110,7 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[13], views[14] = &bwd.bias, &bwd.grad_bias
         views[15], views[16] = &bwd.alibi_slopes, &bwd.rng_state
         views[17], views[18] = &bwd.cu_seqlens_q, &bwd.cu_seqlens_kv
+        views[19] = NULL  # no paged backward
     else:
         views[0], views[1], views[2] = &fwd.q, &fwd.k, &fwd.v
         views[3], views[4] = &fwd.out, &fwd.lse
@@ -121,6 +122,7 @@ cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorV
         views[14] = NULL
         views[15], views[16] = &fwd.alibi_slopes, &fwd.rng_state
         views[17], views[18] = &fwd.cu_seqlens_q, &fwd.cu_seqlens_kv
+        views[19] = &fwd.block_table
 
 
 cdef ensure_libraries():
@@ -203,11 +205,11 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
 
 
 cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                                rng_state, cu_seqlens_q=None, cu_seqlens_kv=None):
+                                rng_state, cu_seqlens_q=None, cu_seqlens_kv=None, block_table=None):
     """A forward call's tensors in slot order (the operand table's): None where not given or where
     the forward has no such operand."""
     return (q, k, v, out, lse, None, None, None, None, seqlens_q, seqlens_kv, sinks, None, bias, None,
-            alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
+            alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv, block_table)
 
 
 cdef inline tuple backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q,
@@ -215,7 +217,7 @@ cdef inline tuple backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, gr
                                  cu_seqlens_q=None, cu_seqlens_kv=None):
     """A backward call's tensors in slot order."""
     return (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks,
-            bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
+            bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv, None)
 
 
 cdef int parse_max_seqlen(object max_seqlen_q, object max_seqlen_kv, SdpaOptions* options) except -1:
@@ -242,7 +244,7 @@ cdef int parse_max_seqlen(object max_seqlen_q, object max_seqlen_kv, SdpaOptions
 def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_alignment="top_left",
                  window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None,
                  dropout_p=0.0, rng_state=None, stream=None, cu_seqlens_q=None, cu_seqlens_kv=None,
-                 max_seqlen_q=None, max_seqlen_kv=None):
+                 max_seqlen_q=None, max_seqlen_kv=None, block_table=None):
     """Scaled-dot-product attention forward, written into ``out`` (and ``lse``) in place.
 
     ``out = softmax(scale * q @ k^T + mask) @ v`` for every batch and query head, computed by
@@ -322,6 +324,18 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
             ``rng_state``); needed when ``dropout_p > 0``, read on the device only (under a CUDA
             graph each replay reads the values of that moment). stridedfa.torch draws it from
             torch's CUDA generator, stridedfa.jax from a key, stridedfa.cupy from CuPy's generator.
+        cu_seqlens_q, cu_seqlens_kv: a variable-length (THD) call: int32 (b + 1,) device tensors,
+            0 then each sequence's end; q, k, v, out are then (tokens, heads, head_dim) and lse
+            (h_q, tokens_q), at any valid strides (not q/k/v views interleaved in one buffer,
+            which cuDNN 9.19 mis-addresses). Read on the device only, clamped into the buffers.
+            Tokens in no sequence get out = 0, lse = -inf. No bias, ALiBi or padding lengths.
+        max_seqlen_q, max_seqlen_kv: with cu_seqlens, optional Python ints: the longest sequence
+            (a promise; a sequence longer than its bucket, at most 1.25x, is treated as empty).
+            None bounds it by the token count.
+        block_table: a paged KV cache: int32 (batch, blocks per sequence) ids of the blocks of k and
+            v, which are then (num_blocks, h_kv, block_size, d) caches at any valid strides;
+            ``seqlens_kv`` (each sequence's cached length) is required. Read on the device only,
+            every id clamped into the cache. Forward only; no bias, ALiBi, sinks or dropout yet.
         stream: a ``cudaStream_t`` as an int, or any object with ``__cuda_stream__``. When None, q
             decides: the call runs on its producer's current stream where the DLPack C exchange
             API reports it (torch) and on CuPy's current stream for a CuPy array, else on the
@@ -346,7 +360,7 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                             rng_state, cu_seqlens_q, cu_seqlens_kv), options, stream,
+                             rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options, stream,
         None)
 
 
@@ -399,14 +413,14 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
              window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
              alibi_slopes=None, dropout_p=0.0, rng_state=None, *, cu_seqlens_q=None, cu_seqlens_kv=None,
-             max_seqlen_q=None, max_seqlen_kv=None):
+             max_seqlen_q=None, max_seqlen_kv=None, block_table=None):
     """sdpa_forward for framework adapters: ``workspace_allocator(nbytes, device) -> (pointer,
     owner)`` provides cuDNN's workspace from the framework's allocator on the call's stream."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                             rng_state, cu_seqlens_q, cu_seqlens_kv), options, stream,
+                             rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options, stream,
         workspace_allocator)
 
 
@@ -428,14 +442,14 @@ def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, se
                       bias=None, alibi_slopes=None, dropout_p=0.0, rng_state=None, scale=None, causal=False,
                       causal_alignment="top_left",
                       window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
-                      max_seqlen_kv=None):
+                      max_seqlen_kv=None, block_table=None):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
     the pointers are never dereferenced). Returns what validation established, or raises."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                                    rng_state, cu_seqlens_q, cu_seqlens_kv), options,
+                                    rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options,
                stream, None, VALIDATE)
 
 
@@ -458,7 +472,7 @@ def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, caus
                        window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
                        alibi_slopes=None, dropout_p=0.0, rng_state=None, sm_version=90,
                        cudnn_version=91900, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
-                       max_seqlen_kv=None):
+                       max_seqlen_kv=None, block_table=None):
     """The graph-cache key a forward call would use on a device with these facts (validates
     first; needs no GPU). Calls with equal keys share one cuDNN graph; () when cuDNN has nothing
     to compute (every row masked)."""
@@ -466,7 +480,7 @@ def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, caus
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                                    rng_state, cu_seqlens_q, cu_seqlens_kv), options,
+                                    rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options,
                None, None, KEY, sm_version, cudnn_version)
 
 

@@ -43,7 +43,8 @@ def sdpa_forward(q: Any, k: Any, v: Any, out: Any, *, lse: Any = None, scale: fl
                  seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
                  alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                  stream: Stream = None, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
-                 max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None) -> None: ...
+                 max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None,
+                 block_table: Any = None) -> None: ...
 def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                   grad_v: Any, *, scale: float | None = None, causal: bool = False,
                   causal_alignment: str = "top_left", window: Window = None, softcap: float | None = None,
@@ -66,7 +67,8 @@ def _forward(q: Any, k: Any, v: Any, out: Any, lse: Any, scale: float | None, ca
              window: Window = None, softcap: float | None = None, seqlens_q: Any = None,
              seqlens_kv: Any = None, sinks: Any = None, bias: Any = None, alibi_slopes: Any = None,
              dropout_p: float = 0.0, rng_state: Any = None, *, cu_seqlens_q: Any = None,
-             cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None) -> None: ...
+             cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None,
+             block_table: Any = None) -> None: ...
 def _backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any, grad_v: Any,
               scale: float | None, causal: bool, causal_alignment: str, stream: Stream,
               workspace_allocator: WorkspaceAllocator | None, window: Window = None, softcap: float | None = None,
@@ -83,7 +85,7 @@ def _validate_forward(q: Any, k: Any, v: Any, out: Any, lse: Any = None, stream:
                       causal: bool = False, causal_alignment: str = "top_left",
                       window: Window = None, softcap: float | None = None, cu_seqlens_q: Any = None,
                       cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None,
-                      max_seqlen_kv: int | None = None) -> dict[str, Any]: ...
+                      max_seqlen_kv: int | None = None, block_table: Any = None) -> dict[str, Any]: ...
 def _validate_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                        grad_v: Any, stream: Stream = None, *, seqlens_q: Any = None, seqlens_kv: Any = None,
                        sinks: Any = None, grad_sinks: Any = None, bias: Any = None, grad_bias: Any = None,
@@ -99,7 +101,8 @@ def _forward_graph_key(q: Any, k: Any, v: Any, out: Any, lse: Any = None, *, sca
                        alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None,
                        sm_version: int = 90,
                        cudnn_version: int = 91900, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
-                       max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None) -> tuple[int, ...]: ...
+                       max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None,
+                       block_table: Any = None) -> tuple[int, ...]: ...
 def _backward_graph_key(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                         grad_v: Any, *, scale: float | None = None, causal: bool = False,
                         causal_alignment: str = "top_left", window: Window = None, softcap: float | None = None,

@@ -89,6 +89,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         scores
         philox
         cumulative
+        page_table
 
     cdef enum class Reach(int32_t):
         unlimited
@@ -97,7 +98,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
     cdef enum Slot:
         kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kSinks, kGradSinks, kBias,
-        kGradBias, kAlibiSlopes, kRngState, kCuSeqlensQ, kCuSeqlensKV, kNumSlots
+        kGradBias, kAlibiSlopes, kRngState, kCuSeqlensQ, kCuSeqlensKV, kBlockTable, kNumSlots
 
     cdef struct OperandInfo:
         const char* name
@@ -110,7 +111,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         const char* shape_meaning
         Reach backward_reach
 
-    const OperandInfo kOperands[19]
+    const OperandInfo kOperands[20]
 
     cdef cppclass Problem:
         int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
@@ -124,7 +125,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cdef cppclass ForwardArgs:
         TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state
-        TensorView cu_seqlens_q, cu_seqlens_kv
+        TensorView cu_seqlens_q, cu_seqlens_kv, block_table
 
     cdef cppclass BackwardArgs:
         TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "stridedfa/sdpa_types.hpp"
+#include "stridedfa/tensor_view.hpp"
 
 namespace stridedfa {
 
@@ -35,6 +36,11 @@ struct RaggedPlan {
   int64_t pitch() const { return (padded_sequences + 1 + 3) / 4 * 4; }  // 16-byte aligned rows
   int64_t bytes() const { return (2 + n_rows) * pitch() * 4; }
 };
+
+// A paged call's block table (`table`: its (b, 1, blocks, 1) view, rows contiguous) copied packed
+// into `out` ((b x blocks) int32 on `device`) with every id clamped into [0, num_blocks), on
+// `stream` (the same PTX module; driver calls: the context must be current).
+void clamp_block_table(const TensorView& table, int64_t num_blocks, int32_t device, void* out, std::uintptr_t stream);
 
 // Launches the offsets kernel into `buffer` (ragged.bytes() on `device`) on `stream`. Driver
 // calls: the device's context must be current.

@@ -36,6 +36,9 @@ struct ForwardArgs {
   // A variable-length call: int32 (batch + 1,) cumulative starts; q, k, v, out are then
   // (tokens, heads, head_dim) and lse (heads of q, tokens of q).
   TensorView cu_seqlens_q, cu_seqlens_kv;
+  // A paged KV cache: int32 (batch, blocks per sequence) ids of blocks of k and v, which are then
+  // (num_blocks, h_kv, block_size, d) caches; seqlens_kv (each sequence's cached length) required.
+  TensorView block_table;
   SlotViews slots() const {
     return {&q,
             &k,
@@ -55,7 +58,8 @@ struct ForwardArgs {
             &alibi_slopes,
             &rng_state,
             &cu_seqlens_q,
-            &cu_seqlens_kv};
+            &cu_seqlens_kv,
+            &block_table};
   }
 };
 
@@ -86,7 +90,8 @@ struct BackwardArgs {
             &alibi_slopes,
             &rng_state,
             &cu_seqlens_q,
-            &cu_seqlens_kv};
+            &cu_seqlens_kv,
+            nullptr};  // no paged backward (cuDNN has none)
   }
 };
 
@@ -114,6 +119,12 @@ struct PreparedCall {
   // buffer each pointer is (-1: the pointer in ptrs).
   RaggedPlan ragged;
   int8_t ragged_row_of_ptr[kMaxGraphTensors] = {};
+  // A paged call: the caller's block table, copied with every id clamped into [0, num_blocks)
+  // at launch; the ptrs of both page tables (K's, V's) get the copy.
+  bool paged = false;
+  TensorView block_table;
+  int64_t num_blocks = 0;
+  int page_table_ptr[2] = {-1, -1};
 };
 
 // The softmax statistics may be given as (b, h, s) or (b, h, s, 1), padding lengths as (b,) or

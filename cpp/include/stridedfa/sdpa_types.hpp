@@ -60,17 +60,21 @@ enum Slot : int {
   kRngState,
   kCuSeqlensQ,
   kCuSeqlensKV,
+  kBlockTable,
   kNumSlots
 };
 
 // rng_state holds two int64 values, the Philox seed and offset, which cuDNN takes as two tensors:
 // the seed gets the slot's UID (slot + 1), the offset this one; its pointer is the second element.
 inline constexpr int kRngOffsetTensor = kNumSlots;
+// A paged call gives cuDNN one page table for K and one for V: the block table's slot UID and this
+// one, both pointing at the launch's range-checked copy of the caller's table.
+inline constexpr int kPageTableV = kNumSlots + 1;
 // A variable-length call describes each token-axis operand to cuDNN with a ragged offset tensor
 // (each sequence's first element), made on the device at launch (ragged.hpp); its UID is
 // kRaggedOffsetTensor + slot + 1, and operand_order names it kRaggedOffsetTensor + slot.
 inline constexpr int kRaggedOffsetTensor = 64;
-inline constexpr int kMaxGraphTensors = 2 * kNumSlots + 1;
+inline constexpr int kMaxGraphTensors = 2 * kNumSlots + 2;
 
 enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 
@@ -83,6 +87,9 @@ enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 // cumulative: int32 (batch + 1,) sequence starts of a variable-length (THD) call, contiguous, read
 // on the device only; with them the attention operands are (tokens, heads, head_dim) and the
 // statistics (heads, tokens).
+// page_table: int32 (batch, blocks per sequence) of a paged KV cache, each row contiguous;
+// with it k and v are caches of (num_blocks, heads of k, block_size, head_dim) and seqlens_kv the
+// cached length of each sequence. Read on the device only, every id clamped into the cache.
 // scores: one value per score, the attention dtype, broadcastable to (batch, heads of q, seq of q,
 // seq of k) (NumPy rules: fewer axes are leading 1s; an axis of extent 1 or stride 0 is shared).
 enum class OperandKind : int32_t {
@@ -92,12 +99,25 @@ enum class OperandKind : int32_t {
   per_head = 3,
   scores = 4,
   philox = 5,
-  cumulative = 6
+  cumulative = 6,
+  page_table = 7
 };
 
 // The logical extents an operand's axes must have (kOne: extent 1, kTwo: extent 2).
-// kBatchPlusOne: the cumulative starts' (batch + 1) entries.
-enum Extent : int32_t { kBatch = 0, kHeadsQ, kHeadsKV, kSeqQ, kSeqKV, kDimQK, kDimV, kOne, kTwo, kBatchPlusOne };
+// kBatchPlusOne: the cumulative starts' (batch + 1) entries; kBlocks: a paged call's blocks per sequence.
+enum Extent : int32_t {
+  kBatch = 0,
+  kHeadsQ,
+  kHeadsKV,
+  kSeqQ,
+  kSeqKV,
+  kDimQK,
+  kDimV,
+  kOne,
+  kTwo,
+  kBatchPlusOne,
+  kBlocks
+};
 
 // How far cuDNN's backward can address an operand from its data pointer (validate.cpp says why).
 enum class Reach : int32_t { unlimited = 0, elements_2_32 = 1, bytes_2_32 = 2 };
@@ -154,6 +174,8 @@ inline constexpr OperandInfo kOperands[kNumSlots] = {
      "(batch + 1,): 0, then each query sequence's end", Reach::unlimited},
     {"cu_seqlens_kv", Role::input, Role::input, true, true, OperandKind::cumulative, {kOne, kOne, kOne, kBatchPlusOne},
      "(batch + 1,): 0, then each key sequence's end", Reach::unlimited},
+    {"block_table", Role::input, Role::absent, true, false, OperandKind::page_table, {kBatch, kOne, kBlocks, kOne},
+     "(batch, blocks per sequence)", Reach::unlimited},
 };
 // clang-format on
 
@@ -174,9 +196,13 @@ struct Problem {
   // axis, which the attention operands' seq axis then is (s_q, s_kv: the token counts).
   bool ragged = false;
   int64_t sequences = 0;
+  // A paged call: k and v are caches of num_blocks blocks of block_size tokens; each sequence
+  // reads `blocks` of them (s_kv: blocks * block_size).
+  bool paged = false;
+  int64_t num_blocks = 0, block_size = 0, blocks = 0;
 
   int64_t extent(Extent e) const {
-    const int64_t values[] = {b, h_q, h_kv, s_q, s_kv, d_qk, d_v, 1, 2, sequences + 1};
+    const int64_t values[] = {b, h_q, h_kv, s_q, s_kv, d_qk, d_v, 1, 2, sequences + 1, blocks};
     return values[e];
   }
 };

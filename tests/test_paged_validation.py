@@ -1,0 +1,74 @@
+"""Paged KV caches on fake CUDA tensors (no GPU): q (b, h_q, s_q, d) dense, k and v caches of
+(num_blocks, h_kv, block_size, d) at any valid strides, an int32 block table (b, blocks per
+sequence) and the cached lengths seqlens_kv (b,). What validation accepts, refuses, and keys."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import stridedfa
+from helpers.fake_dlpack import FakeTensor
+from stridedfa import _core
+
+GiB = 1 << 30
+_bases = itertools.count(1)
+B, H_Q, H_KV, D, NUM_BLOCKS, BLOCK, BLOCKS = 4, 8, 2, 128, 64, 16, 12
+
+
+def fake(shape, dtype="bfloat16", strides=None):
+    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_bases) * GiB)
+
+
+def args(s_q=1, **change):
+    a = {"q": fake((B, H_Q, s_q, D)), "k": fake((NUM_BLOCKS, H_KV, BLOCK, D)), "v": fake((NUM_BLOCKS, H_KV, BLOCK, D)),
+         "out": fake((B, H_Q, s_q, D)), "block_table": fake((B, BLOCKS), "int32"),
+         "seqlens_kv": fake((B,), "int32")}
+    a.update(change)
+    return {name: x for name, x in a.items() if x is not None}
+
+
+def test_a_decode_step_validates_with_the_cache_extent():
+    problem = _core._validate_forward(**args())
+    assert (problem["b"], problem["s_q"], problem["s_kv"]) == (B, 1, BLOCKS * BLOCK)
+
+
+def test_caches_at_any_valid_strides_and_views_of_one_allocation_pass():
+    # K and V as views of one (num_blocks, 2, block_size, h_kv, d) allocation, bshd inside a block
+    base = 0x200000000000
+    strides = (2 * BLOCK * H_KV * D, D, H_KV * D, 1)
+    k, v = (FakeTensor((NUM_BLOCKS, H_KV, BLOCK, D), strides, "bfloat16", data=base + i * BLOCK * H_KV * D * 2)
+            for i in range(2))
+    _core._validate_forward(**args(k=k, v=v))
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"block_table": fake((B, BLOCKS), "int64")}, stridedfa.LayoutError, r"^block_table: dtype int64"),
+    ({"block_table": fake((B + 1, BLOCKS), "int32")}, stridedfa.LayoutError, r"^block_table: shape"),
+    ({"block_table": fake((B, BLOCKS), "int32", strides=(1, B))}, stridedfa.LayoutError, "must be contiguous"),
+    ({"seqlens_kv": None}, stridedfa.LayoutError, "needs seqlens_kv"),
+    ({"v": fake((NUM_BLOCKS + 1, H_KV, BLOCK, D))}, stridedfa.LayoutError, "hold the same blocks"),
+    ({"alibi_slopes": fake((H_Q,), "float32")}, stridedfa.UnsupportedError, "not supported with a paged KV cache"),
+])
+def test_bad_paged_calls_are_refused_by_name(change, error, match):
+    with pytest.raises(error, match=match):
+        _core._validate_forward(**args(**change))
+
+
+def test_dropout_with_a_paged_cache_is_refused():
+    with pytest.raises(stridedfa.UnsupportedError, match="dropout is not supported with a paged"):
+        _core._forward_graph_key(**args(), dropout_p=0.1, rng_state=fake((2,), "int64"), causal=True)
+
+
+def test_the_key_holds_the_cache_and_table_layout_not_the_table_contents():
+    base = _core._forward_graph_key(**args(), causal=True, causal_alignment="bottom_right")
+    assert base == _core._forward_graph_key(**args(), causal=True, causal_alignment="bottom_right")
+    assert base != _core._forward_graph_key(**args(block_table=fake((B, BLOCKS + 1), "int32")), causal=True,
+                                            causal_alignment="bottom_right")
+    # a table whose rows have a stride of their own is read packed (its range-checked copy): one graph
+    wide_rows = fake((B, BLOCKS), "int32", strides=(2 * BLOCKS, 1))
+    assert base == _core._forward_graph_key(**args(block_table=wide_rows), causal=True,
+                                            causal_alignment="bottom_right")
+    bshd = fake((NUM_BLOCKS, H_KV, BLOCK, D), strides=(BLOCK * H_KV * D, D, H_KV * D, 1))
+    assert base != _core._forward_graph_key(**args(k=bshd), causal=True, causal_alignment="bottom_right")
