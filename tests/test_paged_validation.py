@@ -72,3 +72,20 @@ def test_the_key_holds_the_cache_and_table_layout_not_the_table_contents():
                                             causal_alignment="bottom_right")
     bshd = fake((NUM_BLOCKS, H_KV, BLOCK, D), strides=(BLOCK * H_KV * D, D, H_KV * D, 1))
     assert base != _core._forward_graph_key(**args(k=bshd), causal=True, causal_alignment="bottom_right")
+
+
+def test_the_torch_entry_point_appends_and_attends_through_the_fakes():
+    """attention_with_kvcache on meta tensors: the append's indexing and the operator's fake."""
+    torch = pytest.importorskip("torch")
+    import stridedfa.torch as st
+
+    cache = torch.empty(NUM_BLOCKS, 2, BLOCK, H_KV, D, dtype=torch.bfloat16, device="meta")
+    k_cache, v_cache = cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)
+    q = torch.empty(B, H_Q, 1, D, dtype=torch.bfloat16, device="meta")
+    table = torch.empty(B, BLOCKS, dtype=torch.int32, device="meta")
+    lengths = torch.empty(B, dtype=torch.int32, device="meta")
+    new = torch.empty(B, H_KV, 1, D, dtype=torch.bfloat16, device="meta")
+    out = st.attention_with_kvcache(q, k_cache, v_cache, table, lengths, new, new)
+    assert out.shape == (B, H_Q, 1, D) and out.transpose(1, 2).is_contiguous()
+    with pytest.raises(ValueError, match="give both k and v"):
+        st.attention_with_kvcache(q, k_cache, v_cache, table, lengths, new)

@@ -1,13 +1,14 @@
 """The torch adapter: stridedfa attention as torch operators.
 
-Four entry points, all differentiable and usable under ``torch.compile(fullgraph=True)`` and CUDA
-graph capture:
+Five entry points, usable under ``torch.compile(fullgraph=True)`` and CUDA graph capture and, all
+but the paged one, differentiable:
 
 - :func:`attention` takes q, k, v with any valid strides (e.g. views of one packed projection);
 - :func:`packed_attention` takes the packed projection itself plus the axis along which q/k/v (or
   k/v) interleave, and writes the backward's dQ/dK/dV straight into one packed gradient buffer;
 - :func:`varlen_attention` takes sequences packed along one token axis (THD) with cu_seqlens, and
-  :func:`varlen_packed_attention` their fused (total, 3, h, d) projection.
+  :func:`varlen_packed_attention` their fused (total, 3, h, d) projection;
+- :func:`attention_with_kvcache` attends over a paged KV cache (forward only, for serving).
 
 They are backed by registered operators (``torch.ops.stridedfa.*``, see ``torch.library``) whose
 fake implementations give exactly the strides the real kernels produce (``stridedfa._layouts``).
@@ -20,8 +21,9 @@ C call (DLPack C exchange API, torch >= 2.10).
 
 import torch
 
-# The operators behind the two entry points, their fake and autograd kernels, and the helpers they
-# share, live in _torch_ops (importing it registers torch.ops.stridedfa).
+# The operators behind attention and packed_attention, their fake and autograd kernels, and the
+# helpers they share, live in _torch_ops (importing it registers torch.ops.stridedfa); paged-KV and
+# variable-length attention have their own operators in _torch_paged and _torch_varlen.
 from stridedfa._torch_ops import (
     _attention_forward,
     _attention_inference,
@@ -40,11 +42,10 @@ from stridedfa._torch_ops import (
     _packed_forward_impl,
     _plain_eager,
 )
+from stridedfa._torch_paged import attention_with_kvcache
+from stridedfa._torch_varlen import varlen_attention, varlen_packed_attention
 
-# Variable-length (THD) attention: its own operators (importing it registers them).
-from stridedfa._torch_varlen import varlen_attention, varlen_packed_attention  # noqa: I001
-
-__all__ = ["attention", "packed_attention", "varlen_attention", "varlen_packed_attention"]
+__all__ = ["attention", "attention_with_kvcache", "packed_attention", "varlen_attention", "varlen_packed_attention"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,

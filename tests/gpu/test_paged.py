@@ -66,3 +66,25 @@ def test_block_ids_out_of_range_read_nothing_outside_the_cache():
                            causal_alignment="bottom_right")
     torch.cuda.synchronize()
     assert torch.isfinite(out).all(), "a clamped id reads a block of the cache, never the NaN guards around it"
+
+
+def test_attention_with_kvcache_appends_then_attends():
+    """Appending s_new tokens at each sequence's length, then attending: equal to writing them into
+    the gathered cache by hand and attending there."""
+    import stridedfa.torch as st
+
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    q, k_cache, v_cache, table, lengths = paged_case(2, gen, packed_kv=True)
+    lengths = (lengths - 2).clamp(min=0).to(torch.int32)  # room for the 2 new tokens
+    k_new, v_new = (torch.randn(B, H_KV, 2, D, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    k_full, v_full = gathered(k_cache, table).clone(), gathered(v_cache, table).clone()
+    for b in range(B):
+        n = int(lengths[b])
+        k_full[b, :, n:n + 2], v_full[b, :, n:n + 2] = k_new[b], v_new[b]
+    out = st.attention_with_kvcache(q, k_cache, v_cache, table, lengths, k_new, v_new)
+    assert torch.equal(gathered(k_cache, table)[:, :, :int(lengths.max()) + 2].isfinite(),
+                       k_full[:, :, :int(lengths.max()) + 2].isfinite())
+    ref, _ = torch_reference(q, k_full, v_full, causal=True, alignment="bottom_right",
+                             seqlens_q=torch.full((B,), 2, dtype=torch.int32, device="cuda"),
+                             seqlens_kv=lengths + 2)
+    assert_close(out, ref, atol=2.5e-2, name="out")
