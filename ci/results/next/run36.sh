@@ -24,3 +24,5 @@ echo "bench rc $?"; grep -A12 '"ms_per_step"' bench_varlen.log; grep -A3 '"targe
 timeout 200 python3 -X faulthandler -m pytest -p no:cacheprovider -q -rfEx $repo/tests/gpu/test_variants.py \
   $repo/tests/gpu/test_forward_backward.py $repo/tests/gpu/test_jax.py $repo/tests/gpu/test_torch_ops.py > dense.log 2>&1
 echo "dense rc $?"; tail -2 dense.log; grep -E "^FAILED" dense.log | cut -c1-200 | head
+timeout 120 python3 $repo/benchmarks/bench_paged.py --out $OUT --quick > bench_paged.log 2>&1
+echo "bench paged rc $?"; tail -30 bench_paged.log

@@ -1,0 +1,93 @@
+"""Decode over a paged KV cache: stridedfa.torch.attention_with_kvcache against torch SDPA on the
+same cache gathered contiguous (the gather not timed: SDPA's best case), side by side in one run.
+
+GQA 32/8, d = 128, bf16, one query per sequence, block size 16; batch 1..256, cache lengths
+1k..32k. Reports µs per decode step, the effective HBM bandwidth (the cached K and V bytes each
+step reads, over its time) against a measured copy ceiling (a device-to-device copy of the same
+bytes), and the share of that ceiling (target >= 60% at batch >= 32). A script, never a test.
+
+    python benchmarks/bench_paged.py --out bench-out [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import stridedfa.torch as st
+
+H_Q, H_KV, D, BLOCK = 32, 8, 128, 16
+
+
+def timed_us(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / iters
+
+
+def case(batch, length, warmup, iters):
+    blocks = (length + BLOCK - 1) // BLOCK
+    num_blocks = batch * blocks
+    cache = torch.randn(num_blocks, 2, BLOCK, H_KV, D, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)
+    table = torch.randperm(num_blocks, device="cuda").view(batch, blocks).to(torch.int32)
+    lengths = torch.full((batch,), length, device="cuda", dtype=torch.int32)
+    q = torch.randn(batch, H_Q, 1, D, device="cuda", dtype=torch.bfloat16)
+    k_full = k_cache[table.long()].permute(0, 2, 1, 3, 4).reshape(batch, H_KV, blocks * BLOCK, D)[:, :, :length]
+    v_full = v_cache[table.long()].permute(0, 2, 1, 3, 4).reshape(batch, H_KV, blocks * BLOCK, D)[:, :, :length]
+    k_full, v_full = k_full.contiguous(), v_full.contiguous()
+    paged = timed_us(lambda: st.attention_with_kvcache(q, k_cache, v_cache, table, lengths), warmup, iters)
+    sdpa = timed_us(lambda: F.scaled_dot_product_attention(q, k_full, v_full, enable_gqa=True), warmup, iters)
+    nbytes = 2 * batch * H_KV * length * D * 2  # K and V, bf16
+    source = torch.empty(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    copy = timed_us(lambda: target.copy_(source), warmup, iters)
+    ceiling = 2 * nbytes / (copy * 1e-6)  # a copy reads and writes the bytes
+    bandwidth = nbytes / (paged * 1e-6)
+    return {"batch": batch, "cache_length": length, "stridedfa_paged_us": paged, "torch_sdpa_gathered_us": sdpa,
+            "speedup_vs_sdpa": sdpa / paged, "effective_GBps": bandwidth / 1e9, "copy_ceiling_GBps": ceiling / 1e9,
+            "share_of_ceiling": bandwidth / ceiling}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench-out")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    warmup, iters = (3, 20) if args.quick else (10, 100)
+    batches = (1, 32, 256) if args.quick else (1, 8, 32, 64, 128, 256)
+    lengths = (1024, 8192) if args.quick else (1024, 4096, 8192, 16384, 32768)
+    rows = []
+    for batch in batches:
+        for length in lengths:
+            if batch * length > 256 * 8192 and args.quick:
+                continue
+            try:
+                rows.append(case(batch, length, warmup, iters))
+            except Exception as error:  # refused, or out of memory: say so, keep going
+                rows.append({"batch": batch, "cache_length": length, "error": f"{type(error).__name__}: {error}"[:200]})
+            torch.cuda.empty_cache()
+    wide = [r for r in rows if "share_of_ceiling" in r and r["batch"] >= 32]
+    result = {"config": {"h_q": H_Q, "h_kv": H_KV, "d": D, "block_size": BLOCK, "dtype": "bfloat16",
+                         "device": torch.cuda.get_device_name()},
+              "rows": rows,
+              "target >= 60% of the copy ceiling at batch >= 32": bool(wide) and all(
+                  r["share_of_ceiling"] >= 0.6 for r in wide)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "paged.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
