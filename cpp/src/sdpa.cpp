@@ -15,6 +15,7 @@
 #include "stridedfa/graph_cache.hpp"
 #include "stridedfa/memops.hpp"
 #include "stridedfa/runtime.hpp"
+#include "stridedfa/validate_ragged.hpp"
 
 namespace stridedfa {
 namespace {
@@ -370,8 +371,7 @@ struct Operands {
   const TensorView* slots[kNumSlots] = {};
 
   explicit Operands(const SlotViews& given) {
-    const bool ragged =
-        (given[kCuSeqlensQ] && given[kCuSeqlensQ]->present) || (given[kCuSeqlensKV] && given[kCuSeqlensKV]->present);
+    const bool ragged = is_ragged(given);
     for (int s = 0; s < kNumSlots; ++s) {
       if (!given[s] || !given[s]->present) continue;
       views[s] = as_4d(*given[s], kOperands[s].kind, ragged);

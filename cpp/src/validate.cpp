@@ -486,7 +486,7 @@ void require_32bit_reach(const TensorView& t, bool bytes) {
 }  // namespace
 
 bool cudnn_can_read(const TensorView& t) {
-  if (t.ndim != 4 || !is_half(t.dtype)) return false;
+  if ((t.ndim != 4 && t.ndim != 3) || !is_half(t.dtype)) return false;
   try {
     Validator().memory(t, false, false);
   } catch (const LayoutError&) {

@@ -15,7 +15,7 @@ import torch
 
 from stridedfa import _core
 from stridedfa._errors import UnsupportedError
-from stridedfa._torch_ops import _bounds, _draw_rng_state, _raw, _stream, _window, _workspace
+from stridedfa._torch_ops import _bounds, _draw_rng_state, _raw, _readable, _stream, _window, _workspace
 
 
 def _lse_like(q: torch.Tensor) -> torch.Tensor:
@@ -26,15 +26,6 @@ def _lse_like(q: torch.Tensor) -> torch.Tensor:
 
 def _out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype, device=q.device)
-
-
-def _readable(t: torch.Tensor) -> torch.Tensor:
-    """A gradient as cuDNN reads it (head_dim contiguous, 16-byte strides and pointer); autograd
-    may hand a broadcast one (out.sum().backward()): copied only then."""
-    item = t.element_size()
-    aligned = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
-        (s * item) % 16 == 0 and s > 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
-    return _raw(t) if aligned else t.contiguous()
 
 
 def _interleaved(a: torch.Tensor, b: torch.Tensor) -> bool:

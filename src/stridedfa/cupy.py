@@ -14,6 +14,7 @@ axis order.
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 try:
@@ -175,7 +176,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("varlen_attention", q))
     handle, allocation = _call(stream, q.data.device_id)
-    with allocation if allocation is not None else _NO_ALLOCATION:
+    with allocation or contextlib.nullcontext():
         out = cupy.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
         lse = cupy.empty((q.shape[0], q.shape[1]), dtype=cupy.float32).T
     _core._forward(q, k, v, out, lse, scale, causal, causal_alignment, handle, _workspace(allocation), window,
@@ -195,9 +196,9 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("varlen_attention_backward", q))
     handle, allocation = _call(stream, q.data.device_id)
-    with allocation if allocation is not None else _NO_ALLOCATION:
+    with allocation or contextlib.nullcontext():
         grad_q, grad_k, grad_v = (cupy.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
-        if not _readable(grad_out):
+        if not _core._can_read(grad_out):  # the validator's rule: e.g. a broadcast gradient
             grad_out = cupy.ascontiguousarray(grad_out)
     _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, causal_alignment, handle,
                     _workspace(allocation), window, softcap, None, None, sinks, None, deterministic, None, None,
@@ -206,28 +207,10 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
     return grad_q, grad_k, grad_v
 
 
-def _readable(t) -> bool:
-    """head_dim contiguous, 16-byte strides and pointer: what cuDNN reads (else copied first)."""
-    item = t.itemsize
-    return (t.strides[-1] == item and t.data.ptr % 16 == 0
-            and all(s > 0 and s % 16 == 0 for s, n in zip(t.strides[:-1], t.shape[:-1]) if n > 1))
-
-
-class _NoAllocation:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_ALLOCATION = _NoAllocation()
-
-
 def _workspace(allocation):
     """cuDNN's workspace from CuPy's allocator, on the call's device and stream."""
     def allocate(nbytes: int, device: int):
-        with allocation if allocation is not None else _NO_ALLOCATION:
+        with allocation or contextlib.nullcontext():
             memory = cupy.cuda.alloc(nbytes)
         return memory.ptr, memory
     return allocate

@@ -133,9 +133,9 @@ struct PreparedCall {
 TensorView stats_as_4d(const TensorView& lse);
 TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged = false);
 
-// Whether an attention input (4 axes, float16/bfloat16) meets the stride and alignment rules cuDNN
-// reads by: what adapters ask before copying a gradient that autograd handed over (a broadcast
-// dO from out.sum().backward(), say). The validator's own rule, so the two cannot drift apart.
+// Whether an attention input (4 axes, or a variable-length call's 3, float16/bfloat16) meets the stride and alignment
+// rules cuDNN reads by: what adapters ask before copying a gradient that autograd handed over (a broadcast dO from
+// out.sum().backward(), say). The validator's own rule, so the two cannot drift apart.
 bool cudnn_can_read(const TensorView& t);
 
 // Validation alone (throws LayoutError / UnsupportedError). Needs no GPU and no cuDNN.
