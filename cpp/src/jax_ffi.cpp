@@ -277,9 +277,6 @@ SdpaOptions options_of(const Attrs& a) {
   o.softcap = a.softcap;
   o.deterministic = a.deterministic;
   o.dropout_p = a.dropout_p;
-  if (a.max_seqlen_q < 0 || a.max_seqlen_kv < 0 || a.max_seqlen_q > INT32_MAX || a.max_seqlen_kv > INT32_MAX) {
-    throw LayoutError("max_seqlen_q / max_seqlen_kv must be in [1, 2^31) or 0 (bounded by the token count)");
-  }
   o.max_seqlen_q = a.max_seqlen_q;
   o.max_seqlen_kv = a.max_seqlen_kv;
   return o;

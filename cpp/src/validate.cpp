@@ -747,6 +747,11 @@ void validate_options(const SdpaOptions& options, const Problem& p) {
   if (options.has_scale && !std::isfinite(options.scale)) {
     throw LayoutError("scale must be a finite number, got " + std::to_string(options.scale));
   }
+  // cuDNN's padded extents are int; 0 bounds a varlen call by its token count.
+  if (options.max_seqlen_q < 0 || options.max_seqlen_kv < 0 || options.max_seqlen_q > INT32_MAX ||
+      options.max_seqlen_kv > INT32_MAX) {
+    throw LayoutError("max_seqlen_q / max_seqlen_kv must be in [1, 2^31) or 0 (bounded by the token count)");
+  }
   // cuDNN takes dropout_p as a float32: it must stay a probability in (0, 1) after the conversion.
   const float dropout32 = static_cast<float>(options.dropout_p);
   if (!(options.dropout_p >= 0 && options.dropout_p < 1) ||

@@ -70,9 +70,7 @@ def attention(q, k, v, **options):
             options.get("stream"), options.get("window"), options.get("softcap"), options.get("seqlens_q"),
             options.get("seqlens_kv"), options.get("sinks"), options.get("bias"), options.get("alibi_slopes"),
             options.get("dropout_p", 0.0), options.get("rng_state"))
-    adapter = sys.modules.get(_FRAMEWORKS[kind][2])
-    if adapter is None:
-        adapter = importlib.import_module(_FRAMEWORKS[kind][2])
+    adapter = _adapter(kind)
     function = adapter.attention
     accepted = _options_by_function.get(function)
     if accepted is None:
@@ -114,10 +112,15 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q=None, ma
             options.get("causal", False), options.get("causal_alignment", "top_left"),
             options.get("return_lse", False), options.get("stream"), options.get("window"), options.get("softcap"),
             options.get("sinks"), options.get("dropout_p", 0.0), options.get("rng_state"))
-    adapter = sys.modules.get(_FRAMEWORKS[kind][2])
-    if adapter is None:
-        adapter = importlib.import_module(_FRAMEWORKS[kind][2])
+    adapter = _adapter(kind)
     return adapter.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, **options)
+
+
+def _adapter(kind: str):
+    """The stridedfa adapter module for a framework kind, imported on first use."""
+    name = _FRAMEWORKS[kind][2]
+    module = sys.modules.get(name)
+    return module if module is not None else importlib.import_module(name)
 
 
 def _classify(q) -> str:
