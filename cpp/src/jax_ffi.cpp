@@ -129,6 +129,20 @@ TensorView lengths_view(const char* name, const int64_t* dims, int64_t rank, DLD
   return t;
 }
 
+TensorView block_table_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                            std::uintptr_t data) {
+  if (rank != 2) {
+    throw LayoutError(std::string(name) + ": expected a (batch, blocks per sequence) array, got " +
+                      std::to_string(rank) + " axes");
+  }
+  TensorView t = dense_view(name, 2, dtype, device, data);
+  t.dims[0] = dims[0];
+  t.dims[1] = dims[1];
+  t.strides[0] = dims[1];
+  t.strides[1] = 1;
+  return t;
+}
+
 namespace {
 void require_rank_at_most_max(const char* name, int64_t rank) {
   if (rank > kMaxDims) {
@@ -292,22 +306,23 @@ struct Optional {
   TensorView& rng_state;
   TensorView& cu_seqlens_q;
   TensorView& cu_seqlens_kv;
+  TensorView& block_table;
 };
 
 // How many trailing arguments the OptionalOperand bits `present` announce.
 int64_t count_optional(int64_t present, bool backward) {
   const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias | kWithGradSinks : 0) |
-                        kWithAlibiSlopes | kWithRngState | kWithCuSeqlens;
+                        kWithAlibiSlopes | kWithRngState | kWithCuSeqlens | (backward ? 0 : kWithBlockTable);
   if (present < 0 || (present & ~known) != 0 || ((present & kWithGradBias) && !(present & kWithBias)) ||
       ((present & kWithGradSinks) && !(present & kWithSinks))) {
     throw LayoutError("unknown optional_operands code " + std::to_string(present) +
                       " (bits: 1 seqlens_q and seqlens_kv, 2 sinks, 4 bias, 8 grad_bias: backward, with bias, " +
                       "16 alibi_slopes, 32 rng_state, 64 grad_sinks: backward, with sinks, 128 cu_seqlens_q and " +
-                      "cu_seqlens_kv)");
+                      "cu_seqlens_kv, 256 block_table: forward)");
   }
   return ((present & kWithLengths) ? 2 : 0) + ((present & kWithSinks) ? 1 : 0) + ((present & kWithBias) ? 1 : 0) +
          ((present & kWithAlibiSlopes) ? 1 : 0) + ((present & kWithRngState) ? 1 : 0) +
-         ((present & kWithCuSeqlens) ? 2 : 0);
+         ((present & kWithCuSeqlens) ? 2 : 0) + ((present & kWithBlockTable) ? 1 : 0);
 }
 
 // A bias (or its gradient) buffer as the core's view: q's buffer has 4 axes plus those jax.vmap put
@@ -322,8 +337,8 @@ TensorView bias_of(const char* name, const ffi::AnyBuffer& buffer, const ffi::An
 }
 
 // The trailing arguments `present` (OptionalOperand bits) announces, in that order: seqlens_q and
-// seqlens_kv, sinks, bias, alibi_slopes, rng_state, cu_seqlens_q and cu_seqlens_kv. `q` is q's buffer and `q_view` its
-// view (see bias_of).
+// seqlens_kv, sinks, bias, alibi_slopes, rng_state, cu_seqlens_q and cu_seqlens_kv, block_table. `q` is q's buffer and
+// `q_view` its view (see bias_of).
 void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, const ffi::AnyBuffer& q,
                const TensorView& q_view, int32_t device, Optional views) {
   const int64_t expected = count_optional(present, backward);
@@ -368,6 +383,13 @@ void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, c
   if (present & kWithCuSeqlens) {  // (b + 1,) int32 each: dense 1-D buffers, read as given
     read("cu_seqlens_q", views.cu_seqlens_q, false);
     read("cu_seqlens_kv", views.cu_seqlens_kv, false);
+  }
+  if (present & kWithBlockTable) {
+    const auto b = buffer("block_table");
+    const auto dims = b.dimensions();
+    views.block_table = block_table_view("block_table", dims.begin(), static_cast<int64_t>(dims.size()),
+                                         dl_dtype("block_table", b.element_type()), device,
+                                         reinterpret_cast<std::uintptr_t>(b.untyped_data()));
   }
 }
 
@@ -417,7 +439,7 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
     if (lse) args.lse = stats_of("lse", *lse, layout, device);
     read_rest(rest, attrs.optional_operands, false, q, args.q, device,
               {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state,
-               args.cu_seqlens_q, args.cu_seqlens_kv});
+               args.cu_seqlens_q, args.cu_seqlens_kv, args.block_table});
     launch(prepare_forward(args, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -473,9 +495,10 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     args.grad_q = array_of("grad_q", *grad_q, array_layout, device);
     args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
     args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
+    TensorView no_block_table;  // a paged call has no backward: count_optional refuses the bit
     read_rest(rest, optional_operands, true, q, args.q, device,
               {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state,
-               args.cu_seqlens_q, args.cu_seqlens_kv});
+               args.cu_seqlens_q, args.cu_seqlens_kv, no_block_table});
     // The optional gradients: grad_sinks with sinks, then grad_bias where asked for.
     const bool with_sinks = (optional_operands & kWithGradSinks) != 0;  // grad_sinks wanted
     const bool with_bias = (optional_operands & kWithGradBias) != 0;

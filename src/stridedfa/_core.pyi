@@ -172,7 +172,8 @@ def _jax_validate(backward: bool, layout: int, shapes: tuple[Shape | None, ...],
                   alibi_slopes: tuple[Shape, str] | None = None, dropout_p: float = 0.0,
                   rng_state: tuple[Shape, str] | None = None,
                   cu_seqlens: tuple[tuple[Shape, str], ...] | None = None, max_seqlen_q: int | None = None,
-                  max_seqlen_kv: int | None = None) -> dict[str, Any]: ...
+                  max_seqlen_kv: int | None = None,
+                  block_table: tuple[Shape, str] | None = None) -> dict[str, Any]: ...
 def _jax_graph_key(backward: bool, layout: int, shapes: tuple[Shape | None, ...], dtype: str, *,
                    scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
                    window: Window = None, softcap: float | None = None, deterministic: bool = False,

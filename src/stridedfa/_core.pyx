@@ -30,9 +30,10 @@ from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buff
                              device_count, device_info, DeviceInfo, dtype_name, ErrorKind, execute,  # no-cython-lint
                              ExportQuirk, forward_graph_key, ForwardArgs, gradient_strides,  # no-cython-lint
                              graph_cache, jax_array_view, jax_backward_handler, jax_forward_handler,  # no-cython-lint
-                             jax_forward_inference_handler, jax_lengths_view, jax_per_head_view,  # no-cython-lint
+                             jax_block_table_view, jax_forward_inference_handler, jax_lengths_view,  # no-cython-lint
+                             jax_per_head_view,  # no-cython-lint
                              jax_rng_state_view, jax_stats_view, jax_thd_stats_view,  # no-cython-lint
-                             kCuSeqlensQ, kNumSlots, kOperands,  # no-cython-lint
+                             kBlockTable, kCuSeqlensQ, kNumSlots, kOperands,  # no-cython-lint
                              libraries_loaded, OperandInfo, OperandKind, own_workspace_allocations,  # no-cython-lint
                              pool_stats, PoolStats, prepare_backward, prepare_forward, PreparedCall,  # no-cython-lint
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint

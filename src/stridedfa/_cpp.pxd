@@ -220,6 +220,9 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
     TensorView jax_lengths_view "stridedfa::jax_ffi::lengths_view"(
         const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
         uintptr_t data) except +raise_core_error
+    TensorView jax_block_table_view "stridedfa::jax_ffi::block_table_view"(
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
+        uintptr_t data) except +raise_core_error
     TensorView jax_per_head_view "stridedfa::jax_ffi::per_head_view"(
         const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
         uintptr_t data) except +raise_core_error

@@ -114,6 +114,22 @@ cdef int jax_length_views(object lengths, int first, int device, TensorView** vi
     return 0
 
 
+cdef int jax_block_table_view_of(object block_table, int device, TensorView** views) except -1:
+    """A paged call's block table as the handler reads it, from its (shape, dtype)."""
+    cdef int64_t dims[8]
+    cdef int j, rank
+    shape, name = block_table
+    shape = tuple(shape)
+    rank = len(shape)
+    if rank > 8:
+        raise LayoutError(f"block_table: {rank} axes; stridedfa reads at most 8")
+    for j in range(rank):
+        dims[j] = shape[j]
+    views[<int>kBlockTable][0] = jax_block_table_view(b"block_table", dims, rank,
+                                                      jax_lengths_dtype(name, b"block_table"), device, 0x6800000000)
+    return 0
+
+
 cdef int jax_sink_views(bint backward, object sinks, bint grad_sinks, int device, TensorView** views) except -1:
     """The sinks (and in the backward, with `grad_sinks`, their gradient) as the handler reads them,
     from (shape, dtype)."""
@@ -199,18 +215,18 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
     if name in ("int32", "int64", "uint32", "int16"):
         t.code, t.bits = (1 if name[0] == "u" else 0), int(name.lstrip("uint"))  # the core names the dtype
         return t
-    raise LayoutError(f"{operand.decode()}: dtype {name} is not supported; sequence lengths are int32 "
-                      f"(e.g. x.astype(jnp.int32))")
+    raise LayoutError(f"{operand.decode()}: dtype {name} is not supported; sequence lengths, offsets and block ids "
+                      f"are int32 (e.g. x.astype(jnp.int32))")
 
 
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
                   causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
                   sinks=None, grad_sinks=True, bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0,
-                  rng_state=None, cu_seqlens=None, max_seqlen_q=None, max_seqlen_kv=None):
+                  rng_state=None, cu_seqlens=None, max_seqlen_q=None, max_seqlen_kv=None, block_table=None):
     """Runs the core's validation on the views the XLA handler would build for arrays of these shapes (slot order: q,
     k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse may be None) in ``layout`` (0: bshd, 1:
     bhsd, 2: thd), padding ``lengths`` as ((shape, dtype) of seqlens_q, of seqlens_kv), a variable-length call's
-    ``cu_seqlens`` likewise, ``sinks``, ``bias``, ``alibi_slopes`` and dropout's ``rng_state`` each as (shape,
+    ``cu_seqlens`` likewise, a paged call's ``block_table``, ``sinks``, ``bias``, ``alibi_slopes`` and dropout's ``rng_state`` each as (shape,
     dtype) when given (a backward's grad_sinks, with ``grad_sinks``, of the sinks', its grad_bias, with
     ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the options' rules
     (``dropout_p`` > 0 needs ``rng_state``) -- then plans the call and describes its graph as the handler would, so
@@ -229,6 +245,10 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     jax_views(backward, layout, shapes, dtype, 0, views, lengths)
     if cu_seqlens is not None:
         jax_length_views(cu_seqlens, kCuSeqlensQ, 0, views, 0x6000000000)
+    if block_table is not None:
+        if backward:
+            raise UnsupportedError("a paged KV cache (block_table) has no backward: paged calls serve")
+        jax_block_table_view_of(block_table, 0, views)
     if sinks is not None:
         jax_sink_views(backward, sinks, grad_sinks, 0, views)
     if bias is not None:

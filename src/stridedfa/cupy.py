@@ -28,7 +28,8 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
 
 from stridedfa import _core
 
-__all__ = ["attention", "attention_backward", "varlen_attention", "varlen_attention_backward"]
+__all__ = ["attention", "attention_backward", "attention_with_kvcache", "paged_attention", "varlen_attention",
+           "varlen_attention_backward"]
 
 _ndarray = cupy.ndarray
 _get_current_stream = cupy.cuda.get_current_stream
@@ -205,6 +206,62 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
                     None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                     max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
     return grad_q, grad_k, grad_v
+
+
+def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, *, scale: float | None = None,
+                    causal: bool = True, causal_alignment: str = "bottom_right", window=None,
+                    softcap: float | None = None, stream=None):
+    """Attention of q over a paged KV cache, on CuPy arrays (forward only: serving).
+
+    q (b, h_q, s_q, d) at any valid strides (decode: s_q = 1); k_cache / v_cache (num_blocks,
+    h_kv, block_size, d) at any valid strides -- a FlashAttention/vLLM (num_blocks, block_size,
+    h_kv, d) cache is passed as ``cache.transpose(0, 2, 1, 3)``, no copy; block_table int32 (b,
+    blocks per sequence) and cache_seqlens int32 (b,), read on the device only (block ids outside
+    the cache are clamped into it). By default causal bottom-right: each query block aligned with
+    the end of its sequence's cache. Returns out (b, h_q, s_q, d_v) over (b, s_q, h_q, d_v) memory.
+    """
+    if not isinstance(q, _ndarray):
+        raise TypeError(_not_cupy("paged_attention", q))
+    handle, allocation = _call(stream, q.data.device_id)
+    with allocation or contextlib.nullcontext():
+        b, h, s, _ = q.shape
+        out = cupy.empty((b, s, h, v_cache.shape[3]), dtype=q.dtype).transpose(0, 2, 1, 3)
+    _core._forward(q, k_cache, v_cache, out, None, scale, causal, causal_alignment, handle, _workspace(allocation),
+                   window, softcap, None, cache_seqlens, block_table=block_table)
+    return out
+
+
+def _append(cache, new, block_table, cache_seqlens):
+    """Writes new (b, h, s_new, d) into the cache at positions cache_seqlens[b] + i, in place, on the
+    device; positions beyond the table and ids beyond the cache are clamped into them (nothing
+    outside the cache is written)."""
+    block_size = cache.shape[2]
+    positions = cache_seqlens.astype(cupy.int64)[:, None] + cupy.arange(new.shape[2])
+    columns = cupy.clip(positions // block_size, 0, block_table.shape[1] - 1)
+    blocks = cupy.clip(cupy.take_along_axis(block_table.astype(cupy.int64), columns, axis=1), 0, cache.shape[0] - 1)
+    # (b, s_new) index arrays around a slice: the update is (b, s_new, h, d)
+    cache[blocks, :, positions % block_size] = new.transpose(0, 2, 1, 3).astype(cache.dtype)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, k=None, v=None, *,
+                           scale: float | None = None, causal: bool = True, causal_alignment: str = "bottom_right",
+                           window=None, softcap: float | None = None, stream=None):
+    """:func:`paged_attention` after writing new keys and values (b, h_kv, s_new, d) into the caches
+    in place at each sequence's length (FlashAttention's ``flash_attn_with_kvcache`` with a
+    ``block_table``; no host synchronisation). cache_seqlens is the caller's to advance."""
+    if (k is None) != (v is None):
+        raise ValueError("attention_with_kvcache appends keys and values together: give both k and v, or neither")
+    if not isinstance(q, _ndarray):
+        raise TypeError(_not_cupy("attention_with_kvcache", q))
+    seqlens = cache_seqlens
+    if k is not None and v is not None:
+        _, allocation = _call(stream, q.data.device_id)
+        with allocation or contextlib.nullcontext():  # the writes run on the call's device and stream
+            _append(k_cache, k, block_table, cache_seqlens)
+            _append(v_cache, v, block_table, cache_seqlens)
+            seqlens = (cache_seqlens + k.shape[2]).astype(cupy.int32)
+    return paged_attention(q, k_cache, v_cache, block_table, seqlens, scale=scale, causal=causal,
+                           causal_alignment=causal_alignment, window=window, softcap=softcap, stream=stream)
 
 
 def _workspace(allocation):

@@ -17,6 +17,7 @@ from typing import Any
 
 from stridedfa import _core
 from stridedfa._errors import LayoutError, UnsupportedError
+from stridedfa._jax_paged import attention_with_kvcache, paged_attention
 from stridedfa._jax_runtime import (
     _BACKWARD,
     _DTYPES,
@@ -40,7 +41,7 @@ from stridedfa._jax_runtime import (
 )
 from stridedfa._jax_varlen import varlen_attention
 
-__all__ = ["attention", "varlen_attention"]
+__all__ = ["attention", "attention_with_kvcache", "paged_attention", "varlen_attention"]
 
 
 def attention(q, k, v, *, layout: str = "bshd", scale: float | None = None, causal: bool = False,

@@ -75,21 +75,27 @@ TensorView slopes_view(const char* name, const int64_t* dims, int64_t rank, DLDa
 TensorView rng_state_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
                           std::uintptr_t data);
 
+// A paged call's block table: a dense row-major int32 (batch, blocks per sequence) buffer as given
+// (the core reads it as its page table). Throws LayoutError unless the rank is 2.
+TensorView block_table_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
+                            std::uintptr_t data);
+
 // Bits of the handlers' `optional_operands` attribute (i64): which optional trailing arguments follow
 // the fixed ones, and which optional results the backward has. Arguments present come in this order:
 // seqlens_q and seqlens_kv (both or neither), sinks, bias, alibi_slopes, rng_state, cu_seqlens_q and cu_seqlens_kv
-// (both or neither). The backward's trailing results are grad_sinks when kWithGradSinks says so, then grad_bias when
-// kWithGradBias does (sinks or a bias that are not differentiated need no gradient; the slopes and rng_state have
-// none). Counting alone cannot tell a bias from the sinks, hence the bits.
+// (both or neither), block_table. The backward's trailing results are grad_sinks when kWithGradSinks says so, then
+// grad_bias when kWithGradBias does (sinks or a bias that are not differentiated need no gradient; the slopes and
+// rng_state have none). Counting alone cannot tell a bias from the sinks, hence the bits.
 enum OptionalOperand : int64_t {
   kWithLengths = 1,
   kWithSinks = 2,
   kWithBias = 4,
   kWithGradBias = 8,
   kWithAlibiSlopes = 16,
-  kWithRngState = 32,    // dropout's Philox state (see rng_state_view): the forward's and the backward's alike
-  kWithGradSinks = 64,   // backward, with sinks: grad_sinks is a result (sinks that are not differentiated get none)
-  kWithCuSeqlens = 128,  // cu_seqlens_q and cu_seqlens_kv, int32 (b + 1,): a variable-length (layout thd) call
+  kWithRngState = 32,     // dropout's Philox state (see rng_state_view): the forward's and the backward's alike
+  kWithGradSinks = 64,    // backward, with sinks: grad_sinks is a result (sinks that are not differentiated get none)
+  kWithCuSeqlens = 128,   // cu_seqlens_q and cu_seqlens_kv, int32 (b + 1,): a variable-length (layout thd) call
+  kWithBlockTable = 256,  // forward: int32 (b, blocks per sequence) into k and v, (num_blocks, block, h_kv, d) caches
 };
 
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
@@ -99,7 +105,8 @@ enum OptionalOperand : int64_t {
 // OptionalOperand bits of the trailing arguments given), dropout_p (f64, 0: none; > 0 needs
 // rng_state), max_seqlen_q and max_seqlen_kv (i64, variable-length calls; 0: bounded by the tokens). Each takes the
 // optional trailing arguments (seqlens_q, seqlens_kv) (padding lengths), sinks, bias, alibi_slopes and rng_state. (q,
-// k, v[, seqlens_q, seqlens_kv][, sinks][, bias][, alibi_slopes][, rng_state]) -> (out, lse)
+// k, v[, seqlens_q, seqlens_kv][, sinks][, bias][, alibi_slopes][, rng_state][, cu_seqlens_q, cu_seqlens_kv]
+// [, block_table]) -> (out, lse)
 void* forward_handler();
 void* forward_inference_handler();  // (q, k, v[, ...]) -> (out): no statistics (cuDNN's inference graph)
 // (q, k, v, out, lse, grad_out[, ...]) -> (grad_q, grad_k, grad_v[, grad_sinks][, grad_bias])
