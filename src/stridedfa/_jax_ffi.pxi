@@ -227,8 +227,8 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse may be None) in ``layout`` (0: bshd, 1:
     bhsd, 2: thd), padding ``lengths`` as ((shape, dtype) of seqlens_q, of seqlens_kv), a variable-length call's
     ``cu_seqlens`` likewise, a paged call's ``block_table``, ``sinks``, ``bias``, ``alibi_slopes`` and
-    dropout's ``rng_state`` each as (shape, dtype) when given (a backward's grad_sinks, with ``grad_sinks``, of the sinks', its grad_bias, with
-    ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the options' rules
+    dropout's ``rng_state`` each as (shape, dtype) when given (a backward's grad_sinks, with ``grad_sinks``, of
+    the sinks', its grad_bias, with ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the options' rules
     (``dropout_p`` > 0 needs ``rng_state``) -- then plans the call and describes its graph as the handler would, so
     what the plan refuses (a bias' gradient cuDNN does not compute, a band it cannot shift, ...) is refused while
     tracing, not when XLA runs it. Needs no GPU. Returns what validation established, or raises LayoutError /
