@@ -223,16 +223,16 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
                   causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
                   sinks=None, grad_sinks=True, bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0,
                   rng_state=None, cu_seqlens=None, max_seqlen_q=None, max_seqlen_kv=None, block_table=None):
-    """Runs the core's validation on the views the XLA handler would build for arrays of these shapes (slot order: q,
-    k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse may be None) in ``layout`` (0: bshd, 1:
+    """Runs the core's validation on the views the XLA handler would build for arrays of these shapes (slot order:
+    q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse may be None) in ``layout`` (0: bshd, 1:
     bhsd, 2: thd), padding ``lengths`` as ((shape, dtype) of seqlens_q, of seqlens_kv), a variable-length call's
-    ``cu_seqlens`` likewise, a paged call's ``block_table``, ``sinks``, ``bias``, ``alibi_slopes`` and
-    dropout's ``rng_state`` each as (shape, dtype) when given (a backward's grad_sinks, with ``grad_sinks``, of
-    the sinks', its grad_bias, with ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the options' rules
-    (``dropout_p`` > 0 needs ``rng_state``) -- then plans the call and describes its graph as the handler would, so
-    what the plan refuses (a bias' gradient cuDNN does not compute, a band it cannot shift, ...) is refused while
-    tracing, not when XLA runs it. Needs no GPU. Returns what validation established, or raises LayoutError /
-    UnsupportedError."""
+    ``cu_seqlens`` likewise, a paged call's ``block_table``, ``sinks``, ``bias``, ``alibi_slopes`` and dropout's
+    ``rng_state`` each as (shape, dtype) when given (a backward's grad_sinks, with ``grad_sinks``, of the sinks',
+    its grad_bias, with ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the
+    options' rules (``dropout_p`` > 0 needs ``rng_state``) -- then plans the call and describes its graph as the
+    handler would, so what the plan refuses (a bias' gradient cuDNN does not compute, a band it cannot shift, ...)
+    is refused while tracing, not when XLA runs it. Needs no GPU. Returns what validation established, or raises
+    LayoutError / UnsupportedError."""
     cdef ForwardArgs fwd
     cdef BackwardArgs bwd
     cdef Problem problem
