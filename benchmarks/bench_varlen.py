@@ -18,7 +18,6 @@ FLOPs; target within 10%). A script, never a test.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import random
 from pathlib import Path
@@ -100,8 +99,13 @@ def main():
     try:
         from torch.nn.attention.varlen import varlen_attn
 
-        causal = ({"window_size": (-1, 0)} if "window_size" in inspect.signature(varlen_attn).parameters
-                  else {"is_causal": True})
+        # torch 2.10 says causal with is_causal, later ones with window_size (-1, 0); the signature
+        # is not always inspectable (wrapped), so the call itself decides
+        causal = {"window_size": (-1, 0)}
+        try:
+            varlen_attn(q, k, v, cu, cu, s_max, s_max, **causal)
+        except TypeError:
+            causal = {"is_causal": True}
 
         def torch_varlen():
             out = varlen_attn(q, k, v, cu, cu, s_max, s_max, **causal)
