@@ -54,9 +54,31 @@ def case(batch, length, warmup, iters):
     copy = timed_us(lambda: target.copy_(source), warmup, iters)
     ceiling = 2 * nbytes / (copy * 1e-6)  # a copy reads and writes the bytes
     bandwidth = nbytes / (paged * 1e-6)
-    return {"batch": batch, "cache_length": length, "stridedfa_paged_us": paged, "torch_sdpa_gathered_us": sdpa,
-            "speedup_vs_sdpa": sdpa / paged, "effective_GBps": bandwidth / 1e9, "copy_ceiling_GBps": ceiling / 1e9,
-            "share_of_ceiling": bandwidth / ceiling}
+    row = {"batch": batch, "cache_length": length, "stridedfa_paged_us": paged, "torch_sdpa_gathered_us": sdpa,
+           "speedup_vs_sdpa": sdpa / paged, "effective_GBps": bandwidth / 1e9, "copy_ceiling_GBps": ceiling / 1e9,
+           "share_of_ceiling": bandwidth / ceiling}
+    row["torch_varlen_attn_paged_us"] = torch_paged(q, cache, table, lengths, length, warmup, iters)
+    return row
+
+
+def torch_paged(q, cache, table, lengths, length, warmup, iters):
+    """torch.nn.attention.varlen.varlen_attn over the same paged cache (its block_table form, in
+    torch >= 2.12), or why it is unavailable."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+
+        batch = q.shape[0]
+        q_thd = q.transpose(1, 2).reshape(batch, H_Q, D)  # one query token per sequence
+        cu_q = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
+        pages = [cache[:, i].contiguous() for i in range(2)]  # (blocks, block, h_kv, d)
+
+        def call():
+            return varlen_attn(q_thd, pages[0], pages[1], cu_q, None, 1, length, seqused_k=lengths,
+                               block_table=table, enable_gqa=True)
+        call()
+        return timed_us(call, warmup, iters)
+    except Exception as error:  # not in this torch, or it refuses the call
+        return f"unavailable: {type(error).__name__}: {error}"[:200]
 
 
 def main():

@@ -74,15 +74,33 @@ def packed(n, heads=H_Q):
     return [FakeTensor((T_Q, heads, D), stride, "bfloat16", data=base + i * heads * D * 2) for i in range(n)]
 
 
-def test_views_interleaved_in_one_projection_are_refused_by_name():
-    """q, k, v sliced out of one (tokens, 3, h, d) buffer: cuDNN 9.19's THD kernels gave wrong dQ
-    and a wrong forward for them (GPU run 35), so they are refused until verified."""
+def test_views_of_one_projection_pass_the_forward():
+    """q, k, v sliced out of one (tokens, 3, h, d) buffer, and kv-packed with q apart: the forward
+    reads them in place (right at every layout, GPU run 37)."""
     q, k, v = packed(3)
-    with pytest.raises(stridedfa.UnsupportedError, match=r"^q and k are views interleaved in one buffer"):
-        validate_forward(**forward_args(t_kv=T_Q, q=q, k=k, v=v))
-    _, k, v = packed(3)  # kv-packed with q apart
-    with pytest.raises(stridedfa.UnsupportedError, match=r"^k and v are views interleaved"):
-        validate_forward(**forward_args(t_kv=T_Q, k=k, v=v))
+    validate_forward(**forward_args(t_kv=T_Q, q=q, k=k, v=v))
+    _, k, v = packed(3)
+    validate_forward(**forward_args(t_kv=T_Q, k=k, v=v))
+
+
+@pytest.mark.parametrize("name", ["q", "grad_q"])
+@pytest.mark.parametrize("strides", [(D, T_Q * D, 1), ((H_Q + 1) * D, D, 1), (3 * H_Q * D, D, 1)],
+                         ids=["head_major", "padded_rows", "qkv_view"])
+def test_the_backward_refuses_q_and_grad_q_that_are_not_dense(name, strides):
+    """cuDNN 9.19's variable-length backward computes dQ right only from a dense q into a dense dQ
+    (GPU run 37: wrong dQ, overwritten dK/dV with grouped heads, one illegal instruction)."""
+    with pytest.raises(stridedfa.UnsupportedError, match=rf"^{name}: cuDNN's variable-length backward needs q and "
+                                                         r"grad_q dense \(tokens, heads, head_dim\), strides "
+                                                         rf"\({H_Q * D}, {D}, 1\)"):
+        _core._validate_backward(**backward_args(**{name: fake((T_Q, H_Q, D), strides=strides)}))
+
+
+def test_the_backward_takes_k_v_and_the_other_gradients_at_any_strides():
+    k = FakeTensor((T_KV, H_KV, D), (3 * H_KV * D, D, 1), "bfloat16", data=0x500000000000)
+    v = FakeTensor((T_KV, H_KV, D), (3 * H_KV * D, D, 1), "bfloat16", data=0x500000000000 + 2 * H_KV * D)
+    grad_out = fake((T_Q, H_Q, D), strides=(D, T_Q * D, 1))
+    grad_k = fake((T_KV, H_KV, D), strides=((H_KV + 1) * D, D, 1))
+    _core._validate_backward(**backward_args(k=k, v=v, grad_out=grad_out, grad_k=grad_k))
 
 
 @pytest.mark.parametrize("name, wrong, match", [
@@ -220,22 +238,6 @@ def test_the_offsets_kernel_assembles(arch, tmp_path):
     assert sys.platform.startswith("linux")
 
 
-def test_the_torch_adapter_copies_interleaved_views_and_nothing_else():
-    torch = pytest.importorskip("torch")
-    from stridedfa._torch_varlen import _separate
-
-    qkv = torch.empty(64, 3, 4, 16)
-    q, k, v = qkv.unbind(1)
-    q2, k2, v2 = _separate(q, k, v)
-    assert q2 is q and k2._base is None and v2._base is None  # k and v got buffers of their own
-    kv = torch.empty(64, 2, 4, 16)
-    q = torch.empty(64, 4, 16)
-    q2, k2, v2 = _separate(q, kv[:, 0], kv[:, 1])
-    assert q2 is q and k2._base is None and v2._base is None
-    separate = [torch.empty(64, 4, 16).transpose(0, 1).contiguous().transpose(0, 1) for _ in range(3)]
-    assert all(a is b for a, b in zip(_separate(*separate), separate))  # head-major views: no copy
-
-
 def test_the_torch_entry_point_refuses_cpu_tensors_and_tensor_max_seqlen():
     torch = pytest.importorskip("torch")
     import stridedfa.torch as st
@@ -300,15 +302,6 @@ def test_the_varlen_backward_is_refused_by_name_where_cudnn_cannot_run_it():
     with pytest.raises(stridedfa.UnsupportedError, match=r"compute capability 12\.x"):
         _core._backward_graph_key(**backward_args(), sm_version=120)
     assert _core._backward_graph_key(**backward_args(), sm_version=90)
-
-
-def test_one_tensor_passed_as_k_and_v_is_copied_by_the_torch_adapter():
-    torch = pytest.importorskip("torch")
-    from stridedfa._torch_varlen import _separate
-
-    q, kv = torch.empty(64, 4, 16), torch.empty(64, 4, 16)
-    q2, k2, v2 = _separate(q, kv, kv)
-    assert q2 is q and k2 is not kv and v2 is not kv and k2 is not v2
 
 
 # --- Fuzzed strides: what validation accepts and refuses for THD operands -------------------------

@@ -715,7 +715,7 @@ Problem validate(GraphOp op, const SlotViews& given) {
   require_nonempty_problem(p);
   if (ragged) {
     require_int32_offsets(t);
-    refuse_interleaved(t);
+    require_dense_queries(t, op == GraphOp::backward);
   }
 
   for (int s = 0; s < kNumSlots; ++s) {

@@ -43,36 +43,28 @@ void check_ragged_operands(const TensorView* const* t) {
   }
 }
 
-namespace {
-// Two token-axis operands interleaved in one buffer: the same token stride, their first elements
-// less than one token row apart (q, k, v as views of one (tokens, 3, heads, dim) projection).
-bool interleaved(const TensorView& a, const TensorView& b) {
-  if (a.dims[2] < 2 || b.dims[2] < 2 || a.strides[2] != b.strides[2]) return false;
-  const std::uintptr_t apart = a.data > b.data ? a.data - b.data : b.data - a.data;
-  return apart < std::uintptr_t(a.strides[2] * a.itemsize());
-}
-}  // namespace
-
-// GPU run 35 (cuDNN 9.19): with q, k and v interleaved in one (tokens, 3, heads, dim) buffer the
-// variable-length kernels computed wrong dQ (h = 4) and a wrong forward (h = 8), while q, k, v in
-// buffers of their own -- at any token and head strides tried, head-major included -- were right:
-// the pattern cudnn-frontend #526 reports (THD kernels that rebuild packed views with hardcoded
-// strides). Refused by name until a layout is verified; stridedfa.torch copies such views.
-void refuse_interleaved(const TensorView* const* t) {
-  const int groups[2][3] = {{kQ, kK, kV}, {kGradQ, kGradK, kGradV}};
-  for (const auto& group : groups) {
-    for (int i = 0; i < 3; ++i) {
-      for (int j = i + 1; j < 3; ++j) {
-        const TensorView* a = t[group[i]];
-        const TensorView* b = t[group[j]];
-        if (!a || !b || !interleaved(*a, *b)) continue;
-        throw UnsupportedError(
-            std::string(a->name) + " and " + b->name + " are views interleaved in one buffer (token stride " +
-            std::to_string(a->strides[2]) +
-            "), which cuDNN 9.19's variable-length kernels mis-address (wrong results, GPU run 35). Pass "
-            "tensors of their own (x.contiguous()); stridedfa.torch.varlen_attention copies such views itself.");
-      }
-    }
+// GPU run 37 (cuDNN 9.19, probe in ci/results/2026-12-03-run37-varlen-probe): in a variable-length
+// backward only q and dQ must be dense token-major -- with q or dQ at any other strides (head-major,
+// padded or wider token rows, a view of a qkv projection) dQ came out wrong, with grouped heads dK
+// or dV were overwritten, and one layout crashed the kernel (an illegal instruction); k, v, out,
+// dO, dK and dV were right at every layout tried, and so was the forward. Refused by name.
+void require_dense_queries(const TensorView* const* t, bool backward) {
+  if (!backward) return;
+  for (int s : {kQ, kGradQ}) {
+    const TensorView* x = t[s];
+    if (!x || x->numel() == 0) continue;
+    const int64_t h = x->dims[1], tokens = x->dims[2], d = x->dims[3];
+    const bool dense =
+        (d == 1 || x->strides[3] == 1) && (h == 1 || x->strides[1] == d) && (tokens == 1 || x->strides[2] == h * d);
+    if (dense) continue;
+    throw UnsupportedError(std::string(x->name) +
+                           ": cuDNN's variable-length backward needs q and grad_q dense (tokens, heads, head_dim), "
+                           "strides (" +
+                           std::to_string(h * d) + ", " + std::to_string(d) + ", 1); this one has token stride " +
+                           std::to_string(x->strides[2]) + ", head stride " + std::to_string(x->strides[1]) +
+                           " and dim stride " + std::to_string(x->strides[3]) +
+                           " (cuDNN 9.19 computes a wrong dQ otherwise). Pass q.contiguous() and a "
+                           "contiguous grad_q; stridedfa.torch and stridedfa.cupy do so themselves.");
   }
 }
 

@@ -326,8 +326,9 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
             torch's CUDA generator, stridedfa.jax from a key, stridedfa.cupy from CuPy's generator.
         cu_seqlens_q, cu_seqlens_kv: a variable-length (THD) call: int32 (b + 1,) device tensors,
             0 then each sequence's end; q, k, v, out are then (tokens, heads, head_dim) and lse
-            (h_q, tokens_q), at any valid strides (not q/k/v views interleaved in one buffer,
-            which cuDNN 9.19 mis-addresses). Read on the device only, clamped into the buffers.
+            (h_q, tokens_q), at any valid strides -- except that a backward needs q and grad_q
+            dense (tokens, heads, head_dim), from which alone cuDNN 9.19 computes dQ right. Read
+            on the device only, clamped into the buffers.
             Tokens in no sequence get out = 0, lse = -inf. No bias, ALiBi or padding lengths.
         max_seqlen_q, max_seqlen_kv: with cu_seqlens, optional Python ints: the longest sequence
             (a promise; a sequence longer than its bucket, at most 1.25x, is treated as empty).

@@ -28,37 +28,10 @@ def _out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype, device=q.device)
 
 
-def _interleaved(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Views of one buffer with one token stride, less than a token row apart (q, k, v sliced out of
-    a (tokens, 3, heads, dim) projection). Read from the views' structure, so it also holds for
-    the fake tensors torch.compile traces with."""
-    same_buffer = a._base is not None and a._base is b._base
-    apart = a.storage_offset() - b.storage_offset()
-    return (same_buffer and a.shape[0] > 1 and b.shape[0] > 1 and a.stride(0) == b.stride(0)
-            and -a.stride(0) < apart < a.stride(0))
-
-
-def _separate(q, k, v):
-    """k and v as tensors of their own where they interleave with q or each other: cuDNN 9.19's
-    variable-length kernels mis-address interleaved views (GPU run 35; the core refuses them), so
-    a packed projection costs one copy of k and v here (differentiable: autograd routes the
-    gradients back into the projection)."""
-    kv = _interleaved_or_same(k, v)  # one tensor passed twice counts: 0 bytes apart
-    copy_k, copy_v = kv or _interleaved_or_same(q, k), kv or _interleaved_or_same(q, v)
-    def copy(t):  # a buffer of its own, also for a tensor that is already contiguous
-        return t.clone(memory_format=torch.contiguous_format)
-
-    return q, copy(k) if copy_k else k, copy(v) if copy_v else v
-
-
 def _cudnn_version() -> int:
     """The cuDNN this process runs (loaded on first use, as the first call would)."""
     _core._load_libraries()
     return _core._runtime_versions()["cudnn"]
-
-
-def _interleaved_or_same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a is b or _interleaved(a, b)
 
 
 def _max(value: int):
@@ -96,9 +69,12 @@ def varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                     dropout_p: float, rng_state: torch.Tensor | None,
                     deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad_q, grad_k, grad_v), token-major (tokens, heads, dim) whatever q, k, v's strides:
-    cuDNN sums grouped heads only into token-major gradients."""
+    cuDNN sums grouped heads only into token-major gradients, and its variable-length backward
+    computes dQ right only from a dense q into a dense dQ (GPU run 37), so a q at other strides
+    (a view of a qkv projection, head-major, ...) is copied for the backward."""
     grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    _core._backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k, grad_v,
+    _core._backward(_raw(q.contiguous()), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q,
+                    grad_k, grad_v,
                     scale, causal, causal_alignment, _stream(q), _workspace, _window(window_left, window_right),
                     softcap, None, None, None if sinks is None else _raw(sinks), None, deterministic, None, None,
                     None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
@@ -138,10 +114,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
     Args:
         q: (total_q, h_q, d_qk) CUDA tensor, float16 or bfloat16: the queries of every sequence,
-            one after another. Any valid token and head strides (head-major, padded rows, ...)
-            without a copy. Slices of one fused (total, 3, h, d) projection are accepted too, but
-            k and v are then copied: cuDNN 9.19's variable-length kernels mis-address views
-            interleaved in one buffer (the generic entry points refuse them by name).
+            one after another. Any valid token and head strides (head-major, padded rows, slices
+            of one fused (total, 3, h, d) projection, ...): read in place by the forward; the
+            backward reads a contiguous copy of a q at other strides (cuDNN 9.19's variable-length
+            backward computes a wrong dQ from one, GPU run 37). k and v are never copied.
         k: (total_kv, h_kv, d_qk); h_q a multiple of h_kv (GQA). v: (total_kv, h_kv, d_v).
         cu_seqlens_q, cu_seqlens_kv: int32 (b + 1,) CUDA tensors, 0 then the end of each sequence
             (FlashAttention's cu_seqlens): sequence i is tokens [cu[i], cu[i + 1]). Read on the
@@ -184,7 +160,6 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                    "torch.no_grad(), or use attention() on padded tensors with seqlens_q / "
                                    "seqlens_kv.")
     left, right = _bounds(window) if window is not None else (-1, -1)
-    q, k, v = _separate(q, k, v)
     rng_state = _draw_rng_state(q, dropout_p) if dropout_p > 0 else None
     out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q or 0, max_seqlen_kv or 0, scale,
                               bool(causal), causal_alignment, left, right, softcap, sinks, float(dropout_p),
@@ -202,9 +177,8 @@ def varlen_packed_attention(packed: torch.Tensor, dim: int, cu_seqlens_q: torch.
     ``max_seqlen_kv`` to ``max_seqlen_q``) for self-attention. The gradient flows into ``packed``
     as one tensor of its shape. Options as in :func:`varlen_attention`.
 
-    cuDNN 9.19 mis-addresses q, k, v views interleaved in one buffer, so k and v are copied out
-    of ``packed`` (and the packed gradient assembled from separate ones) until a layout is
-    verified; q is read in place.
+    q, k and v are read in place as views of ``packed`` (the backward reads a contiguous copy of
+    q, as :func:`varlen_attention` says).
     """
     if packed.dim() != 4 or dim not in (1, 2, -3, -2):
         raise ValueError(f"packed must be (total, n, h, d) with dim=1 or (total, h, n, d) with dim=2, got shape "

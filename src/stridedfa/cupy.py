@@ -164,8 +164,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
     """Attention over sequences packed along one token axis (THD), on CuPy arrays.
 
     q (total_q, h_q, d_qk), k (total_kv, h_kv, d_qk), v (total_kv, h_kv, d_v) at any valid token and
-    head strides (not views interleaved in one buffer, which cuDNN 9.19 mis-addresses: pass
-    ``cupy.ascontiguousarray`` copies); ``cu_seqlens_q`` / ``cu_seqlens_kv`` int32 (b + 1,) arrays,
+    head strides, views of one qkv projection included; ``cu_seqlens_q`` / ``cu_seqlens_kv`` int32 (b + 1,) arrays,
     0 then each sequence's end, read on the device only. The other arguments are
     :func:`attention`'s and :func:`stridedfa.torch.varlen_attention`'s (max_seqlen: a promise; a
     sequence longer than its bucket, at most 1.25x the promise, is treated as empty; None bounds it
@@ -193,7 +192,9 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
                               rng_state=None, deterministic: bool = False, stream=None):
     """Gradients of :func:`varlen_attention`: ``(grad_q, grad_k, grad_v)``, contiguous (tokens,
     heads, dim) arrays from CuPy's pool (token-major: cuDNN sums grouped heads only into those).
-    Tokens in no sequence get zero gradients. Use the forward's arguments."""
+    Tokens in no sequence get zero gradients. Use the forward's arguments. A q that is not
+    C-contiguous is copied first: cuDNN 9.19's variable-length backward computes dQ right only
+    from a dense q (GPU run 37)."""
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("varlen_attention_backward", q))
     handle, allocation = _call(stream, q.data.device_id)
@@ -201,6 +202,7 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
         grad_q, grad_k, grad_v = (cupy.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
         if not _core._can_read(grad_out):  # the validator's rule: e.g. a broadcast gradient
             grad_out = cupy.ascontiguousarray(grad_out)
+        q = cupy.ascontiguousarray(q)  # no copy when it already is
     _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, causal_alignment, handle,
                     _workspace(allocation), window, softcap, None, None, sinks, None, deterministic, None, None,
                     None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,

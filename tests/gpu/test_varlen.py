@@ -76,15 +76,17 @@ def _contiguous_nan(shape, dtype, name):
     return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
 
 
-def run_generic(q, k, v, grad_out, cu_q, cu_kv, make_output=_contiguous_nan, **options):
+def run_generic(q, k, v, grad_out, cu_q, cu_kv, make_output=_contiguous_nan, q_backward=None, **options):
     """The generic entry points into NaN-poisoned outputs (`make_output(shape, dtype, name)` lays
-    out, grad_q, grad_k and grad_v out)."""
+    out, grad_q, grad_k and grad_v out; grad_q always dense, as the backward needs). The backward
+    reads `q_backward` (default q): a q of the same values, dense, where q is not."""
     out = make_output((q.shape[0], q.shape[1], v.shape[2]), q.dtype, "out")
     lse = torch.full((q.shape[0], q.shape[1]), float("nan"), device="cuda").t()
     common = dict(cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, **options)
     stridedfa.sdpa_forward(q, k, v, out, lse=lse, **common)
-    grads = [make_output(t.shape, t.dtype, name) for name, t in zip(("grad_q", "grad_k", "grad_v"), (q, k, v))]
-    stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, *grads, **common)
+    grads = [(_contiguous_nan if name == "grad_q" else make_output)(t.shape, t.dtype, name)
+             for name, t in zip(("grad_q", "grad_k", "grad_v"), (q, k, v))]
+    stridedfa.sdpa_backward(q if q_backward is None else q_backward, k, v, out, grad_out, lse, *grads, **common)
     return out, lse, grads
 
 
@@ -132,8 +134,9 @@ def packed_projection(total, h, d, dtype, gen):
 
 
 def test_views_in_buffers_of_their_own_equal_contiguous_copies_bitwise():
-    """Head-major q, k with padded rows, v a slice of a wider head axis, and outputs head-major:
-    bit for bit the call on contiguous copies."""
+    """Head-major q (the forward's; the backward reads a dense copy, as it must), k with padded
+    rows, v a slice of a wider head axis, grad_out head-major: bit for bit the call on contiguous
+    copies."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     cu = cu_of(random_lengths(5, 200, torch.Generator().manual_seed(2)))
     total = int(cu[-1])
@@ -141,7 +144,7 @@ def test_views_in_buffers_of_their_own_equal_contiguous_copies_bitwise():
     k = make(total, 4, 64, torch.bfloat16, "padded_rows", gen)
     v = torch.randn(total, 6, 64, generator=gen, device="cuda").to(torch.bfloat16)[:, 1:5]
     grad_out = make(total, 4, 64, torch.bfloat16, "head_major", gen)
-    viewed = run_generic(q, k, v, grad_out, cu, cu, causal=True)
+    viewed = run_generic(q, k, v, grad_out, cu, cu, q_backward=q.contiguous(), causal=True)
     copied = run_generic(q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous(), cu, cu, causal=True)
     assert_bitexact(viewed[0], copied[0], "out")
     assert_bitexact(viewed[1], copied[1], "lse")
@@ -149,21 +152,31 @@ def test_views_in_buffers_of_their_own_equal_contiguous_copies_bitwise():
         assert_bitexact(a, b, name)
 
 
-def test_interleaved_views_are_refused_by_the_generic_entry_points():
-    """GPU run 35: q, k, v sliced out of one (tokens, 3, h, d) buffer gave wrong dQ (h = 4) and a
-    wrong forward (h = 8) from cuDNN 9.19's THD kernels; refused by name before anything runs."""
+def test_views_of_one_projection_equal_copies_and_a_q_view_is_refused_by_the_backward():
+    """q, k, v sliced out of one (tokens, 3, h, d) buffer: the forward and, with q dense, the
+    backward equal contiguous copies bit for bit (GPU run 37: only q's and dQ's layout matter);
+    the backward refuses the q view by name before writing anything."""
     gen = torch.Generator(device="cuda").manual_seed(8)
-    cu = cu_of([30, 70])
-    _, q, k, v = packed_projection(100, 4, 64, torch.bfloat16, gen)
-    out = torch.full((100, 4, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(stridedfa.UnsupportedError, match="interleaved in one buffer"):
-        stridedfa.sdpa_forward(q, k, v, out, cu_seqlens_q=cu, cu_seqlens_kv=cu)
-    assert torch.isnan(out).all()
+    for h in (4, 8):
+        cu = cu_of([30, 0, 1, 69])
+        _, q, k, v = packed_projection(100, h, 64, torch.bfloat16, gen)
+        grad_out = make(100, h, 64, torch.bfloat16, "thd", gen)
+        viewed = run_generic(q, k, v, grad_out, cu, cu, q_backward=q.contiguous(), causal=True)
+        copied = run_generic(q.contiguous(), k.contiguous(), v.contiguous(), grad_out, cu, cu, causal=True)
+        for name, a, b in zip(("out", "lse", "grad_q", "grad_k", "grad_v"), viewed[:2] + viewed[2],
+                              copied[:2] + copied[2]):
+            assert_bitexact(a, b, f"{name} (h = {h})")
+        grads = [torch.full(t.shape, float("nan"), dtype=t.dtype, device="cuda") for t in (q, k, v)]
+        with pytest.raises(stridedfa.UnsupportedError, match=r"^q: cuDNN's variable-length backward needs q"):
+            stridedfa.sdpa_backward(q, k, v, viewed[0], grad_out, viewed[1], *grads, cu_seqlens_q=cu,
+                                    cu_seqlens_kv=cu, causal=True)
+        torch.cuda.synchronize()
+        assert all(torch.isnan(g).all() for g in grads), "nothing written before the refusal"
 
 
 def test_torch_packed_projection_equals_contiguous_copies_bitwise():
-    """varlen_attention copies interleaved k and v (the core refuses them): the result and the
-    projection's gradient equal the call on contiguous copies bit for bit."""
+    """varlen_attention reads the projection's views in place (the backward a dense copy of q):
+    the result and the projection's gradient equal the call on contiguous copies bit for bit."""
     gen = torch.Generator(device="cuda").manual_seed(9)
     cu = cu_of(random_lengths(6, 150, torch.Generator().manual_seed(5)))
     total = int(cu[-1])
@@ -436,16 +449,24 @@ def test_fuzzed_token_and_head_strides_match_the_reference_and_contiguous_copies
     k = random_layout(total_kv, h_kv, d, dtype, rng, gen)
     v = random_layout(total_kv, h_kv, d, dtype, rng, gen)
     grad_out = random_layout(total_q, h_q, d, dtype, rng, gen)
-    def make_output(shape, dtype, name):  # outputs at random strides too (token-major for GQA's dK, dV)
+    def make_output(shape, dtype, name):  # outputs at random strides too (token-major for GQA's dK, dV;
+        # grad_q is dense: the backward needs it so)
         while True:
             t = random_layout(*shape, dtype, rng, gen).fill_(float("nan"))
             if h_q == h_kv or name not in ("grad_k", "grad_v") or t.stride(0) >= t.shape[1] * t.stride(1):
                 return t
 
     try:
-        out, lse, grads = run_generic(q, k, v, grad_out, cu_q, cu_kv, make_output, **options)
+        out, lse, grads = run_generic(q, k, v, grad_out, cu_q, cu_kv, make_output, q_backward=q.contiguous(),
+                                      **options)
     except stridedfa.UnsupportedError as refused:  # named refusals are allowed; say which
         pytest.skip(f"refused by name: {refused}")
+    if not q.is_contiguous():  # the backward refuses the q view itself by name, writing nothing
+        poisoned = [torch.full(t.shape, float("nan"), dtype=t.dtype, device="cuda") for t in (q, k, v)]
+        with pytest.raises(stridedfa.UnsupportedError, match=r"^q: cuDNN's variable-length backward"):
+            stridedfa.sdpa_backward(q, k, v, out, grad_out, lse, *poisoned, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+                                    **options)
+        assert all(torch.isnan(g).all() for g in poisoned)
     ref_options = {("alignment" if name == "causal_alignment" else name): value for name, value in options.items()}
     ref_out, ref_lse, ref_grads = reference(q, k, v, grad_out, cu_q, cu_kv, **ref_options)
     atol, rel = TOL[dtype]
