@@ -103,6 +103,17 @@ def test_the_backward_takes_k_v_and_the_other_gradients_at_any_strides():
     _core._validate_backward(**backward_args(k=k, v=v, grad_out=grad_out, grad_k=grad_k))
 
 
+def test_a_single_heads_stride_is_canonical_in_the_graph():
+    """MQA's one k/v head: its stride is free, and cuDNN lays out the backward's grouped-head
+    workspaces from it (GPU run 38), so any given value reads as d -- one graph, laid out right."""
+    def key(head_stride):
+        k = fake((T_KV, 1, D), strides=(D, head_stride, 1))
+        grad_k = fake((T_KV, 1, D), strides=(D + 8, head_stride + 8, 1))
+        return _core._backward_graph_key(**backward_args(k=k, grad_k=grad_k, v=fake((T_KV, 1, D)),
+                                                         grad_v=fake((T_KV, 1, D))), sm_version=90)
+    assert key(D) == key(T_KV * D) == key(72)
+
+
 @pytest.mark.parametrize("name, wrong, match", [
     ("cu_seqlens_q", fake((6,), "int64"), r"^cu_seqlens_q: dtype int64 .*int32"),
     ("cu_seqlens_kv", fake((7,), "int32"), r"cu_seqlens_q has 6 entries but cu_seqlens_kv 7"),

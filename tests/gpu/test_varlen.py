@@ -102,7 +102,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
 def test_generic_entry_points_match_the_per_sequence_reference(case, dtype, heads):
     gen = torch.Generator(device="cuda").manual_seed(hash((case, str(dtype), heads)) % 2**31)
     h_q, h_kv = heads
@@ -163,8 +163,8 @@ def test_views_of_one_projection_equal_copies_and_a_q_view_is_refused_by_the_bac
         grad_out = make(100, h, 64, torch.bfloat16, "thd", gen)
         viewed = run_generic(q, k, v, grad_out, cu, cu, q_backward=q.contiguous(), causal=True)
         copied = run_generic(q.contiguous(), k.contiguous(), v.contiguous(), grad_out, cu, cu, causal=True)
-        for name, a, b in zip(("out", "lse", "grad_q", "grad_k", "grad_v"), viewed[:2] + viewed[2],
-                              copied[:2] + copied[2]):
+        for name, a, b in zip(("out", "lse", "grad_q", "grad_k", "grad_v"), [*viewed[:2], *viewed[2]],
+                              [*copied[:2], *copied[2]]):
             assert_bitexact(a, b, f"{name} (h = {h})")
         grads = [torch.full(t.shape, float("nan"), dtype=t.dtype, device="cuda") for t in (q, k, v)]
         with pytest.raises(stridedfa.UnsupportedError, match=r"^q: cuDNN's variable-length backward needs q"):
