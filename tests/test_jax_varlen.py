@@ -100,3 +100,17 @@ def test_max_seqlen_must_be_a_python_int(sj, jax):
         jax.eval_shape(lambda *x: sj.varlen_attention(*x, max_seqlen_q=1.5), *args(jax))
     with pytest.raises(ValueError, match="dropout_key"):
         jax.eval_shape(lambda *x: sj.varlen_attention(*x, dropout_p=0.1), *args(jax))
+
+
+def test_mqa_repeats_the_one_head_and_its_gradient_sums_back(sj, jax):
+    """cuDNN 9.19's varlen backward gets MQA's dK wrong (GPU run 39): the call repeats k and v to
+    two heads; the gradients keep k's and v's one head."""
+    a = args(jax, h_q=6, h_kv=1)
+    text = jax.jit(lambda *x: sj.varlen_attention(*x, causal=True)).lower(*a).as_text()
+    assert "300x6x64" in text and "400x2x64" in text  # q as given; k, v repeated to 2 heads
+
+    def loss(q, k, v, cu_q, cu_kv):
+        return sj.varlen_attention(q, k, v, cu_q, cu_kv, causal=True).astype("float32").sum()
+
+    grads = jax.eval_shape(jax.grad(loss, (0, 1, 2)), *a)
+    assert [g.shape for g in grads] == [(300, 6, 64), (400, 1, 64), (400, 1, 64)]

@@ -103,14 +103,30 @@ def test_the_backward_takes_k_v_and_the_other_gradients_at_any_strides():
     _core._validate_backward(**backward_args(k=k, v=v, grad_out=grad_out, grad_k=grad_k))
 
 
+def test_an_mqa_backward_is_refused_by_name_and_the_adapters_repeat_the_head():
+    """GPU run 39: cuDNN 9.19's varlen backward gets MQA's dK wrong at every layout."""
+    one = {name: fake((T_KV, 1, D)) for name in ("k", "v", "grad_k", "grad_v")}
+    with pytest.raises(stridedfa.UnsupportedError, match=r"^grad_k: cuDNN 9\.19's variable-length backward computes "
+                                                         r"a wrong dK when one key/value head serves 8"):
+        _core._backward_graph_key(**backward_args(**one), sm_version=90)
+    _core._forward_graph_key(**forward_args(k=one["k"], v=one["v"]), sm_version=90)  # the forward is right
+    torch = pytest.importorskip("torch")
+    import stridedfa.torch as st
+
+    cu = torch.empty(4, dtype=torch.int32, device="meta")
+    q = torch.empty(100, 6, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    k, v = (torch.empty(120, 1, 64, dtype=torch.bfloat16, device="meta", requires_grad=True) for _ in range(2))
+    st.varlen_attention(q, k, v, cu, cu, causal=True).sum().backward()
+    assert k.grad.shape == v.grad.shape == (120, 1, 64) and q.grad.shape == (100, 6, 64)
+
+
 def test_a_single_heads_stride_is_canonical_in_the_graph():
-    """MQA's one k/v head: its stride is free, and cuDNN lays out the backward's grouped-head
-    workspaces from it (GPU run 38), so any given value reads as d -- one graph, laid out right."""
+    """MQA's one k/v head: its stride is free, and cuDNN lays out grouped-head workspaces from it
+    (GPU run 38), so any given value reads as d -- one graph."""
     def key(head_stride):
         k = fake((T_KV, 1, D), strides=(D, head_stride, 1))
-        grad_k = fake((T_KV, 1, D), strides=(D + 8, head_stride + 8, 1))
-        return _core._backward_graph_key(**backward_args(k=k, grad_k=grad_k, v=fake((T_KV, 1, D)),
-                                                         grad_v=fake((T_KV, 1, D))), sm_version=90)
+        v = fake((T_KV, 1, D), strides=(D + 8, head_stride + 8, 1))
+        return _core._forward_graph_key(**forward_args(k=k, v=v), sm_version=90)
     assert key(D) == key(T_KV * D) == key(72)
 
 

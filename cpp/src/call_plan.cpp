@@ -213,6 +213,16 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
   plan.problem.s_q = r.max_q;
   plan.problem.s_kv = r.max_kv;
   const int64_t group = full.h_kv > 0 ? full.h_q / full.h_kv : 1;
+  if (op == GraphOp::backward && full.h_kv == 1 && group > 1) {
+    // GPU run 39 (cuDNN 9.19): every MQA case computed a wrong dK, at every layout, while GQA with two
+    // or more key/value heads was right.
+    throw UnsupportedError(
+        "grad_k: cuDNN 9.19's variable-length backward computes a wrong dK when one key/value head serves " +
+        std::to_string(full.h_q) +
+        " query heads (MQA, GPU run 39). Repeat k and v to two heads (k.expand(-1, 2, -1).contiguous(), "
+        "grouped-query attention) and sum their two gradients; stridedfa.torch, stridedfa.cupy and "
+        "stridedfa.jax do so themselves.");
+  }
   for (int s = 0; s < kNumSlots; ++s) {
     const OperandKind kind = kOperands[s].kind;
     if (!operands[s] || (kind != OperandKind::attention && kind != OperandKind::stats)) continue;

@@ -62,7 +62,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
 
     Args:
         q: (total_q, h_q, d_qk) float16/bfloat16 array: every sequence's queries, one after another.
-        k: (total_kv, h_kv, d_qk); h_q a multiple of h_kv (GQA). v: (total_kv, h_kv, d_v).
+        k: (total_kv, h_kv, d_qk); h_q a multiple of h_kv (GQA). v: (total_kv, h_kv, d_v). One
+            key/value head (MQA) is repeated to two (cuDNN 9.19's varlen backward gets MQA's dK
+            wrong; the cotangents sum back).
         cu_seqlens_q, cu_seqlens_kv: int32 (b + 1,) arrays, 0 then the end of each sequence
             (sequence i is tokens [cu[i], cu[i + 1])), traced values read on the device only.
             Outside the contract (decreasing, past the end) they are clamped into the arrays:
@@ -89,6 +91,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
                     dropout_p=dropout_p)
     options = _VarlenOptions(base, int(max_seqlen_q or 0), int(max_seqlen_kv or 0))
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    if k.ndim == 3 and q.ndim == 3 and k.shape[1] == 1 < q.shape[1]:
+        # cuDNN 9.19's varlen backward gets MQA's dK wrong (GPU run 39; the core refuses it): k and
+        # v repeated to grouped heads, whose cotangents JAX sums back into the one head
+        heads = 2 if q.shape[1] % 2 == 0 else q.shape[1]
+        k, v = jnp.repeat(k, heads, axis=1), jnp.repeat(v, heads, axis=1)
     cu_q, cu_kv = jnp.asarray(cu_seqlens_q), jnp.asarray(cu_seqlens_kv)
     rng_state: tuple = ()
     if options.base.dropout_p > 0:

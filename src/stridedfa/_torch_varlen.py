@@ -34,6 +34,12 @@ def _cudnn_version() -> int:
     return _core._runtime_versions()["cudnn"]
 
 
+def _mqa_repeat(h_q: int) -> int:
+    """How many heads MQA's one key/value head is repeated to for a varlen backward: two (grouped
+    heads, verified right) where they divide the query heads, else as many as those."""
+    return 2 if h_q % 2 == 0 else h_q
+
+
 def _max(value: int):
     return value if value > 0 else None
 
@@ -118,7 +124,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             of one fused (total, 3, h, d) projection, ...): read in place by the forward; the
             backward reads a contiguous copy of a q at other strides (cuDNN 9.19's variable-length
             backward computes a wrong dQ from one, GPU run 37). k and v are never copied.
-        k: (total_kv, h_kv, d_qk); h_q a multiple of h_kv (GQA). v: (total_kv, h_kv, d_v).
+        k: (total_kv, h_kv, d_qk); h_q a multiple of h_kv (GQA). v: (total_kv, h_kv, d_v). With
+            one key/value head (MQA) and a backward to come, k and v are repeated to two heads
+            first (cuDNN 9.19's varlen backward gets MQA's dK wrong; the gradients sum back).
         cu_seqlens_q, cu_seqlens_kv: int32 (b + 1,) CUDA tensors, 0 then the end of each sequence
             (FlashAttention's cu_seqlens): sequence i is tokens [cu[i], cu[i + 1]). Read on the
             device only: no host synchronisation, so torch.compile and CUDA graphs (whose replays
@@ -160,6 +168,11 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                    "torch.no_grad(), or use attention() on padded tensors with seqlens_q / "
                                    "seqlens_kv.")
     left, right = _bounds(window) if window is not None else (-1, -1)
+    if k.shape[1] == 1 < q.shape[1] and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        # cuDNN 9.19's varlen backward gets MQA's dK wrong (GPU run 39; the core refuses it): k and v
+        # repeated to grouped heads, whose gradients autograd sums back into the one head
+        heads = _mqa_repeat(q.shape[1])
+        k, v = (t.expand(-1, heads, -1).contiguous() for t in (k, v))
     rng_state = _draw_rng_state(q, dropout_p) if dropout_p > 0 else None
     out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q or 0, max_seqlen_kv or 0, scale,
                               bool(causal), causal_alignment, left, right, softcap, sinks, float(dropout_p),

@@ -194,7 +194,8 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
     heads, dim) arrays from CuPy's pool (token-major: cuDNN sums grouped heads only into those).
     Tokens in no sequence get zero gradients. Use the forward's arguments. A q that is not
     C-contiguous is copied first: cuDNN 9.19's variable-length backward computes dQ right only
-    from a dense q (GPU run 37)."""
+    from a dense q (GPU run 37); one key/value head (MQA) is repeated to two and its gradients
+    summed (cuDNN 9.19 gets MQA's dK wrong, GPU run 39)."""
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("varlen_attention_backward", q))
     handle, allocation = _call(stream, q.data.device_id)
@@ -203,10 +204,19 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
         if not _core._can_read(grad_out):  # the validator's rule: e.g. a broadcast gradient
             grad_out = cupy.ascontiguousarray(grad_out)
         q = cupy.ascontiguousarray(q)  # no copy when it already is
+        mqa = k.shape[1] == 1 < q.shape[1]
+        if mqa:  # cuDNN 9.19 gets MQA's dK wrong (GPU run 39): repeated to grouped heads, summed after
+            heads = 2 if q.shape[1] % 2 == 0 else q.shape[1]
+            k, v = (cupy.ascontiguousarray(cupy.broadcast_to(t, (t.shape[0], heads, t.shape[2]))) for t in (k, v))
+            grad_k, grad_v = (cupy.empty(t.shape, dtype=t.dtype) for t in (k, v))
     _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, causal_alignment, handle,
                     _workspace(allocation), window, softcap, None, None, sinks, None, deterministic, None, None,
                     None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                     max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+    if mqa:
+        with allocation or contextlib.nullcontext():
+            grad_k, grad_v = (g.sum(axis=1, keepdims=True, dtype=cupy.float32).astype(g.dtype)
+                              for g in (grad_k, grad_v))
     return grad_q, grad_k, grad_v
 
 

@@ -13,7 +13,7 @@ STRIDEDFA_VARLEN_FUZZ=60 timeout 190 python3 -X faulthandler -m pytest -p no:cac
 echo "varlen rc $?"; grep -E " passed| failed" varlen.log | tail -1
 grep -E "^(FAILED|ERROR)" varlen.log | cut -c1-220 | head -20
 grep -E "^E  " varlen.log | cut -c1-300 | sort | uniq -c | sort -rn | head -12
-timeout 260 python3 -X faulthandler -m pytest -p no:cacheprovider -q -rfEx $repo/tests/gpu/test_variants.py \
+timeout 170 python3 -X faulthandler -m pytest -p no:cacheprovider -q -rfEx $repo/tests/gpu/test_variants.py \
   $repo/tests/gpu/test_forward_backward.py $repo/tests/gpu/test_jax.py $repo/tests/gpu/test_torch_ops.py > dense.log 2>&1
 echo "dense rc $?"; tail -2 dense.log; grep -E "^FAILED" dense.log | cut -c1-200 | head
 timeout 70 python3 $repo/benchmarks/bench_paged.py --out $OUT --quick > /dev/null 2> bench_paged.err
