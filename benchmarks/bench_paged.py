@@ -81,11 +81,48 @@ def torch_paged(q, cache, table, lengths, length, warmup, iters):
         return f"unavailable: {type(error).__name__}: {error}"[:200]
 
 
+def plot(result, path):
+    """µs per decode step against the batch, one line per cache length and contender, and the share
+    of the copy ceiling (the target line at 60%)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if "share_of_ceiling" in r]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for length in sorted({r["cache_length"] for r in rows}):
+        mine = sorted((r for r in rows if r["cache_length"] == length), key=lambda r: r["batch"])
+        batches = [r["batch"] for r in mine]
+        left.plot(batches, [r["stridedfa_paged_us"] for r in mine], "o-", label=f"stridedfa paged, {length} tokens")
+        left.plot(batches, [r["torch_sdpa_gathered_us"] for r in mine], "s--",
+                  label=f"torch SDPA, gathered cache, {length}")
+        right.plot(batches, [r["share_of_ceiling"] for r in mine], "o-", label=f"{length} tokens")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch (sequences, one query token each)")
+    left.set_yscale("log")
+    left.set_ylabel("µs per decode step")
+    left.legend(fontsize=7)
+    right.axhline(0.6, color="tab:red", linestyle=":", label="target 60%")
+    right.set_ylabel("K+V bytes / step time, share of the copy ceiling")
+    right.legend(fontsize=7)
+    config = result["config"]
+    fig.suptitle(f"Paged-KV decode, GQA {config['h_q']}/{config['h_kv']}, d {config['d']}, block "
+                 f"{config['block_size']} -- {config['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--plot", metavar="JSON", help="only render the PNG next to an earlier paged.json")
     args = parser.parse_args()
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        return
     warmup, iters = (3, 20) if args.quick else (10, 100)
     batches = (1, 32, 256) if args.quick else (1, 8, 32, 64, 128, 256)
     lengths = (1024, 8192) if args.quick else (1024, 4096, 8192, 16384, 32768)
@@ -109,6 +146,10 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "paged.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+    try:
+        plot(result, out / "paged.png")
+    except ImportError:  # no matplotlib here: render later with --plot
+        pass
 
 
 if __name__ == "__main__":

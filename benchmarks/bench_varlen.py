@@ -54,14 +54,43 @@ def timed(fn, warmup, iters):
     return times[len(times) // 2]
 
 
+def plot(result, path):
+    """ms per training step of each contender, with the FLOP-proportional ideal and the 1.6x target
+    drawn in."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {name: t for name, t in result["ms_per_step"].items() if isinstance(t, float)}
+    names = sorted(rows, key=rows.get)
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.8))
+    ax.barh(names, [rows[n] for n in names],
+            color=["tab:orange" if n.startswith("torch") else "tab:blue" for n in names])
+    ideal = rows["stridedfa_padded_full"] * result["config"]["useful_flop_share"]
+    ax.axvline(ideal, color="tab:green", linestyle="--", label="FLOP-proportional ideal")
+    ax.axvline(rows["torch_sdpa_padded"] / 1.6, color="tab:red", linestyle=":", label="target: 1.6x torch SDPA padded")
+    ax.set_xlabel("ms per causal fwd+bwd step (median)")
+    config = result["config"]
+    ax.set_title(f"Varlen training step: {config['tokens']} tokens, {config['documents']} documents, h "
+                 f"{config['heads']}, d {config['dim']} -- {config['device']}", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--plot", metavar="JSON", help="only render the PNG next to an earlier varlen.json")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=16384)
     args = parser.parse_args()
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        return
     warmup, iters = (3, 10) if args.quick else (10, 50)
     h, d, total = args.heads, args.dim, args.tokens
     lengths = documents(total, 64, 4096, seed=0)
@@ -131,6 +160,10 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "varlen.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+    try:
+        plot(result, out / "varlen.png")
+    except ImportError:  # no matplotlib here: render later with --plot
+        pass
 
 
 if __name__ == "__main__":
