@@ -113,7 +113,22 @@ def measure_steps(torch, fn, steps, spin_cycles):
     return times
 
 
-def train_rows(torch, sfa, repeats, steps, spin_cycles):
+def profile_steps(torch, fn, path, steps=10):
+    """What one contender's training step does on the host: torch.profiler's operator table (CPU
+    time, calls, kernel launches) over `steps` steps, written to `path`. The profiler slows every
+    call; read counts and shares, not absolute times."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=60))
+
+
+def train_rows(torch, sfa, repeats, steps, spin_cycles, profile_dir=None):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -151,6 +166,9 @@ def train_rows(torch, sfa, repeats, steps, spin_cycles):
                 for _ in range(5):
                     fn()
             torch.cuda.synchronize()
+            if profile_dir:
+                for name, fn in contenders.items():
+                    profile_steps(torch, fn, os.path.join(profile_dir, f"profile_{layout}_{causal}_{name}.txt"))
             samples = {(name, figure): [] for name in contenders for figure in FIGURES}
             for rep in range(repeats):
                 for name, fn in (contenders.items() if rep % 2 == 0 else reversed(contenders.items())):
@@ -196,6 +214,8 @@ def main(argv=None):
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="also write torch.profiler's operator table of each training step to DIR/profile_*.txt")
     args = parser.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 11)
 
@@ -208,11 +228,12 @@ def main(argv=None):
            "device": torch.cuda.get_device_name(), "cpus": os.cpu_count(),
            "cudnn": sfa.info().get("cudnn"), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     env.update(measured_build(sfa))
+    os.makedirs(args.out, exist_ok=True)
     data = {"benchmark": "call_patterns", "environment": env,
             "sync": sync_rows(torch, sfa, repeats, calls=10 if args.quick else 20),
             "train": train_rows(torch, sfa, repeats if args.quick else 15, steps=20,
-                                spin_cycles=sleep_cycles_for(torch, 60))}
-    os.makedirs(args.out, exist_ok=True)
+                                spin_cycles=sleep_cycles_for(torch, 60),
+                                profile_dir=args.out if args.profile else None)}
     with open(os.path.join(args.out, "bench_call_patterns.json"), "w") as f:
         json.dump(data, f, indent=1)
     text = render_markdown(data)
