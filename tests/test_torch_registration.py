@@ -208,3 +208,30 @@ def test_inference_calls_record_the_operator_with_the_fewest_arguments(options, 
     graph = make_fx(lambda q, k, v: sfa_torch.attention(q, k, v, **options))(q, k, v)
     targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
     assert len(targets) == 1 and targets[0].startswith(operator), targets
+
+
+@pytest.mark.parametrize("q_order", ["bhsd", "bshd"])
+def test_paged_operator_fake_gives_out_in_the_axis_order_of_q(q_order):
+    """paged_forward (defined with torch.library, like the dense operators) allocates out by the
+    layout rule, so eager calls (the core's allocation) and traced ones (the fake) agree."""
+    op = torch.ops.stridedfa.paged_forward.default
+    assert str(op._schema) == (
+        "stridedfa::paged_forward(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seqlens_kv, "
+        "float? scale, bool causal, str causal_alignment, int window_left, int window_right, float? softcap) -> Tensor")
+    q = (torch.empty(3, 32, 5, 128, **META) if q_order == "bhsd"
+         else torch.empty(3, 5, 32, 128, **META).transpose(1, 2))
+    cache = torch.empty(40, 16, 8, 128, **META).transpose(1, 2)  # (blocks, h_kv, block, d) views
+    table = torch.empty(3, 4, device="meta", dtype=torch.int32)
+    lengths = torch.empty(3, device="meta", dtype=torch.int32)
+    out = op(q, cache, cache, table, lengths, None, True, "bottom_right", -1, -1, None)
+    assert out.shape == (3, 32, 5, 128)
+    assert out.stride() == _layouts.output_strides(out.shape, q.stride())
+
+
+def test_attention_with_kvcache_on_cpu_tensors_names_the_device():
+    q = torch.zeros(2, 4, 1, 64, dtype=torch.bfloat16)
+    cache = torch.zeros(8, 2, 16, 64, dtype=torch.bfloat16)
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    lengths = torch.full((2,), 3, dtype=torch.int32)
+    with pytest.raises(stridedfa.LayoutError, match="CUDA device"):
+        sfa_torch.attention_with_kvcache(q, cache, cache, table, lengths)

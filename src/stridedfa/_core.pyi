@@ -117,7 +117,7 @@ def _forward_alloc(q: Any, k: Any, v: Any, scale: float | None, causal: bool, ca
                    seqlens_q: Any = None,
                    seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
                    alibi_slopes: Any = None, dropout_p: float = 0.0,
-                   rng_state: Any = None) -> tuple[Any, Any]: ...
+                   rng_state: Any = None, block_table: Any = None) -> tuple[Any, Any]: ...
 def _backward_alloc(q: Any, k: Any, v: Any, out: Any, lse: Any, grad_out: Any, scale: float | None, causal: bool,
                     causal_alignment: str, make_readable: Callable[[Any], Any], together: bool,
                     window: Window = None, softcap: float | None = None, seqlens_q: Any = None,

@@ -30,7 +30,7 @@ cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& 
 
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
                    window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-                   alibi_slopes=None, dropout_p=0.0, rng_state=None):
+                   alibi_slopes=None, dropout_p=0.0, rng_state=None, block_table=None):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream.
 
@@ -38,12 +38,13 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     packed float32 (batch, h_q, s_q); with `together`, in the same allocation as out (one trip
     through the allocator; the memory returns when both are gone -- for eager autograd, which keeps
     both. Not under torch.compile's CUDA graphs: they require every output to start a block of
-    their pool). cuDNN's workspace comes from the same allocator.
+    their pool). cuDNN's workspace comes from the same allocator. With a block_table, k and v are
+    paged caches (see sdpa_forward).
     Returns (out, lse or None) as the framework's tensors.
     """
     cdef SdpaOptions options
     cdef ForwardArgs fwd
-    cdef Owned owned[9]
+    cdef Owned owned[10]
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* out_tensor = NULL
@@ -63,7 +64,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
         raise TypeError(f"q ({type(q).__module__}.{type(q).__qualname__}) does not offer the DLPack C "
                         f"exchange API's allocator; pass preallocated outputs to sdpa_forward instead")
-    for i in range(9):
+    for i in range(10):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(None, &st)
@@ -76,6 +77,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
         intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
         intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[7])
         intake_optional(rng_state, b"rng_state", &st, &fwd.rng_state, &owned[8])
+        intake_optional(block_table, b"block_table", &st, &fwd.block_table, &owned[9])
         if fwd.q.ndim != 4 or fwd.v.ndim != 4:
             name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
             raise LayoutError(f"{name} must have 4 axes (batch, heads, seq, head_dim); it has {ndim}")
@@ -113,7 +115,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 9)
+        release(owned, 10)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:

@@ -1,54 +1,82 @@
-"""stridedfa.torch's paged-KV-cache attention (serving): its operator (torch.library.custom_op) with
-its fake kernel, and attention_with_kvcache, which appends new keys and values into the cache at
-each sequence's length and attends in the same call. Importing this module registers
+"""stridedfa.torch's paged-KV-cache attention (serving): its operator (torch.library, with a fake
+kernel) and attention_with_kvcache, which appends new keys and values into the cache at each
+sequence's length and attends in the same call. Importing this module registers
 torch.ops.stridedfa.paged_forward.
 
 Axes are stridedfa's logical ones everywhere: q (b, h_q, s_q, d), caches (num_blocks, h_kv,
 block_size, d) at any valid strides -- a FlashAttention/vLLM (num_blocks, block_size, h_kv, d)
 cache is passed as ``cache.transpose(1, 2)``, no copy.
+
+A decode step is host-bound at small batches, so an eager call skips the dispatcher, as
+attention() does: one C call reads the tensors, allocates out through torch and launches (GPU run
+40: the operator through torch.library.custom_op cost 55-64 µs of host time per step against
+15-17 µs for attention() on a dense cache).
 """
 
 from __future__ import annotations
 
 import torch
 
-from stridedfa import _core
-from stridedfa._torch_ops import _bounds, _raw, _stream, _window, _workspace
+from stridedfa import _core, _layouts
+from stridedfa._torch_ops import (
+    _HAS_EXCHANGE_API,
+    _bounds,
+    _define,
+    _forward_alloc,
+    _plain_eager,
+    _raw,
+    _stream,
+    _window,
+    _workspace,
+)
 
 
 def _out_like(q: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-    # (b, h_q, s_q, d_v) over (b, s_q, h_q, d_v) memory: what a decode step's next projection reads
-    b, h, s, _ = q.shape
-    return torch.empty((b, s, h, v_cache.shape[3]), dtype=q.dtype, device=q.device).transpose(1, 2)
+    # dense in q's axis order, as attention()'s out: a decode step's q cut from a (b, s, h, d)
+    # projection gives out over (b, s, h, d) memory, what the next projection reads
+    shape = (q.shape[0], q.shape[1], q.shape[2], v_cache.shape[3])
+    return q.new_empty_strided(shape, _layouts.output_strides(shape, q.stride()))
 
 
-@torch.library.custom_op("stridedfa::paged_forward", mutates_args=())
-def paged_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                  seqlens_kv: torch.Tensor, scale: float | None, causal: bool, causal_alignment: str,
-                  window_left: int, window_right: int, softcap: float | None) -> torch.Tensor:
+def _paged_forward_impl(q, k_cache, v_cache, block_table, seqlens_kv, scale, causal, causal_alignment, window_left,
+                        window_right, softcap):
     """out of attention from q over the paged caches (forward only)."""
+    window = _window(window_left, window_right)
+    if _HAS_EXCHANGE_API:  # reading, allocating out and launching in one C call
+        return _forward_alloc(q, k_cache, v_cache, scale, causal, causal_alignment, False, False, window, softcap,
+                              None, seqlens_kv, block_table=block_table)[0]
     out = _out_like(q, v_cache)
     _core._forward(_raw(q), _raw(k_cache), _raw(v_cache), out, None, scale, causal, causal_alignment, _stream(q),
-                   _workspace, _window(window_left, window_right), softcap, None, seqlens_kv,
-                   block_table=block_table)
+                   _workspace, window, softcap, None, seqlens_kv, block_table=block_table)
     return out
 
 
-@paged_forward.register_fake
-def _(q, k_cache, v_cache, block_table, seqlens_kv, scale, causal, causal_alignment, window_left, window_right,
-      softcap):
+def _paged_forward_fake(q, k_cache, v_cache, block_table, seqlens_kv, scale, causal, causal_alignment, window_left,
+                        window_right, softcap):
     return _out_like(q, v_cache)
 
 
-def _append(cache: torch.Tensor, new: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor):
-    """Writes new (b, h, s_new, d) into the cache at positions cache_seqlens[b] + i, in place, on the
-    device. Positions beyond the table and ids beyond the cache are clamped into them (the
-    caller's contract; nothing outside the cache is written, no device assert)."""
-    s_new, block_size = new.shape[2], cache.shape[2]
-    positions = cache_seqlens.long()[:, None] + torch.arange(s_new, device=new.device)
+paged_forward = _define(
+    "paged_forward", "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seqlens_kv, "
+    "float? scale, bool causal, str causal_alignment, int window_left, int window_right, float? softcap) -> Tensor",
+    _paged_forward_impl, _paged_forward_fake)
+
+
+def _append_slots(block_table: torch.Tensor, cache_seqlens: torch.Tensor, s_new: int, block_size: int,
+                  num_blocks: int):
+    """(block ids, offsets in the block), each (b, s_new): where the new tokens cache_seqlens[b] + i
+    go, computed on the device. Positions beyond the table and ids beyond the cache are clamped
+    into them (the caller's contract; nothing outside the cache is written, no device assert)."""
+    positions = cache_seqlens.long()[:, None] + torch.arange(s_new, device=cache_seqlens.device)
     columns = (positions // block_size).clamp(0, block_table.shape[1] - 1)
-    blocks = block_table.long().gather(1, columns).clamp(0, cache.shape[0] - 1)
-    cache[blocks, :, positions % block_size] = new.permute(0, 2, 1, 3).to(cache.dtype)
+    blocks = block_table.long().gather(1, columns).clamp(0, num_blocks - 1)
+    return blocks, positions % block_size
+
+
+def _append(cache: torch.Tensor, new: torch.Tensor, slots) -> None:
+    """Writes new (b, h, s_new, d) into the cache at `slots` (_append_slots), in place."""
+    blocks, offsets = slots
+    cache[blocks, :, offsets] = new.permute(0, 2, 1, 3).to(cache.dtype)
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -75,15 +103,21 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             the default causal bottom-right aligns each query block with the end of its cache.
 
     Returns:
-        out (b, h_q, s_q, d) over (b, s_q, h_q, d) memory.
+        out (b, h_q, s_q, d), dense in q's axis order (as :func:`stridedfa.torch.attention`): a q
+        cut from a (b, s, h, d) projection gives out over (b, s, h, d) memory.
     """
     if (k is None) != (v is None):
         raise ValueError("attention_with_kvcache appends keys and values together: give both k and v, or neither")
     seqlens = cache_seqlens
     if k is not None and v is not None:
-        _append(k_cache, k, block_table, cache_seqlens)
-        _append(v_cache, v, block_table, cache_seqlens)
+        slots = _append_slots(block_table, cache_seqlens, k.shape[2], k_cache.shape[2],
+                              min(k_cache.shape[0], v_cache.shape[0]))
+        _append(k_cache, k, slots)
+        _append(v_cache, v, slots)
         seqlens = (cache_seqlens + k.shape[2]).to(torch.int32)
+    if _plain_eager(q, k_cache, v_cache):  # one C call, the core parses the window itself
+        return _forward_alloc(q, k_cache, v_cache, scale, bool(causal), causal_alignment, False, False, window, softcap,
+                              None, seqlens, block_table=block_table)[0]
     left, right = _bounds(window) if window is not None else (-1, -1)
     return paged_forward(q, k_cache, v_cache, block_table, seqlens, scale, bool(causal), causal_alignment, left,
                          right, softcap)
