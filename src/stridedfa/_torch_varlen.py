@@ -1,12 +1,17 @@
-"""stridedfa.torch's variable-length (THD) attention: its operators (torch.library.custom_op), their
-fake kernels and autograd. Importing this module registers torch.ops.stridedfa.varlen_forward and
-varlen_backward.
+"""stridedfa.torch's variable-length (THD) attention: its operators (torch.library, with fake
+kernels and an autograd Function) and the entry points. Importing this module registers
+torch.ops.stridedfa.varlen_forward and varlen_backward.
 
 Sequences are packed along one token axis: q (total_q, h_q, d_qk), k (total_kv, h_kv, d_qk),
 v (total_kv, h_kv, d_v), with int32 cu_seqlens (b + 1,) on the device saying where each starts.
 The core reads cu_seqlens on the device only, so the operators have no data-dependent output
 shape: torch.compile traces them without graph breaks and CUDA graphs replay them with whatever
 cu_seqlens hold at replay.
+
+Eager calls skip the dispatcher, as attention() does: with autograd they run the kernels through
+the autograd Function directly. Defined through torch.library.custom_op with register_autograd,
+a training step spent ~970 µs of host time here against 364 µs for attention() on the padded
+batch (GPU run 41, .diag: the GPU waited for the host in a loop that synchronises per step).
 """
 
 from __future__ import annotations
@@ -15,7 +20,23 @@ import torch
 
 from stridedfa import _core
 from stridedfa._errors import UnsupportedError
-from stridedfa._torch_ops import _bounds, _draw_rng_state, _raw, _readable, _stream, _window, _workspace
+from stridedfa._torch_ops import (
+    _backward_kernel,
+    _below_autograd,
+    _bounds,
+    _define,
+    _draw_rng_state,
+    _function_apply,
+    _is_grad_enabled,
+    _lib,
+    _plain_eager,
+    _raw,
+    _readable,
+    _requires_grad,
+    _stream,
+    _window,
+    _workspace,
+)
 
 
 def _lse_like(q: torch.Tensor) -> torch.Tensor:
@@ -44,14 +65,19 @@ def _max(value: int):
     return value if value > 0 else None
 
 
-@torch.library.custom_op("stridedfa::varlen_forward", mutates_args=())
-def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                   cu_seqlens_kv: torch.Tensor, max_seqlen_q: int, max_seqlen_kv: int, scale: float | None,
-                   causal: bool, causal_alignment: str, window_left: int, window_right: int,
-                   softcap: float | None, sinks: torch.Tensor | None, dropout_p: float,
-                   rng_state: torch.Tensor | None, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of a THD call; max_seqlen_* 0: bounded by the token count. deterministic is the
-    backward's (autograd hands it on)."""
+# Both operators take the options in one order (12 values): max_seqlen_q, max_seqlen_kv (0: bounded
+# by the token count), scale, causal, causal_alignment, window_left, window_right (-1: unbounded),
+# softcap, sinks, dropout_p, rng_state (drawn before the operator) and deterministic (the
+# backward's; the forward hands it on).
+_OPTIONS = ("int max_seqlen_q, int max_seqlen_kv, float? scale, bool causal, str causal_alignment, int window_left, "
+            "int window_right, float? softcap, Tensor? sinks, float dropout_p, Tensor? rng_state, bool deterministic")
+_SINKS, _RNG = 8, 10
+
+
+def _varlen_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale, causal,
+                         causal_alignment, window_left, window_right, softcap, sinks, dropout_p, rng_state,
+                         deterministic):
+    """(out, lse) of a THD call."""
     out, lse = _out_like(q, v), _lse_like(q)
     _core._forward(_raw(q), _raw(k), _raw(v), out, lse, scale, causal, causal_alignment, _stream(q), _workspace,
                    _window(window_left, window_right), softcap, None, None,
@@ -61,19 +87,17 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     return out, lse
 
 
-@varlen_forward.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment,
-      window_left, window_right, softcap, sinks, dropout_p, rng_state, deterministic):
+def _varlen_forward_fake(q, k, v, *args):
     return _out_like(q, v), _lse_like(q)
 
 
-@torch.library.custom_op("stridedfa::varlen_backward", mutates_args=())
-def varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_kv: torch.Tensor, max_seqlen_q: int,
-                    max_seqlen_kv: int, scale: float | None, causal: bool, causal_alignment: str,
-                    window_left: int, window_right: int, softcap: float | None, sinks: torch.Tensor | None,
-                    dropout_p: float, rng_state: torch.Tensor | None,
-                    deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+varlen_forward = _define("varlen_forward", f"(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_kv, "
+                         f"{_OPTIONS}) -> (Tensor, Tensor)", _varlen_forward_impl, _varlen_forward_fake)
+
+
+def _varlen_backward_impl(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                          scale, causal, causal_alignment, window_left, window_right, softcap, sinks, dropout_p,
+                          rng_state, deterministic):
     """(grad_q, grad_k, grad_v), token-major (tokens, heads, dim) whatever q, k, v's strides:
     cuDNN sums grouped heads only into token-major gradients, and its variable-length backward
     computes dQ right only from a dense q into a dense dQ (GPU run 37), so a q at other strides
@@ -88,26 +112,62 @@ def varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     return grad_q, grad_k, grad_v
 
 
-@varlen_backward.register_fake
-def _(grad_out, q, k, v, out, lse, *args):
+def _varlen_backward_fake(grad_out, q, k, v, *args):
     return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_kv, *options = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv)
-    ctx.options = options  # the forward's, deterministic last: varlen_backward's order
-    ctx.mark_non_differentiable(lse)
+varlen_backward = _define(
+    "varlen_backward", f"(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+    f"Tensor cu_seqlens_kv, {_OPTIONS}) -> (Tensor, Tensor, Tensor)", _varlen_backward_impl, _varlen_backward_fake)
+# Its tensors: grad_out, q, k, v, out, lse, the cu_seqlens, sinks and rng_state.
+_lib.impl("varlen_backward", _backward_kernel(varlen_backward, _varlen_backward_impl,
+                                              (0, 1, 2, 3, 4, 5, 6, 7, 8 + _SINKS, 8 + _RNG)), "Autograd")
 
 
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv = ctx.saved_tensors
-    grads = varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, *ctx.options)
-    return (*grads, None, None) + (None,) * len(ctx.options)
+def _forward_tensors(q, k, v, cu_seqlens_q, cu_seqlens_kv, options):
+    return q, k, v, cu_seqlens_q, cu_seqlens_kv, options[_SINKS], options[_RNG]
 
 
-varlen_forward.register_autograd(_backward, setup_context=_setup_context)
+class _VarlenFunction(torch.autograd.Function):
+    """varlen_forward with a gradient to record: from the operator's Autograd kernel (eager False:
+    compiled graphs, modes) or straight from varlen_attention (eager True: the kernels called
+    directly). lse is not differentiable; sinks are never trainable here (refused before)."""
+
+    @staticmethod
+    def forward(ctx, eager, q, k, v, cu_seqlens_q, cu_seqlens_kv, *options):
+        args = (q, k, v, cu_seqlens_q, cu_seqlens_kv, *options)
+        out, lse = (_varlen_forward_impl(*args) if eager else
+                    _below_autograd(varlen_forward, _varlen_forward_impl, args,
+                                    _forward_tensors(q, k, v, cu_seqlens_q, cu_seqlens_kv, options)))
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv)
+        ctx.options = options
+        ctx.eager = eager
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zeros made for lse's (absent) gradient
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        if grad_out is None:  # out took no part in what is differentiated
+            return (None,) * (6 + len(ctx.options))
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv = ctx.saved_tensors
+        args = (grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, *ctx.options)
+        if ctx.eager and not _is_grad_enabled():
+            grads = _varlen_backward_impl(*args)
+        else:  # create_graph=True: through the operator, which refuses a double backward
+            grads = varlen_backward(*args)
+        return (None, *grads, None, None) + (None,) * len(ctx.options)
+
+
+def _varlen_forward_autograd(q, k, v, cu_seqlens_q, cu_seqlens_kv, *options):
+    if _requires_grad(q, k, v):
+        return _VarlenFunction.apply(False, q, k, v, cu_seqlens_q, cu_seqlens_kv, *options)
+    return _below_autograd(varlen_forward, _varlen_forward_impl, (q, k, v, cu_seqlens_q, cu_seqlens_kv, *options),
+                           _forward_tensors(q, k, v, cu_seqlens_q, cu_seqlens_kv, options))
+
+
+_lib.impl("varlen_forward", _varlen_forward_autograd, "Autograd")
+_eager_varlen = _function_apply.__get__(None, _VarlenFunction)  # autograd's C entry (see _torch_ops)
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -174,9 +234,15 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         heads = _mqa_repeat(q.shape[1])
         k, v = (t.expand(-1, heads, -1).contiguous() for t in (k, v))
     rng_state = _draw_rng_state(q, dropout_p) if dropout_p > 0 else None
-    out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q or 0, max_seqlen_kv or 0, scale,
-                              bool(causal), causal_alignment, left, right, softcap, sinks, float(dropout_p),
-                              rng_state, bool(deterministic))
+    options = (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment, left, right, softcap,
+               sinks, float(dropout_p), rng_state, bool(deterministic))
+    if _plain_eager(q, k, v):
+        if _requires_grad(q, k, v):
+            out, lse = _eager_varlen(True, q, k, v, cu_seqlens_q, cu_seqlens_kv, *options)
+        else:
+            out, lse = _varlen_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, *options)
+    else:
+        out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, *options)
     return (out, lse) if return_lse else out
 
 
