@@ -6,7 +6,7 @@ repo=$(pwd)
 rm -rf /tmp/sfa && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sfa .whl/*.whl
 cp $repo/src/stridedfa/*.py /tmp/sfa/stridedfa/
 export PYTHONPATH=/tmp/sfa PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-cd $OUT
+mkdir -p /tmp/w && cd /tmp/w  # hypothesis writes its database here, not into $OUT
 STRIDEDFA_FUZZ_VALID=3000 STRIDEDFA_FUZZ_INVALID=1000 STRIDEDFA_FUZZ_REPORT=$OUT/fuzz.json timeout 330 \
-  python3 -X faulthandler -m pytest -p no:cacheprovider -q -rfEs $repo/tests/gpu/test_stride_fuzz.py > fuzz.log 2>&1
-echo "fuzz rc $?"; tail -3 fuzz.log | cut -c1-250; ls
+  python3 -X faulthandler -m pytest -p no:cacheprovider -q -rfEs $repo/tests/gpu/test_stride_fuzz.py > $OUT/fuzz.log 2>&1
+echo "fuzz rc $?"; tail -3 $OUT/fuzz.log | cut -c1-250
