@@ -95,21 +95,27 @@ varlen_forward = _define("varlen_forward", f"(Tensor q, Tensor k, Tensor v, Tens
                          f"{_OPTIONS}) -> (Tensor, Tensor)", _varlen_forward_impl, _varlen_forward_fake)
 
 
-def _varlen_backward_impl(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
-                          scale, causal, causal_alignment, window_left, window_right, softcap, sinks, dropout_p,
-                          rng_state, deterministic):
+def _varlen_backward_impl(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, *options):
     """(grad_q, grad_k, grad_v), token-major (tokens, heads, dim) whatever q, k, v's strides:
     cuDNN sums grouped heads only into token-major gradients, and its variable-length backward
     computes dQ right only from a dense q into a dense dQ (GPU run 37), so a q at other strides
     (a view of a qkv projection, head-major, ...) is copied for the backward."""
     grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    _varlen_backward_into(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, grad_q, grad_k, grad_v, options)
+    return grad_q, grad_k, grad_v
+
+
+def _varlen_backward_into(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, grad_q, grad_k, grad_v, options):
+    """The varlen backward into the given gradient buffers (grad_q dense, grad_k and grad_v
+    token-major: see _varlen_backward_impl)."""
+    (max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window_left, window_right, softcap, sinks,
+     dropout_p, rng_state, deterministic) = options
     _core._backward(_raw(q.contiguous()), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q,
                     grad_k, grad_v,
                     scale, causal, causal_alignment, _stream(q), _workspace, _window(window_left, window_right),
                     softcap, None, None, None if sinks is None else _raw(sinks), None, deterministic, None, None,
                     None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                     max_seqlen_q=_max(max_seqlen_q), max_seqlen_kv=_max(max_seqlen_kv))
-    return grad_q, grad_k, grad_v
 
 
 def _varlen_backward_fake(grad_out, q, k, v, *args):
@@ -170,6 +176,63 @@ _lib.impl("varlen_forward", _varlen_forward_autograd, "Autograd")
 _eager_varlen = _function_apply.__get__(None, _VarlenFunction)  # autograd's C entry (see _torch_ops)
 
 
+class _VarlenPackedFunction(torch.autograd.Function):
+    """varlen_packed_attention on plain tensors in eager mode, with a gradient to record: q, k, v
+    read as views of `packed` (q apart when given), and the backward writes dK and dV straight into
+    one gradient buffer of packed's shape (token-major views, which cuDNN writes at any stride)
+    and copies in only dQ, which cuDNN 9.19 writes right only dense. No per-tensor gradients
+    stacked by autograd. Compiled graphs take the operators on views instead (same results)."""
+
+    @staticmethod
+    def forward(ctx, packed, dim, q, cu_seqlens_q, cu_seqlens_kv, *options):
+        parts = packed.unbind(dim)
+        q_view, k, v = (q, *parts) if q is not None else parts
+        out, lse = _varlen_forward_impl(q_view, k, v, cu_seqlens_q, cu_seqlens_kv, *options)
+        ctx.save_for_backward(packed, q, out, lse, cu_seqlens_q, cu_seqlens_kv)
+        ctx.dim, ctx.options = dim, options
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        n = 5 + len(ctx.options)
+        if grad_out is None:
+            return (None,) * n
+        packed, q, out, lse, cu_seqlens_q, cu_seqlens_kv = ctx.saved_tensors
+        dim = ctx.dim
+        parts = packed.unbind(dim)
+        q_view, k, v = (q, *parts) if q is not None else parts
+        needs = ctx.needs_input_grad
+        if _is_grad_enabled():  # create_graph=True: through the operator, which refuses a double backward
+            grads = varlen_backward(grad_out, q_view, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, *ctx.options)
+            grad_packed = torch.stack(grads if q is None else grads[1:], dim)
+            return (grad_packed if needs[0] else None, None, grads[0] if q is not None and needs[2] else None,
+                    *(None,) * (n - 3))
+        grad_packed = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
+        grad_parts = grad_packed.unbind(dim)
+        grad_k, grad_v = grad_parts[-2:]
+        grad_q = torch.empty(q_view.shape, dtype=q_view.dtype, device=q_view.device)
+        _varlen_backward_into(grad_out, q_view, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, grad_q, grad_k, grad_v,
+                              ctx.options)
+        if q is None:
+            grad_parts[0].copy_(grad_q)
+        return (grad_packed if needs[0] else None, None, grad_q if q is not None and needs[2] else None,
+                *(None,) * (n - 3))
+
+
+_eager_varlen_packed = _function_apply.__get__(None, _VarlenPackedFunction)
+
+
+def _check_max_seqlen(max_seqlen_q, max_seqlen_kv) -> None:
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be a Python int or None, got {type(value).__name__}: a tensor would need a "
+                            f"host synchronisation (leave it None to bound it by the token count)")
+        if value is not None and not 1 <= value < 2**31:
+            raise ValueError(f"{name} must be in [1, 2**31) or None, got {value}")
+
+
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_kv: torch.Tensor, max_seqlen_q: int | None = None,
                      max_seqlen_kv: int | None = None, *, scale: float | None = None, causal: bool = False,
@@ -211,12 +274,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         (after cu_seqlens_q[-1]) get out = 0 and lse = -inf, and zero gradients; so do the
         queries of a sequence with no keys.
     """
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"{name} must be a Python int or None, got {type(value).__name__}: a tensor would need a "
-                            f"host synchronisation (leave it None to bound it by the token count)")
-        if value is not None and not 1 <= value < 2**31:
-            raise ValueError(f"{name} must be in [1, 2**31) or None, got {value}")
+    _check_max_seqlen(max_seqlen_q, max_seqlen_kv)
     if sinks is not None and torch.is_grad_enabled():
         if sinks.requires_grad:
             raise UnsupportedError("varlen_attention does not compute the sinks' gradient (cuDNN before 9.26 reads "
@@ -272,4 +330,22 @@ def varlen_packed_attention(packed: torch.Tensor, dim: int, cu_seqlens_q: torch.
                          f"given; got extent {len(parts)} with q {'given' if q is not None else 'not given'}")
     if cu_seqlens_kv is None:
         cu_seqlens_kv, max_seqlen_kv = cu_seqlens_q, max_seqlen_q if max_seqlen_kv is None else max_seqlen_kv
+    if (_plain_eager(packed, packed, packed if q is None else q) and _requires_grad(packed, q)
+            and not options.get("return_lse") and options.get("sinks") is None and k.shape[1] == q.shape[1]):
+        # eager training on the projection itself: one gradient buffer (_VarlenPackedFunction)
+        return _packed_eager(packed, dim, None if len(parts) == 3 else q, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                             max_seqlen_kv, **options)
     return varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, **options)
+
+
+def _packed_eager(packed, dim, q, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, *, scale=None,
+                  causal=False, causal_alignment="top_left", window=None, softcap=None, sinks=None, dropout_p=0.0,
+                  deterministic=False, return_lse=False):
+    """varlen_packed_attention's eager training path (sinks None and return_lse False: checked by
+    the caller)."""
+    _check_max_seqlen(max_seqlen_q, max_seqlen_kv)
+    left, right = _bounds(window) if window is not None else (-1, -1)
+    rng_state = _draw_rng_state(packed, dropout_p) if dropout_p > 0 else None
+    options = (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment, left, right, softcap,
+               None, float(dropout_p), rng_state, bool(deterministic))
+    return _eager_varlen_packed(packed, dim, q, cu_seqlens_q, cu_seqlens_kv, *options)[0]

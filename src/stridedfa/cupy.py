@@ -15,6 +15,7 @@ axis order.
 from __future__ import annotations
 
 import contextlib
+import math
 import types
 
 try:
@@ -26,7 +27,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
         f"({error}); install the wheel matching your CUDA, e.g. `pip install cupy-cuda13x`, "
         "or call stridedfa.sdpa_forward / stridedfa.attention with any DLPack tensors") from error
 
-from stridedfa import _core
+from stridedfa import _core, _layouts
 
 __all__ = ["attention", "attention_backward", "attention_with_kvcache", "paged_attention", "varlen_attention",
            "varlen_attention_backward"]
@@ -230,14 +231,18 @@ def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, *, scale: f
     h_kv, d) cache is passed as ``cache.transpose(0, 2, 1, 3)``, no copy; block_table int32 (b,
     blocks per sequence) and cache_seqlens int32 (b,), read on the device only (block ids outside
     the cache are clamped into it). By default causal bottom-right: each query block aligned with
-    the end of its sequence's cache. Returns out (b, h_q, s_q, d_v) over (b, s_q, h_q, d_v) memory.
+    the end of its sequence's cache. Returns out (b, h_q, s_q, d_v), dense in q's axis order (as
+    :func:`attention` and stridedfa.torch's paged attention: a q cut from a (b, s, h, d) array gives
+    out over (b, s, h, d) memory).
     """
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("paged_attention", q))
     handle, allocation = _call(stream, q.data.device_id)
     with allocation or contextlib.nullcontext():
-        b, h, s, _ = q.shape
-        out = cupy.empty((b, s, h, v_cache.shape[3]), dtype=q.dtype).transpose(0, 2, 1, 3)
+        shape = (*q.shape[:3], v_cache.shape[3])
+        strides = _layouts.output_strides(shape, [stride // q.itemsize for stride in q.strides])
+        out = cupy.ndarray(shape, q.dtype, cupy.cuda.alloc(max(1, math.prod(shape)) * q.itemsize),
+                           strides=[stride * q.itemsize for stride in strides])
     _core._forward(q, k_cache, v_cache, out, None, scale, causal, causal_alignment, handle, _workspace(allocation),
                    window, softcap, None, cache_seqlens, block_table=block_table)
     return out

@@ -614,6 +614,32 @@ def test_the_packed_varlen_entry_point_equals_separate_tensors_bitwise(dim):
         assert_bitexact(packed.grad.select(dim, i), part.grad, f"gradient {i}")
 
 
+def test_the_kv_packed_varlen_entry_point_equals_separate_tensors_bitwise():
+    """k and v packed along dim 1 with q apart: the eager backward writes dK and dV into one
+    gradient buffer of packed's shape (and q's gradient apart), equal bit for bit to separate
+    tensors; create_graph=True takes the operators and gives the same gradients."""
+    gen = torch.Generator(device="cuda").manual_seed(83)
+    cu = cu_of(random_lengths(4, 70, torch.Generator().manual_seed(11)))
+    total = int(cu[-1])
+    kv = torch.randn(total, 2, 4, 64, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    q = make(total, 4, 64, torch.bfloat16, "thd", gen).requires_grad_()
+    grad_out = make(total, 4, 64, torch.bfloat16, "thd", gen)
+    out = st.varlen_packed_attention(kv, 1, cu, q=q, causal=True, window=(17, 0))
+    out.backward(grad_out)
+    assert kv.grad.shape == kv.shape and kv.grad.is_contiguous()
+    parts = [t.detach().contiguous().requires_grad_() for t in (q, *kv.unbind(1))]
+    expected = st.varlen_attention(*parts, cu, cu, causal=True, window=(17, 0))
+    expected.backward(grad_out)
+    assert_bitexact(out, expected, "out")
+    assert_bitexact(q.grad, parts[0].grad, "grad_q")
+    for i in range(2):
+        assert_bitexact(kv.grad.select(1, i), parts[1 + i].grad, f"gradient {i} of kv")
+    again = st.varlen_packed_attention(kv, 1, cu, q=q, causal=True, window=(17, 0))
+    grads = torch.autograd.grad(again, (kv, q), grad_out, create_graph=True)
+    assert_bitexact(grads[0], kv.grad, "kv gradient with create_graph")
+    assert_bitexact(grads[1], q.grad, "q gradient with create_graph")
+
+
 def test_queries_of_a_sequence_without_keys_get_zeros_and_minus_infinity():
     """lengths_q (5, 7), lengths_kv (0, 9): the first sequence's queries see no key -- out 0, lse
     -inf, zero dq, as for tokens in no sequence; the second matches the reference."""
