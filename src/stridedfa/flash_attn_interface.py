@@ -1,0 +1,271 @@
+"""FlashAttention 2's Python interface on stridedfa's cuDNN kernels (torch).
+
+A drop-in for code that calls FlashAttention::
+
+    from stridedfa.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+    out = flash_attn_func(q, k, v, causal=True)        # q, k, v (batch, seqlen, nheads, headdim)
+
+Every function keeps FlashAttention 2's signature, argument meanings and return conventions:
+bshd tensors (THD for the varlen functions), ``softmax_scale`` (default ``headdim ** -0.5``),
+``causal`` aligned bottom-right (query i sees keys j <= i + seqlen_k - seqlen_q),
+``window_size=(left, right)`` with -1 unbounded, ``softcap`` 0.0 for none, ``alibi_slopes`` (nheads,)
+float32 (any values), ``dropout_p``, ``deterministic`` (the backward), and
+``return_attn_probs`` / ``return_softmax_lse`` returning the float32 log-sum-exp ((batch, nheads,
+seqlen_q), or (nheads, total_q) for varlen). They run on :mod:`stridedfa.torch`: inputs are read
+in place at their strides, the packed functions' gradients land in one buffer of the packed input's
+shape, and head dims that are not a multiple of 8 are zero-padded as FlashAttention's wrapper does.
+
+Where stridedfa differs, it says so by name rather than guessing: ``S_dmask`` (FlashAttention's
+dropout pattern for its own tests) is returned as None; per-batch ALiBi slopes (batch, nheads),
+ALiBi in the varlen functions, ``block_table`` in ``flash_attn_varlen_func`` and
+``cache_leftpad`` raise :class:`stridedfa.UnsupportedError`; ``num_splits`` is a scheduling hint
+that cuDNN's kernels do not take and is ignored.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import stridedfa.torch as _st
+from stridedfa._errors import UnsupportedError
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
+]
+
+
+# --- Argument mapping -----------------------------------------------------------------------------
+
+def _window(window_size) -> tuple[int | None, int | None] | None:
+    """FlashAttention's (left, right), -1 unbounded, as stridedfa's window (None unbounded)."""
+    left, right = window_size
+    if left < 0 and right < 0:
+        return None
+    return (None if left < 0 else int(left), None if right < 0 else int(right))
+
+
+def _options(head_dim: int, dropout_p, softmax_scale, causal, window_size, softcap, deterministic) -> dict:
+    """The options every function shares, as stridedfa.torch's keyword arguments. The scale is
+    taken from the head dim before any padding (FlashAttention's wrapper does the same)."""
+    return {"scale": head_dim ** -0.5 if softmax_scale is None else float(softmax_scale), "causal": bool(causal),
+            "causal_alignment": "bottom_right", "window": _window(window_size),
+            "softcap": float(softcap) if softcap else None, "dropout_p": float(dropout_p),
+            "deterministic": bool(deterministic)}
+
+
+def _alibi(alibi_slopes, varlen: bool = False):
+    if alibi_slopes is None:
+        return None
+    if varlen:
+        raise UnsupportedError("alibi_slopes: stridedfa's variable-length attention has no ALiBi yet; pad the batch "
+                               "and use flash_attn_func, or leave alibi_slopes None.")
+    if alibi_slopes.dim() != 1:
+        raise UnsupportedError(f"alibi_slopes: stridedfa takes one slope per head, shape (nheads,); got shape "
+                               f"{tuple(alibi_slopes.shape)} (per-batch slopes are not supported)")
+    return alibi_slopes
+
+
+def _pad_head_dim(t: torch.Tensor) -> torch.Tensor:
+    """Zero-pads the last axis to a multiple of 8 (cuDNN needs 16-byte rows), as FlashAttention's
+    wrapper does; a copy only where the head dim needs it."""
+    rem = t.shape[-1] % 8
+    return t if rem == 0 else F.pad(t, [0, 8 - rem])
+
+
+def _unpad(out: torch.Tensor, head_dim: int) -> torch.Tensor:
+    return out if out.shape[-1] == head_dim else out[..., :head_dim]
+
+
+def _returned(out, lse, head_dim: int, return_lse: bool):
+    out = _unpad(out, head_dim)
+    return (out, lse, None) if return_lse else out
+
+
+# --- Dense (batch, seqlen, nheads, headdim) -------------------------------------------------------
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """out = attention(q, k, v): q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k,
+    nheads_k, headdim) with nheads a multiple of nheads_k (GQA/MQA). Returns out (batch, seqlen_q,
+    nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q), None) with return_attn_probs."""
+    head_dim = v.shape[-1]
+    opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    q, k, v = (_pad_head_dim(t).transpose(1, 2) for t in (q, k, v))
+    result = _st.attention(q, k, v, alibi_slopes=_alibi(alibi_slopes), return_lse=return_attn_probs, **opts)
+    out, lse = result if return_attn_probs else (result, None)
+    return _returned(out.transpose(1, 2), lse, head_dim, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), read in place; its gradient is one
+    tensor of qkv's shape."""
+    head_dim = qkv.shape[-1]
+    opts = _options(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    result = _st.packed_attention(_pad_head_dim(qkv), 2, layout="bshd", alibi_slopes=_alibi(alibi_slopes),
+                                  return_lse=return_attn_probs, **opts)
+    out, lse = result if return_attn_probs else (result, None)
+    return _returned(out, lse, head_dim, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func on q (batch, seqlen_q, nheads, headdim) and kv (batch, seqlen_k, 2, nheads_k,
+    headdim), read in place; kv's gradient is one tensor of its shape."""
+    head_dim = kv.shape[-1]
+    opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    result = _st.packed_attention(_pad_head_dim(kv), 2, layout="bshd", q=_pad_head_dim(q),
+                                  alibi_slopes=_alibi(alibi_slopes), return_lse=return_attn_probs, **opts)
+    out, lse = result if return_attn_probs else (result, None)
+    return _returned(out, lse, head_dim, return_attn_probs)
+
+
+# --- Variable length (total_tokens, nheads, headdim) + cu_seqlens ------------------------------------
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """Attention over sequences packed along the token axis: q (total_q, nheads, headdim), k and v
+    (total_k, nheads_k, headdim), int32 cu_seqlens (batch + 1,) on the device (read there only: no
+    host synchronisation), max_seqlen_* Python ints. Returns out (total_q, nheads, headdim), or
+    (out, softmax_lse (nheads, total_q), None)."""
+    if block_table is not None:
+        raise UnsupportedError("block_table: stridedfa's paged attention takes dense queries "
+                               "(flash_attn_with_kvcache with block_table), not cu_seqlens_q; pad the queries or "
+                               "gather the cache.")
+    _alibi(alibi_slopes, varlen=True)
+    head_dim = v.shape[-1]
+    opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    result = _st.varlen_attention(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), cu_seqlens_q, cu_seqlens_k,
+                                  int(max_seqlen_q), int(max_seqlen_k), return_lse=return_attn_probs, **opts)
+    out, lse = result if return_attn_probs else (result, None)
+    return _returned(out, lse, head_dim, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash_attn_varlen_func on qkv (total, 3, nheads, headdim), read in place; its gradient is one
+    tensor of qkv's shape."""
+    _alibi(alibi_slopes, varlen=True)
+    head_dim = qkv.shape[-1]
+    opts = _options(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    result = _st.varlen_packed_attention(_pad_head_dim(qkv), 1, cu_seqlens, None, int(max_seqlen),
+                                         return_lse=return_attn_probs, **opts)
+    out, lse = result if return_attn_probs else (result, None)
+    return _returned(out, lse, head_dim, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_varlen_func on q (total_q, nheads, headdim) and kv (total_k, 2, nheads_k, headdim),
+    read in place; kv's gradient is one tensor of its shape."""
+    _alibi(alibi_slopes, varlen=True)
+    head_dim = kv.shape[-1]
+    opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    result = _st.varlen_packed_attention(_pad_head_dim(kv), 1, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                         int(max_seqlen_k), q=_pad_head_dim(q), return_lse=return_attn_probs, **opts)
+    out, lse = result if return_attn_probs else (result, None)
+    return _returned(out, lse, head_dim, return_attn_probs)
+
+
+# --- KV cache (serving) ---------------------------------------------------------------------------
+
+def _rotate(x, cos, sin, positions, interleaved: bool):
+    """FlashAttention's rotary embedding of x (batch, seqlen, nheads, headdim) at positions (batch,
+    seqlen): the first 2 * cos.shape[1] channels rotated (pairs (0, 1), (2, 3), ... when
+    interleaved, GPT-J; the two halves otherwise, GPT-NeoX), the rest unchanged; in float32."""
+    half = cos.shape[1]
+    c, s = cos[positions][:, :, None].float(), sin[positions][:, :, None].float()  # (b, seqlen, 1, half)
+    rot = x[..., :2 * half].float()
+    if interleaved:
+        x0, x1 = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+    else:
+        x0, x1 = rot[..., :half], rot[..., half:]
+        rotated = torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+def _positions(start, length: int, seqlen_ro: int):
+    return (start.long()[:, None] + torch.arange(length, device=start.device)).clamp(max=seqlen_ro - 1)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention of q (batch, seqlen_q, nheads, headdim) over a KV cache, after appending new keys
+    and values in place (FlashAttention's decode and chunked-prefill call).
+
+    The cache is (batch_cache, seqlen_cache, nheads_k, headdim), or with ``block_table`` (batch,
+    blocks per sequence, int32) a paged (num_blocks, page_block_size, nheads_k, headdim) cache.
+    ``cache_seqlens`` (int or int32 (batch,)) says how many tokens each sequence has cached (None:
+    all seqlen_cache); new ``k``/``v`` (batch, seqlen_new, nheads_k, headdim) are written there and
+    attended to (cache_seqlens itself is not advanced, as in FlashAttention). ``rotary_cos`` /
+    ``rotary_sin`` (seqlen_ro, rotary_dim / 2) rotate the new k at its positions and q at its
+    positions (causal or windowed) or at cache_seqlens (otherwise), interleaved (GPT-J) or not
+    (GPT-NeoX). ``cache_batch_idx`` (batch,) picks the cache rows (a gather of those rows is
+    attended to; not with block_table). Returns out (batch, seqlen_q, nheads, headdim), or
+    (out, softmax_lse (batch, nheads, seqlen_q)) with return_softmax_lse.
+    """
+    del num_splits  # a split-KV scheduling hint: cuDNN's kernels choose their own grid
+    if cache_leftpad is not None:
+        raise UnsupportedError("cache_leftpad: stridedfa's masks start every sequence's keys at position 0; "
+                               "left-padded caches are not supported (shift each sequence to the left instead).")
+    if (k is None) != (v is None):
+        raise ValueError("flash_attn_with_kvcache appends keys and values together: give both k and v, or neither")
+    if block_table is not None and cache_batch_idx is not None:
+        raise UnsupportedError("cache_batch_idx: with a block_table, the table already says which blocks each "
+                               "sequence reads; pass one or the other.")
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if cache_seqlens is None:
+        cache_seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if rotary_cos is not None:
+        seqlen_ro = rotary_cos.shape[0]
+        if k is not None:
+            k = _rotate(k, rotary_cos, rotary_sin, _positions(cache_seqlens, k.shape[1], seqlen_ro),
+                        rotary_interleaved)
+        at_each = causal or _window(window_size) is not None
+        q = _rotate(q, rotary_cos, rotary_sin, _positions(cache_seqlens, seqlen_q if at_each else 1, seqlen_ro)
+                    .expand(batch, seqlen_q), rotary_interleaved)
+    opts = _options(q.shape[-1], 0.0, softmax_scale, causal, window_size, softcap, False)
+    del opts["dropout_p"], opts["deterministic"]
+    if paged:
+        if return_softmax_lse:
+            raise UnsupportedError("return_softmax_lse: the paged path (block_table) returns out only for now")
+        if alibi_slopes is not None:
+            raise UnsupportedError("alibi_slopes: not supported with a paged KV cache (block_table) yet")
+        out = _st.attention_with_kvcache(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                         block_table, cache_seqlens, None if k is None else k.transpose(1, 2),
+                                         None if v is None else v.transpose(1, 2), **opts)
+        return out.transpose(1, 2)
+    rows = (torch.arange(batch, device=q.device) if cache_batch_idx is None else cache_batch_idx.long())
+    lengths = cache_seqlens
+    if k is not None:
+        positions = (cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=q.device)).clamp(max=capacity - 1)
+        k_cache[rows[:, None], positions] = k.to(k_cache.dtype)
+        v_cache[rows[:, None], positions] = v.to(v_cache.dtype)
+        lengths = (cache_seqlens + k.shape[1]).clamp(max=capacity).to(torch.int32)
+    if cache_batch_idx is None:  # the first batch rows of the cache, as views
+        keys, values = k_cache[:batch], v_cache[:batch]
+    else:
+        keys, values = k_cache[rows], v_cache[rows]
+    result = _st.attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), seqlens_kv=lengths,
+                           alibi_slopes=_alibi(alibi_slopes), return_lse=return_softmax_lse, **opts)
+    if return_softmax_lse:
+        out, lse = result
+        return out.transpose(1, 2), lse
+    return result.transpose(1, 2)

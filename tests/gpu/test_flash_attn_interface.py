@@ -1,0 +1,159 @@
+"""stridedfa.flash_attn_interface against the fp32-class reference: FlashAttention 2's calls on
+bshd, packed, THD and KV-cache inputs (causal bottom-right with s_q != s_kv, windows, softcap,
+GQA, head dims padded to 8, non-contiguous grad_out, deterministic backward). Fresh random data
+per case."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.cuda import require_cuda
+
+torch = require_cuda()
+
+from stridedfa import flash_attn_interface as fa  # noqa: E402
+from helpers.checks import assert_bitexact, assert_close, assert_close_to_scale  # noqa: E402
+from helpers.torch_ref import torch_reference, torch_reference_all  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+ATOL, GRAD_REL = 2.5e-2, 3e-2  # bf16
+
+
+def bshd(b, s, h, d, gen):
+    return torch.randn(b, s, h, d, generator=gen, device="cuda").to(torch.bfloat16)
+
+
+def to_bhsd(t):
+    return t.transpose(1, 2)
+
+
+CASES = {  # (b, s_q, s_kv, h_q, h_kv, d, causal, window_size, softcap)
+    "plain": (2, 128, 128, 4, 4, 64, False, (-1, -1), 0.0),
+    "causal_sq_gt_skv": (2, 160, 96, 4, 2, 64, True, (-1, -1), 0.0),
+    "causal_sq_lt_skv": (2, 64, 200, 8, 2, 128, True, (-1, -1), 0.0),
+    "window_gemma": (1, 256, 256, 4, 4, 64, True, (63, 0), 30.0),
+    "window_both_sides": (2, 96, 128, 4, 1, 64, False, (20, 7), 0.0),
+    "head_dim_60_padded": (2, 80, 80, 4, 4, 60, True, (-1, -1), 0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_flash_attn_func_matches_the_reference(name):
+    b, s_q, s_kv, h_q, h_kv, d, causal, window_size, softcap = CASES[name]
+    gen = torch.Generator(device="cuda").manual_seed(len(name))
+    q = bshd(b, s_q, h_q, d, gen).requires_grad_()
+    k, v = (bshd(b, s_kv, h_kv, d, gen).requires_grad_() for _ in range(2))
+    grad_out = bshd(b, h_q, s_q, d, gen).transpose(1, 2)  # non-contiguous, as autograd may hand over
+    out, lse, dmask = fa.flash_attn_func(q, k, v, causal=causal, window_size=window_size, softcap=softcap,
+                                         return_attn_probs=True)
+    out.backward(grad_out)
+    assert dmask is None and out.shape == (b, s_q, h_q, d) and lse.shape == (b, h_q, s_q)
+    window = None if window_size == (-1, -1) else tuple(None if w < 0 else w for w in window_size)
+    ref_out, ref_lse, ref_grads = torch_reference_all(
+        to_bhsd(q), to_bhsd(k), to_bhsd(v), to_bhsd(grad_out), causal=causal, alignment="bottom_right",
+        window=window, softcap=softcap or None)
+    assert_close(to_bhsd(out), ref_out, atol=ATOL, name="out")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), "rows without keys: lse -inf"
+    assert_close(lse[finite], ref_lse[finite], atol=1e-2, name="lse")
+    for label, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref_grads):
+        assert_close_to_scale(to_bhsd(got), want, rel=GRAD_REL, name=label)
+
+
+def test_packed_functions_equal_separate_tensors_bitwise():
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    qkv = torch.randn(2, 100, 3, 4, 64, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    grad_out = bshd(2, 100, 4, 64, gen)
+    out = fa.flash_attn_qkvpacked_func(qkv, causal=True)
+    out.backward(grad_out)
+    parts = [qkv[:, :, i].detach().contiguous().requires_grad_() for i in range(3)]
+    expected = fa.flash_attn_func(*parts, causal=True)
+    expected.backward(grad_out)
+    assert_bitexact(out, expected, "out")
+    for i, part in enumerate(parts):
+        assert_bitexact(qkv.grad[:, :, i], part.grad, f"gradient {i}")
+    q = bshd(2, 60, 8, 64, gen).requires_grad_()
+    kv = torch.randn(2, 100, 2, 2, 64, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    out = fa.flash_attn_kvpacked_func(q, kv, causal=True)
+    expected = fa.flash_attn_func(q.detach(), kv[:, :, 0].detach(), kv[:, :, 1].detach(), causal=True)
+    assert_bitexact(out, expected, "kv-packed out")
+
+
+def test_varlen_functions_match_per_sequence_reference():
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    lengths = [37, 1, 0, 120, 64]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    total = sum(lengths)
+    q = torch.randn(total, 8, 64, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    kv = torch.randn(total, 2, 2, 64, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    out, lse, _ = fa.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, max(lengths), max(lengths), causal=True,
+                                                     window_size=(16, -1), return_attn_probs=True)
+    assert lse.shape == (8, total)
+    for i, n in enumerate(lengths):
+        if n == 0:
+            continue
+        s = slice(int(cu[i]), int(cu[i + 1]))
+        ref_out, ref_lse = torch_reference(q[s][None].transpose(1, 2), kv[s, 0][None].transpose(1, 2),
+                                           kv[s, 1][None].transpose(1, 2), causal=True, alignment="bottom_right",
+                                           window=(16, None))
+        assert_close(out[s][None].transpose(1, 2), ref_out, atol=ATOL, name=f"out of sequence {i}")
+        assert_close(lse[:, s], ref_lse[0], atol=1e-2, name=f"lse of sequence {i}")
+    qkv = torch.randn(total, 3, 4, 64, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    out = fa.flash_attn_varlen_qkvpacked_func(qkv, cu, max(lengths), causal=True)
+    expected = fa.flash_attn_varlen_func(*(qkv[:, i].detach() for i in range(3)), cu, cu, max(lengths),
+                                         max(lengths), causal=True)
+    assert_bitexact(out, expected, "qkv-packed varlen out")
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("rotary", [None, "neox", "gptj"])
+def test_with_kvcache_equals_appending_by_hand(paged, rotary):
+    gen = torch.Generator(device="cuda").manual_seed(17 + paged)
+    b, s_new, h_q, h_kv, d, capacity, block = 3, 2, 8, 2, 64, 256, 16
+    q = bshd(b, s_new, h_q, d, gen)
+    k_new, v_new = (bshd(b, s_new, h_kv, d, gen) for _ in range(2))
+    dense_k, dense_v = (bshd(b, capacity, h_kv, d, gen) for _ in range(2))
+    lengths = torch.tensor([0, 100, 250], dtype=torch.int32, device="cuda")
+    cos = sin = None
+    if rotary:
+        angles = torch.rand(capacity, 16, generator=gen, device="cuda") * 6.3
+        cos, sin = angles.cos(), angles.sin()
+    # expected: rotate, write by hand, attend over the first lengths + s_new keys (bottom-right causal)
+    positions = lengths.long()[:, None] + torch.arange(s_new, device="cuda")
+    k_rot = k_new if cos is None else fa._rotate(k_new, cos, sin, positions, rotary == "gptj")
+    q_rot = q if cos is None else fa._rotate(q, cos, sin, positions, rotary == "gptj")
+    want_k, want_v = dense_k.clone(), dense_v.clone()
+    for i in range(b):
+        want_k[i, lengths[i]:lengths[i] + s_new] = k_rot[i]
+        want_v[i, lengths[i]:lengths[i] + s_new] = v_new[i]
+    ref, _ = torch_reference(to_bhsd(q_rot), to_bhsd(want_k), to_bhsd(want_v), causal=True, alignment="bottom_right",
+                             seqlens_kv=lengths + s_new)
+    args = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=lengths, causal=True,
+                rotary_interleaved=rotary == "gptj")
+    if paged:  # the same logical cache in shuffled blocks of one (num_blocks, block, h, d) pool each
+        per_seq = capacity // block
+        table = torch.randperm(b * per_seq, device="cuda").view(b, per_seq).to(torch.int32)
+        k_pool, v_pool = (torch.empty(b * per_seq, block, h_kv, d, device="cuda", dtype=torch.bfloat16)
+                          for _ in range(2))
+        k_pool[table.long()] = dense_k.view(b, per_seq, block, h_kv, d)
+        v_pool[table.long()] = dense_v.view(b, per_seq, block, h_kv, d)
+        out = fa.flash_attn_with_kvcache(q, k_pool, v_pool, k_new, v_new, block_table=table, **args)
+        got_k = k_pool[table.long()].view(b, capacity, h_kv, d)
+    else:
+        out = fa.flash_attn_with_kvcache(q, dense_k, dense_v, k_new, v_new, **args)
+        got_k = dense_k
+    assert torch.equal(got_k, want_k), "the appended (rotated) keys"
+    assert_close(to_bhsd(out), ref, atol=ATOL, name=f"with_kvcache paged={paged} rotary={rotary}")
+
+
+def test_deterministic_backward_is_bitwise_repeatable():
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    q, k, v = (bshd(2, 256, 4, 64, gen).requires_grad_() for _ in range(3))
+    grad_out = bshd(2, 256, 4, 64, gen)
+    grads = []
+    for _ in range(5):
+        out = fa.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), grad_out))
+    for other in grads[1:]:
+        for a, e, name in zip(other, grads[0], ("dq", "dk", "dv")):
+            assert_bitexact(a, e, name)

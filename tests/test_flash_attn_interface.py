@@ -1,0 +1,150 @@
+"""stridedfa.flash_attn_interface without a GPU: FlashAttention 2's signatures, what each function
+hands stridedfa.torch's operators (traced on meta tensors, which run the fake kernels), the shapes
+it returns, and the arguments it refuses by name."""
+
+import inspect
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stridedfa  # noqa: E402
+from stridedfa import flash_attn_interface as fa  # noqa: E402
+
+META = dict(device="meta", dtype=torch.bfloat16)
+
+# FlashAttention 2.x's parameter lists (flash_attn/flash_attn_interface.py), in order.
+SIGNATURES = {
+    "flash_attn_func": "q k v dropout_p softmax_scale causal window_size softcap alibi_slopes deterministic "
+                       "return_attn_probs",
+    "flash_attn_qkvpacked_func": "qkv dropout_p softmax_scale causal window_size softcap alibi_slopes "
+                                 "deterministic return_attn_probs",
+    "flash_attn_kvpacked_func": "q kv dropout_p softmax_scale causal window_size softcap alibi_slopes "
+                                "deterministic return_attn_probs",
+    "flash_attn_varlen_func": "q k v cu_seqlens_q cu_seqlens_k max_seqlen_q max_seqlen_k dropout_p softmax_scale "
+                              "causal window_size softcap alibi_slopes deterministic return_attn_probs block_table",
+    "flash_attn_varlen_qkvpacked_func": "qkv cu_seqlens max_seqlen dropout_p softmax_scale causal window_size "
+                                        "softcap alibi_slopes deterministic return_attn_probs",
+    "flash_attn_varlen_kvpacked_func": "q kv cu_seqlens_q cu_seqlens_k max_seqlen_q max_seqlen_k dropout_p "
+                                       "softmax_scale causal window_size softcap alibi_slopes deterministic "
+                                       "return_attn_probs",
+    "flash_attn_with_kvcache": "q k_cache v_cache k v rotary_cos rotary_sin cache_seqlens cache_batch_idx "
+                               "cache_leftpad block_table softmax_scale causal window_size softcap "
+                               "rotary_interleaved alibi_slopes num_splits return_softmax_lse",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_signatures_are_flash_attention_2s(name):
+    assert list(inspect.signature(getattr(fa, name)).parameters) == SIGNATURES[name].split()
+
+
+def _recorded(fn, *args):
+    """The stridedfa operator calls a traced fn makes: [(name, args)]."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(fn)(*args)
+    return [(str(n.target), n.args) for n in graph.graph.nodes
+            if n.op == "call_function" and str(n.target).startswith("stridedfa.")]
+
+
+def test_flash_attn_func_maps_causal_bottom_right_scale_window_and_softcap():
+    q = torch.empty(2, 100, 8, 64, **META)
+    k = v = torch.empty(2, 130, 2, 64, **META)
+    calls = _recorded(lambda q, k, v: fa.flash_attn_func(q, k, v, causal=True, window_size=(31, -1), softcap=30.0),
+                      q, k, v)
+    (name, args), = calls
+    assert name.startswith("stridedfa.attention_inference")
+    scale, causal, alignment, left, right, softcap = args[3:9]
+    assert (scale, causal, alignment, left, right, softcap) == (64 ** -0.5, True, "bottom_right", 31, -1, 30.0)
+    plain = _recorded(lambda q, k, v: fa.flash_attn_func(q, k, v), q, k, v)
+    assert plain[0][0].startswith("stridedfa.attention_inference_basic")  # no window, no softcap: none passed
+
+
+def test_dense_shapes_lse_and_head_dims_padded_to_eight():
+    q = torch.empty(2, 100, 8, 60, **META)
+    k = v = torch.empty(2, 130, 2, 60, **META)
+    out, lse, dmask = fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.shape == (2, 100, 8, 60) and lse.shape == (2, 8, 100) and dmask is None
+    qkv = torch.empty(2, 100, 3, 8, 64, **META)
+    assert fa.flash_attn_qkvpacked_func(qkv).shape == (2, 100, 8, 64)
+    kv = torch.empty(2, 130, 2, 2, 64, **META)
+    out, lse, _ = fa.flash_attn_kvpacked_func(q[..., :56], kv[..., :56], return_attn_probs=True)
+    assert out.shape == (2, 100, 8, 56) and lse.shape == (2, 8, 100)
+
+
+def test_varlen_shapes_and_lse_layout():
+    q = torch.empty(300, 8, 64, **META)
+    k = v = torch.empty(280, 2, 64, **META)
+    cu = torch.empty(4, device="meta", dtype=torch.int32)
+    out, lse, _ = fa.flash_attn_varlen_func(q, k, v, cu, cu, 120, 110, causal=True, return_attn_probs=True)
+    assert out.shape == (300, 8, 64) and lse.shape == (8, 300)
+    qkv = torch.empty(300, 3, 8, 64, **META)
+    assert fa.flash_attn_varlen_qkvpacked_func(qkv, cu, 120, causal=True).shape == (300, 8, 64)
+    kv = torch.empty(280, 2, 2, 64, **META)
+    assert fa.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 120, 110).shape == (300, 8, 64)
+
+
+def test_varlen_records_the_maximum_lengths_and_bottom_right():
+    q = k = v = torch.empty(300, 4, 64, **META)
+    cu = torch.empty(3, device="meta", dtype=torch.int32)
+    (name, args), = _recorded(lambda q, k, v, cu: fa.flash_attn_varlen_func(q, k, v, cu, cu, 200, 200, causal=True),
+                              q, k, v, cu)
+    assert name.startswith("stridedfa.varlen_forward")
+    assert args[5:10] == (200, 200, 64 ** -0.5, True, "bottom_right")
+
+
+def test_with_kvcache_contiguous_and_paged_shapes():
+    q = torch.empty(3, 1, 8, 64, **META)
+    cache = torch.empty(3, 256, 2, 64, **META)
+    new = torch.empty(3, 1, 2, 64, **META)
+    lengths = torch.empty(3, device="meta", dtype=torch.int32)
+    out, lse = fa.flash_attn_with_kvcache(q, cache, cache.clone(), new, new, cache_seqlens=lengths, causal=True,
+                                         return_softmax_lse=True)
+    assert out.shape == (3, 1, 8, 64) and lse.shape == (3, 8, 1)
+    cos = sin = torch.empty(512, 16, device="meta", dtype=torch.float32)
+    out = fa.flash_attn_with_kvcache(q, cache, cache.clone(), new, new, rotary_cos=cos, rotary_sin=sin,
+                                     cache_seqlens=5, rotary_interleaved=False)
+    assert out.shape == (3, 1, 8, 64)
+    pages = torch.empty(40, 16, 2, 64, **META)
+    table = torch.empty(3, 8, device="meta", dtype=torch.int32)
+    out = fa.flash_attn_with_kvcache(q, pages, pages.clone(), new, new, cache_seqlens=lengths, block_table=table,
+                                     causal=True)
+    assert out.shape == (3, 1, 8, 64)
+
+
+@pytest.mark.parametrize("call,argument", [
+    (lambda q, c, t: fa.flash_attn_with_kvcache(q, c, c, cache_leftpad=t), "cache_leftpad"),
+    (lambda q, c, t: fa.flash_attn_with_kvcache(q, c, c, cache_batch_idx=t, block_table=t[:, None]),
+     "cache_batch_idx"),
+    (lambda q, c, t: fa.flash_attn_func(q, c, c, alibi_slopes=torch.zeros(3, 8)), "alibi_slopes"),
+    (lambda q, c, t: fa.flash_attn_varlen_func(q[0], c[0], c[0], t, t, 8, 8, alibi_slopes=torch.zeros(8)),
+     "alibi_slopes"),
+    (lambda q, c, t: fa.flash_attn_varlen_func(q[0], c[0], c[0], t, t, 8, 8, block_table=t), "block_table"),
+])
+def test_what_stridedfa_cannot_do_is_refused_by_argument_name(call, argument):
+    q = torch.empty(3, 1, 8, 64, **META)
+    cache = torch.empty(3, 64, 8, 64, **META)
+    t = torch.empty(3, device="meta", dtype=torch.int32)
+    with pytest.raises(stridedfa.UnsupportedError, match=argument):
+        call(q, cache, t)
+
+
+def test_rotary_matches_flash_attentions_definition():
+    """GPT-NeoX (halves) and GPT-J (interleaved pairs) rotations of the first 2 * half channels at
+    given positions, the rest unchanged: against the formula written out per channel pair."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 4, 12, generator=gen)
+    cos, sin = torch.randn(10, 4, generator=gen), torch.randn(10, 4, generator=gen)
+    positions = torch.tensor([[0, 1, 2], [7, 8, 9]])
+    for interleaved in (False, True):
+        got = fa._rotate(x, cos, sin, positions, interleaved)
+        want = x.clone()
+        for b in range(2):
+            for s in range(3):
+                c, sn = cos[positions[b, s]], sin[positions[b, s]]
+                for i in range(4):
+                    a, bb = (2 * i, 2 * i + 1) if interleaved else (i, i + 4)
+                    x0, x1 = x[b, s, :, a], x[b, s, :, bb]
+                    want[b, s, :, a], want[b, s, :, bb] = x0 * c[i] - x1 * sn[i], x0 * sn[i] + x1 * c[i]
+        assert torch.allclose(got, want, atol=1e-6), interleaved
