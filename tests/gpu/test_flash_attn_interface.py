@@ -11,9 +11,9 @@ from helpers.cuda import require_cuda
 
 torch = require_cuda()
 
-from stridedfa import flash_attn_interface as fa  # noqa: E402
 from helpers.checks import assert_bitexact, assert_close, assert_close_to_scale  # noqa: E402
 from helpers.torch_ref import torch_reference, torch_reference_all  # noqa: E402
+from stridedfa import flash_attn_interface as fa  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 ATOL, GRAD_REL = 2.5e-2, 3e-2  # bf16
