@@ -203,20 +203,18 @@ class _VarlenPackedFunction(torch.autograd.Function):
         dim = ctx.dim
         parts = packed.unbind(dim)
         q_view, k, v = (q, *parts) if q is not None else parts
-        needs = ctx.needs_input_grad
         if _is_grad_enabled():  # create_graph=True: through the operator, which refuses a double backward
             grads = varlen_backward(grad_out, q_view, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, *ctx.options)
-            grad_packed = torch.stack(grads if q is None else grads[1:], dim)
-            return (grad_packed if needs[0] else None, None, grads[0] if q is not None and needs[2] else None,
-                    *(None,) * (n - 3))
-        grad_packed = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
-        grad_parts = grad_packed.unbind(dim)
-        grad_k, grad_v = grad_parts[-2:]
-        grad_q = torch.empty(q_view.shape, dtype=q_view.dtype, device=q_view.device)
-        _varlen_backward_into(grad_out, q_view, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, grad_q, grad_k, grad_v,
-                              ctx.options)
-        if q is None:
-            grad_parts[0].copy_(grad_q)
+            grad_q, grad_packed = grads[0], torch.stack(grads if q is None else grads[1:], dim)
+        else:
+            grad_packed = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
+            grad_parts = grad_packed.unbind(dim)
+            grad_q = torch.empty(q_view.shape, dtype=q_view.dtype, device=q_view.device)
+            _varlen_backward_into(grad_out, q_view, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, grad_q,
+                                  *grad_parts[-2:], ctx.options)
+            if q is None:
+                grad_parts[0].copy_(grad_q)
+        needs = ctx.needs_input_grad
         return (grad_packed if needs[0] else None, None, grad_q if q is not None and needs[2] else None,
                 *(None,) * (n - 3))
 
@@ -231,6 +229,16 @@ def _check_max_seqlen(max_seqlen_q, max_seqlen_kv) -> None:
                             f"host synchronisation (leave it None to bound it by the token count)")
         if value is not None and not 1 <= value < 2**31:
             raise ValueError(f"{name} must be in [1, 2**31) or None, got {value}")
+
+
+def _option_tuple(like, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap, sinks,
+                  dropout_p, deterministic) -> tuple:
+    """The operators' 12 options (_OPTIONS' order) from the entry points' keywords; dropout's
+    Philox state drawn on like's device."""
+    left, right = _bounds(window) if window is not None else (-1, -1)
+    rng_state = _draw_rng_state(like, dropout_p) if dropout_p > 0 else None
+    return (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment, left, right, softcap,
+            sinks, float(dropout_p), rng_state, bool(deterministic))
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -285,15 +293,13 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                    "versions read out of bounds there), also fixed sinks; run with sinks under "
                                    "torch.no_grad(), or use attention() on padded tensors with seqlens_q / "
                                    "seqlens_kv.")
-    left, right = _bounds(window) if window is not None else (-1, -1)
     if k.shape[1] == 1 < q.shape[1] and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         # cuDNN 9.19's varlen backward gets MQA's dK wrong (GPU run 39; the core refuses it): k and v
         # repeated to grouped heads, whose gradients autograd sums back into the one head
         heads = _mqa_repeat(q.shape[1])
         k, v = (t.expand(-1, heads, -1).contiguous() for t in (k, v))
-    rng_state = _draw_rng_state(q, dropout_p) if dropout_p > 0 else None
-    options = (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment, left, right, softcap,
-               sinks, float(dropout_p), rng_state, bool(deterministic))
+    options = _option_tuple(q, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap, sinks,
+                            dropout_p, deterministic)
     if _plain_eager(q, k, v):
         if _requires_grad(q, k, v):
             out, lse = _eager_varlen(True, q, k, v, cu_seqlens_q, cu_seqlens_kv, *options)
@@ -344,8 +350,6 @@ def _packed_eager(packed, dim, q, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max
     """varlen_packed_attention's eager training path (sinks None and return_lse False: checked by
     the caller)."""
     _check_max_seqlen(max_seqlen_q, max_seqlen_kv)
-    left, right = _bounds(window) if window is not None else (-1, -1)
-    rng_state = _draw_rng_state(packed, dropout_p) if dropout_p > 0 else None
-    options = (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment, left, right, softcap,
-               None, float(dropout_p), rng_state, bool(deterministic))
+    options = _option_tuple(packed, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap,
+                            None, dropout_p, deterministic)
     return _eager_varlen_packed(packed, dim, q, cu_seqlens_q, cu_seqlens_kv, *options)[0]

@@ -83,8 +83,11 @@ def _unpad(out: torch.Tensor, head_dim: int) -> torch.Tensor:
     return out if out.shape[-1] == head_dim else out[..., :head_dim]
 
 
-def _returned(out, lse, head_dim: int, return_lse: bool):
-    out = _unpad(out, head_dim)
+def _returned(result, head_dim: int, return_lse: bool, transpose: bool = False):
+    """FlashAttention's return: out (bshd for the dense call: `transpose` from stridedfa's bhsd
+    axes) with its padding cut off, or (out, softmax_lse, None) when the LSE was asked for."""
+    out, lse = result if return_lse else (result, None)
+    out = _unpad(out.transpose(1, 2) if transpose else out, head_dim)
     return (out, lse, None) if return_lse else out
 
 
@@ -99,8 +102,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     q, k, v = (_pad_head_dim(t).transpose(1, 2) for t in (q, k, v))
     result = _st.attention(q, k, v, alibi_slopes=_alibi(alibi_slopes), return_lse=return_attn_probs, **opts)
-    out, lse = result if return_attn_probs else (result, None)
-    return _returned(out.transpose(1, 2), lse, head_dim, return_attn_probs)
+    return _returned(result, head_dim, return_attn_probs, transpose=True)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -111,8 +113,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     opts = _options(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     result = _st.packed_attention(_pad_head_dim(qkv), 2, layout="bshd", alibi_slopes=_alibi(alibi_slopes),
                                   return_lse=return_attn_probs, **opts)
-    out, lse = result if return_attn_probs else (result, None)
-    return _returned(out, lse, head_dim, return_attn_probs)
+    return _returned(result, head_dim, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -123,8 +124,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     result = _st.packed_attention(_pad_head_dim(kv), 2, layout="bshd", q=_pad_head_dim(q),
                                   alibi_slopes=_alibi(alibi_slopes), return_lse=return_attn_probs, **opts)
-    out, lse = result if return_attn_probs else (result, None)
-    return _returned(out, lse, head_dim, return_attn_probs)
+    return _returned(result, head_dim, return_attn_probs)
 
 
 # --- Variable length (total_tokens, nheads, headdim) + cu_seqlens ------------------------------------
@@ -145,8 +145,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     result = _st.varlen_attention(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), cu_seqlens_q, cu_seqlens_k,
                                   int(max_seqlen_q), int(max_seqlen_k), return_lse=return_attn_probs, **opts)
-    out, lse = result if return_attn_probs else (result, None)
-    return _returned(out, lse, head_dim, return_attn_probs)
+    return _returned(result, head_dim, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -159,8 +158,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     opts = _options(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     result = _st.varlen_packed_attention(_pad_head_dim(qkv), 1, cu_seqlens, None, int(max_seqlen),
                                          return_lse=return_attn_probs, **opts)
-    out, lse = result if return_attn_probs else (result, None)
-    return _returned(out, lse, head_dim, return_attn_probs)
+    return _returned(result, head_dim, return_attn_probs)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -173,8 +171,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     result = _st.varlen_packed_attention(_pad_head_dim(kv), 1, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                          int(max_seqlen_k), q=_pad_head_dim(q), return_lse=return_attn_probs, **opts)
-    out, lse = result if return_attn_probs else (result, None)
-    return _returned(out, lse, head_dim, return_attn_probs)
+    return _returned(result, head_dim, return_attn_probs)
 
 
 # --- KV cache (serving) ---------------------------------------------------------------------------
