@@ -1,0 +1,189 @@
+"""transformers training steps and generation: attn_implementation="stridedfa" against "sdpa".
+
+Each family's model at a size where attention matters (4 layers, hidden 2048, 16 heads of 128,
+GQA where the family has it; random weights, bfloat16), in one run:
+  - a training step (forward, cross-entropy over real tokens, backward) at batch 2 x seq 2048
+    unpadded, and at batch 8 x 4096 for llama and qwen2: ms per step, ratio stridedfa / SDPA
+    (issue 13's target: <= 1.00 on every model, <= 0.95 geomean);
+  - the same step on a right-padded batch (lengths uniform in [s/4, s]) against SDPA with the
+    mask transformers builds (target: >= 1.3x faster);
+  - with --generate: greedy generation with a static cache (transformers compiles the decoding
+    step), batch 8, 512-token prompts, 128 new tokens: tokens per second.
+Gemma 2 and gpt-oss run SDPA where they allow it (transformers' SDPA refuses softcap and has no
+sinks: they are compared with eager attention and marked so). Each step is timed with CUDA events,
+synchronised after each (the pattern of a training loop that logs its loss). A script, never a test.
+
+    python benchmarks/bench_transformers.py --out bench-out [--quick] [--generate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import stridedfa.transformers  # noqa: E402,F401  (registers "stridedfa")
+from helpers import hf_models  # noqa: E402
+
+SIZE = dict(hidden_size=2048, intermediate_size=5504, num_hidden_layers=4, num_attention_heads=16,
+            num_key_value_heads=4, head_dim=128, max_position_embeddings=8192, vocab_size=32000)
+FIELDS = {
+    "llama": SIZE, "qwen2": SIZE, "qwen3": SIZE,
+    "mistral": {**SIZE, "sliding_window": 1024},
+    "gemma2": {**SIZE, "sliding_window": 1024, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+               "query_pre_attn_scalar": 128, "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "gpt2": dict(vocab_size=32000, n_embd=2048, n_layer=4, n_head=16, n_positions=8192),
+    "gpt_neox": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=4,
+                     num_attention_heads=16, max_position_embeddings=8192),
+    "gpt_oss": {**SIZE, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 1024,
+                "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "bert": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=4,
+                 num_attention_heads=16, max_position_embeddings=8192),
+    "modernbert": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=4,
+                       num_attention_heads=16, global_attn_every_n_layers=2, local_attention=256,
+                       max_position_embeddings=8192, pad_token_id=0),
+}
+BASELINE = {"gemma2": "eager", "gpt_oss": "eager"}
+
+
+def build(name, implementation):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    config = hf_models._config(name, **FIELDS[name])
+    torch.manual_seed(0)
+    auto = AutoModelForCausalLM if hf_models.FAMILIES[name][1] == "causal" else AutoModelForMaskedLM
+    return auto.from_config(config, attn_implementation=implementation, dtype=torch.bfloat16).cuda().train()
+
+
+def step_time(model, ids, mask, causal, warmup, iters):
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    extra = {"use_cache": False} if causal else {}
+
+    def step():
+        logits = model(ids, attention_mask=mask, **extra).logits
+        loss = torch.nn.functional.cross_entropy(logits[real].float(), ids.roll(-1, 1)[real])
+        loss.backward()
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        model.zero_grad(set_to_none=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def batch(b, s, padded, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 32000, (b, s), generator=gen)
+    if not padded:
+        return ids.cuda(), None
+    lengths = torch.randint(s // 4, s + 1, (b,), generator=gen)
+    lengths[0] = s
+    mask = (torch.arange(s)[None] < lengths[:, None]).long()
+    return ids.masked_fill(mask == 0, 0).cuda(), mask.cuda()
+
+
+def train_rows(names, quick):
+    rows = []
+    shapes = [(2, 2048)] if quick else [(2, 2048), (8, 4096)]
+    warmup, iters = (2, 5) if quick else (3, 10)
+    for name in names:
+        causal = hf_models.FAMILIES[name][1] == "causal"
+        for b, s in shapes:
+            if (b, s) == (8, 4096) and name not in ("llama", "qwen2"):
+                continue
+            for padded in (False, True):
+                ids, mask = batch(b, s, padded)
+                row = {"model": name, "batch": b, "seq": s, "padded": padded,
+                       "baseline": BASELINE.get(name, "sdpa")}
+                for label, implementation in (("stridedfa_ms", "stridedfa"), ("baseline_ms", row["baseline"])):
+                    model = build(name, implementation)
+                    row[label] = step_time(model, ids, mask, causal, warmup, iters)
+                    del model
+                    torch.cuda.empty_cache()
+                row["ratio"] = row["stridedfa_ms"] / row["baseline_ms"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def generation_rows(names):
+    rows = []
+    ids, mask = batch(8, 512, False)
+    for name in names:
+        row = {"model": name, "batch": 8, "prompt": 512, "new_tokens": 128}
+        for implementation in ("stridedfa", "sdpa"):
+            model = build(name, implementation).eval()
+            settings = dict(max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=0,
+                            cache_implementation="static")
+            with torch.no_grad():
+                model.generate(ids, attention_mask=mask, **settings)  # compiles
+                torch.cuda.synchronize()
+                began = time.perf_counter()
+                model.generate(ids, attention_mask=mask, **settings)
+                torch.cuda.synchronize()
+            row[f"{implementation}_tokens_per_s"] = 8 * 128 / (time.perf_counter() - began)
+            del model
+            torch.cuda.empty_cache()
+        row["speedup"] = row["stridedfa_tokens_per_s"] / row["sdpa_tokens_per_s"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def table(rows, generation):
+    lines = ["| model | batch x seq | padded | stridedfa ms | baseline ms | ratio |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {'yes' if r['padded'] else 'no'} | "
+                     f"{r['stridedfa_ms']:.2f} | {r['baseline_ms']:.2f} ({r['baseline']}) | {r['ratio']:.3f} |")
+    unpadded = [r["ratio"] for r in rows if not r["padded"] and r["baseline"] == "sdpa"]
+    padded = [1 / r["ratio"] for r in rows if r["padded"] and r["baseline"] == "sdpa"]
+    if unpadded:
+        lines.append(f"\nUnpadded vs SDPA: geomean ratio {math.exp(sum(map(math.log, unpadded)) / len(unpadded)):.3f}, "
+                     f"worst {max(unpadded):.3f} (targets <= 0.95, <= 1.00)")
+    if padded:
+        lines.append(f"Padded vs SDPA with mask: speedup min {min(padded):.2f}x, "
+                     f"geomean {math.exp(sum(map(math.log, padded)) / len(padded)):.2f}x (target >= 1.3x)")
+    for g in generation:
+        lines.append(f"Generation {g['model']} (static cache, compiled): {g['stridedfa_tokens_per_s']:.0f} vs "
+                     f"{g['sdpa_tokens_per_s']:.0f} tokens/s SDPA ({g['speedup']:.2f}x)")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--generate", action="store_true")
+    parser.add_argument("--models", default=",".join(hf_models.available()))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    import transformers
+
+    names = [n for n in args.models.split(",") if n in hf_models.available()]
+    rows = train_rows(names, args.quick)
+    generation = generation_rows(["llama"]) if args.generate else []
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "transformers": transformers.__version__, "training": rows, "generation": generation}
+    (args.out / "transformers.json").write_text(json.dumps(result, indent=1))
+    (args.out / "transformers.md").write_text(table(rows, generation))
+    print(table(rows, generation))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""The mask side of the transformers integration: what transformers' mask machinery asks for,
+turned into something stridedfa's kernels run without a materialised (b, 1, s_q, s_kv) mask.
+
+transformers builds each mask from a *mask function* (causal, bidirectional, sliding window, packed
+documents, ...) and a 2D padding mask, and calls the mask function registered for the model's
+attention implementation. :func:`stridedfa_mask` recognises the mask functions stridedfa can
+express by its options and reads the padding once per model forward (one small host copy, as
+transformers' SDPA path does with its ``padding_mask.all()``):
+
+- ``"full"``: no padding -- the options alone (causal or not, a window) describe the mask;
+- ``"lengths"``: each row's real tokens form a prefix (right padding) -- ``seqlens_q`` /
+  ``seqlens_kv`` on the padded tensors, causal aligned per sequence;
+- ``"runs"``: each row's real tokens form one run (left padding) -- the variable-length path,
+  each row cut into (padding, real, padding) sequences so that no token attends across;
+- ``"packed"``: documents packed along one row (``position_ids`` restarting at 0) -- the
+  variable-length path with one sequence per document.
+
+Everything else gets transformers' own boolean 4D mask, which the attention function adds as a
+bias: always correct, as fast as SDPA with a mask. That is holes in a padding mask, overlays such
+as Gemma 3's image blocks, traced or captured code (where the padding cannot be read), static
+caches' empty slots past the last query, and masks a model edits (Falcon's ALiBi).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import masking_utils as _mu
+
+__all__ = ["StridedMask", "stridedfa_mask", "mask_pattern"]
+
+
+class StridedMask:
+    """What :func:`stridedfa_mask` hands each attention layer in place of a 4D mask.
+
+    Attributes:
+        kind: "full", "lengths", "runs" or "packed" (see the module's text).
+        causal, window: the pattern of the mask function: causal or bidirectional, and the
+            window as stridedfa's ``(left, right)`` or None.
+        seqlens_q, seqlens_kv: int32 (b,) device tensors ("lengths").
+        cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv: the variable-length cut of the
+            flattened (b * s) token axis ("runs", "packed").
+    """
+
+    __slots__ = ("kind", "causal", "window", "seqlens_q", "seqlens_kv", "cu_seqlens_q", "cu_seqlens_kv",
+                 "max_seqlen_q", "max_seqlen_kv", "_sdpa_args", "_dense", "_bias")
+
+    # transformers' mask code sees a mask built in advance (generate() builds a static cache's
+    # masks before the forward) as 4D and hands it to the mask function again, which returns it.
+    ndim = 4
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        args = self._sdpa_args
+        return (args["batch_size"], 1, args["q_length"], args["kv_length"])
+
+    def __init__(self, kind: str, causal: bool, window, sdpa_args: dict, **tensors):
+        self.kind, self.causal, self.window, self._sdpa_args = kind, causal, window, sdpa_args
+        for name in ("seqlens_q", "seqlens_kv", "cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv"):
+            setattr(self, name, tensors.get(name))
+        self._dense: torch.Tensor | None = None
+        self._bias: dict = {}
+
+    def dense(self) -> torch.Tensor:
+        """transformers' boolean (b, 1, s_q, s_kv) mask for the same call (True: attend), built once."""
+        if self._dense is None:
+            self._dense = general_mask(self._sdpa_args)
+        return self._dense
+
+    def bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """The dense mask as an additive bias in ``dtype``, built once per dtype."""
+        if dtype not in self._bias:
+            self._bias[dtype] = bias_from_mask(self.dense(), dtype)
+        return self._bias[dtype]
+
+    def __repr__(self) -> str:
+        return f"StridedMask(kind={self.kind!r}, causal={self.causal}, window={self.window})"
+
+
+def general_mask(sdpa_args: dict) -> torch.Tensor:
+    """transformers' own boolean 4D mask (never None: no is_causal shortcut)."""
+    return _mu.sdpa_mask(**{**sdpa_args, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
+
+
+def bias_from_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True: attend) as an additive bias. Masked scores get the dtype's lowest
+    finite value rather than -inf, as transformers' eager masks do: a row with no key left (a
+    padding query) then averages its values instead of producing NaN, whose gradient would
+    poison every parameter even though the loss never reads that row."""
+    if mask.dtype != torch.bool:
+        return mask.to(dtype)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+# --- Recognising mask functions -------------------------------------------------------------------
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", "")
+
+
+def _free_vars(fn) -> dict[str, Any]:
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    if code is None:
+        return {}
+    return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
+
+
+def mask_pattern(fn) -> tuple[bool, tuple | None, torch.Tensor | None] | None:
+    """(causal, window, packed document ids) for the mask functions stridedfa expresses by its
+    options; None for any other (handled through transformers' dense mask). Recognised by the
+    names transformers gives its mask factories' closures (transformers 5.17 to 5.25); a name that
+    changes only costs the fast path, never correctness.
+
+    transformers' sliding window ``kv_idx > q_idx - w`` is ``window=(w - 1, 0)``; its bidirectional
+    window ``|q_idx - kv_idx| <= w`` is ``window=(w, w)``. Packed documents come as the positions
+    remapped per document, intersected with "same document"."""
+    if fn is _mu.causal_mask_function:
+        return True, None, None
+    if fn is _mu.bidirectional_mask_function:
+        return False, None, None
+    if _name(fn) != "and_masks.<locals>.and_mask":
+        return None
+    parts = _free_vars(fn).get("mask_functions", ())
+    if len(parts) != 2:
+        return None
+    first, second = parts
+    if _name(first) == "sliding_window_overlay.<locals>.inner_mask" and second is _mu.causal_mask_function:
+        width = int(_free_vars(first)["sliding_window"])
+        return True, (width - 1, 0), None
+    if (_name(first) == "sliding_window_bidirectional_overlay.<locals>.inner_mask"
+            and second is _mu.bidirectional_mask_function):
+        width = int(_free_vars(first)["sliding_window"])
+        return False, (width, width), None
+    if _name(second) == "packed_sequence_mask_function.<locals>.inner_mask":
+        # transformers >= 5.2x also remaps the positions per document (the same mask for causal
+        # and windowed patterns, whose documents are contiguous); earlier versions do not
+        if _name(first) == "remap_positions_for_packed_sequence.<locals>.inner_mask":
+            first = _free_vars(first)["mask_function"]
+        base = mask_pattern(first)
+        if base is not None and base[2] is None:
+            return base[0], base[1], _free_vars(second)["packed_sequence_mask"]
+    return None
+
+
+# --- The registered mask function -----------------------------------------------------------------
+
+def _cannot_read_values(*tensors) -> bool:
+    """Inside torch.compile or a CUDA-graph capture the padding cannot be read on the host."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+def stridedfa_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
+                   mask_function=_mu.causal_mask_function, attention_mask: torch.Tensor | None = None,
+                   **kwargs):
+    """transformers' mask function for ``attn_implementation="stridedfa"`` (registered with its
+    AttentionMaskInterface): a :class:`StridedMask` where the options can express the mask, else
+    transformers' boolean 4D mask. Same arguments as ``transformers.masking_utils.sdpa_mask``."""
+    if isinstance(attention_mask, StridedMask):  # built in advance (see StridedMask.ndim)
+        return attention_mask
+    sdpa_args = dict(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask, **kwargs)
+    pattern = mask_pattern(mask_function)
+    if pattern is None:
+        return general_mask(sdpa_args)
+    causal, window, documents = pattern
+    # A model that turns off the is_causal shortcut of a plain causal mask edits the mask
+    # afterwards (Falcon adds ALiBi to it, Doge its dynamic mask), so it gets the real thing; so
+    # does a compilable cache's decoding step, which asks for it to keep one graph. (Bidirectional
+    # and packed masks are always asked for with the shortcut off.)
+    if causal and documents is None and not kwargs.get("allow_is_causal_skip", True):
+        return general_mask(sdpa_args)
+    # Keys past the last query: a static cache's empty slots (its offsets are tensors when it
+    # decodes), which the options cannot describe.
+    if not (isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset + q_length == kv_offset + kv_length):
+        return general_mask(sdpa_args)
+    if _cannot_read_values(attention_mask, documents):
+        if attention_mask is None and documents is None:
+            return StridedMask("full", causal, window, sdpa_args)
+        return general_mask(sdpa_args)
+    if documents is not None:
+        return _packed(documents, causal, window, sdpa_args, q_length, kv_length)
+    return _padding(attention_mask, causal, window, sdpa_args, batch_size, q_length, kv_length, kv_offset)
+
+
+def _packed(documents: torch.Tensor, causal, window, sdpa_args, q_length: int, kv_length: int):
+    """Documents packed along each row (transformers only detects them with q_length == kv_length
+    and no cache): one variable-length sequence per document, cut on the host from the ids."""
+    if q_length != kv_length:
+        return general_mask(sdpa_args)
+    ids = documents.expand(sdpa_args["batch_size"], -1).to("cpu", torch.int64)  # the one host copy
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    flat = torch.nonzero(starts.reshape(-1)).reshape(-1)
+    cu = torch.cat([flat, torch.tensor([ids.numel()])]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())
+    cu = cu.to(documents.device, non_blocking=True)
+    return StridedMask("packed", causal, window, sdpa_args, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                       max_seqlen_kv=longest)
+
+
+def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: int, kv_length: int, kv_offset: int):
+    """Classify a 2D padding mask (one host copy of a few numbers per row)."""
+    if attention_mask is None:
+        return StridedMask("full", causal, window, sdpa_args)
+    padded = _mu.prepare_padding_mask(attention_mask.to(torch.bool), kv_length, kv_offset)
+    keep = padded[:, kv_offset:kv_offset + kv_length].expand(batch, -1)
+    keep_q = keep[:, kv_length - q_length:]  # the queries are the last keys
+    device = keep.device
+    stats = torch.stack([*_run(keep), *_run(keep_q)], dim=1).cpu()  # the one host copy: (b, 6)
+    n_kv, start_kv, runs_kv, n_q, start_q, runs_q = stats.unbind(1)
+    if bool((runs_kv > 1).any() | (runs_q > 1).any()):
+        return general_mask(sdpa_args)  # holes: not one run per row
+    real = n_q > 0
+    # The real queries must end where the real keys end (their last query is their last key):
+    # then causal aligned bottom-right within the run is transformers' "kv position <= q position".
+    if bool((kv_length - q_length + start_q + n_q != start_kv + n_kv)[real].any()):
+        return general_mask(sdpa_args)
+    if bool((n_kv == kv_length).all() & (n_q == q_length).all()):
+        return StridedMask("full", causal, window, sdpa_args)
+    to_device = dict(device=device, dtype=torch.int32)
+    if bool((start_kv == 0).all() & (start_q == 0).all()):
+        return StridedMask("lengths", causal, window, sdpa_args, seqlens_q=n_q.to(**to_device),
+                           seqlens_kv=n_kv.to(**to_device))
+    return StridedMask("runs", causal, window, sdpa_args, cu_seqlens_q=_cut(start_q, n_q, q_length).to(**to_device),
+                       cu_seqlens_kv=_cut(start_kv, n_kv, kv_length).to(**to_device), max_seqlen_q=q_length,
+                       max_seqlen_kv=kv_length)
+
+
+def _run(keep: torch.Tensor):
+    """Per row of a boolean (b, s): the number of True, the first True (0 if none), the number of
+    runs of True."""
+    count = keep.sum(1)
+    first = keep.to(torch.int8).argmax(1)
+    rises = (keep[:, 1:] & ~keep[:, :-1]).sum(1) + keep[:, 0]
+    return count, first, rises
+
+
+def _cut(start: torch.Tensor, count: torch.Tensor, length: int) -> torch.Tensor:
+    """cu_seqlens cutting each row of the flattened (b * length) tokens into three sequences:
+    the padding before the run, the run, the padding after it (all rows have three, some empty,
+    so that sequence i of the queries pairs with sequence i of the keys)."""
+    rows = torch.arange(start.shape[0]) * length
+    bounds = torch.stack([rows + start, rows + start + count, rows + length], dim=1).reshape(-1)
+    return torch.cat([torch.zeros(1, dtype=bounds.dtype), bounds])

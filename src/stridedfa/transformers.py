@@ -1,0 +1,181 @@
+"""Hugging Face transformers on stridedfa: ``attn_implementation="stridedfa"``.
+
+::
+
+    import stridedfa.transformers   # registers "stridedfa" with transformers
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="stridedfa")
+    model.set_attn_implementation("stridedfa")   # or switch a loaded model
+
+Importing this module registers :func:`attention_forward` with transformers' ``AttentionInterface``
+and :func:`stridedfa._hf_masks.stridedfa_mask` with its ``AttentionMaskInterface``. Both are needed:
+transformers hands a custom attention function no mask at all (``attention_mask=None`` even for a
+padded batch) unless a mask function is registered under the same name.
+
+What transformers passes is mapped onto stridedfa's options: ``scaling``, causal or bidirectional
+(from the mask function, else ``is_causal`` / ``module.is_causal``), ``sliding_window``,
+``softcap``, ``s_aux`` (attention sinks), ``dropout``; GQA runs without repeating k and v. Padding
+and packed documents run without a materialised mask (see :mod:`stridedfa._hf_masks`): right
+padding through ``seqlens_q`` / ``seqlens_kv``, left padding and ``position_ids`` packing through
+the variable-length path, ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (DataCollatorWithFlattening) as
+given. Other masks are added as a bias. The output is returned as (batch, seq, heads, head_dim) in
+the memory cuDNN wrote, so transformers' following reshape copies nothing.
+
+What stridedfa cannot run (CPU or float32 tensors, ``output_attentions=True``, T5's
+``position_bias``, a shape or option the kernels refuse) falls back to transformers' SDPA (eager
+where SDPA lacks the option, i.e. sinks) with a warning naming the reason, once per reason;
+``set_fallback("raise")`` raises :class:`stridedfa.UnsupportedError` instead.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface
+
+import stridedfa.torch as _st
+from stridedfa._errors import StridedFAError, UnsupportedError
+from stridedfa._hf_masks import StridedMask, bias_from_mask, stridedfa_mask
+from stridedfa._torch_varlen import varlen_attention
+
+__all__ = ["NAME", "attention_forward", "register", "set_fallback", "stridedfa_mask"]
+
+NAME = "stridedfa"
+_settings = {"fallback": "warn"}
+_warned: set[str] = set()
+
+
+def set_fallback(mode: str) -> None:
+    """What to do with a call stridedfa cannot run: ``"warn"`` (default: run transformers' SDPA,
+    warn once per reason) or ``"raise"`` (:class:`stridedfa.UnsupportedError`)."""
+    if mode not in ("warn", "raise"):
+        raise ValueError(f"set_fallback: mode must be 'warn' or 'raise', got {mode!r}")
+    _settings["fallback"] = mode
+
+
+def register(name: str = NAME) -> None:
+    """Register the attention and the mask function under ``name`` (done on import as "stridedfa")."""
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, stridedfa_mask)
+
+
+# --- The attention function -----------------------------------------------------------------------
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, sliding_window: int | None = None,
+                      softcap: float | None = None, s_aux: torch.Tensor | None = None, **kwargs):
+    """transformers' attention-function signature: query (b, h_q, s_q, d), key / value
+    (b, h_kv, s_kv, d), the mask from :func:`stridedfa_mask` (or a 4D mask the caller built).
+    Returns (out (b, s_q, h_q, d_v), None)."""
+    reason = _cannot_run(query, kwargs)
+    if reason is None:
+        try:
+            out = _run(module, query, key, value, attention_mask, dropout, scaling, is_causal, sliding_window,
+                       softcap, s_aux, kwargs)
+            return out, None
+        except StridedFAError as error:  # raised before anything launched
+            reason = f"{type(error).__name__}: {error}"
+    return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, sliding_window,
+                     softcap, s_aux, kwargs)
+
+
+def _cannot_run(query: torch.Tensor, kwargs: dict) -> str | None:
+    if query.device.type != "cuda":
+        return f"tensors on {query.device.type}: stridedfa runs on CUDA devices"
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        return f"{query.dtype}: cuDNN's fused attention takes float16 or bfloat16"
+    if kwargs.get("output_attentions"):
+        return "output_attentions=True: fused attention never forms the attention weights"
+    if kwargs.get("position_bias") is not None:
+        return "position_bias (T5-style relative positions) is not mapped yet"
+    return None
+
+
+def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_window, softcap, s_aux, kwargs):
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    window = None if sliding_window is None else (sliding_window - 1, 0 if causal else sliding_window - 1)
+    if isinstance(mask, StridedMask):
+        causal, window = mask.causal, mask.window if mask.window is not None else window
+    options = dict(scale=scaling, causal=causal, window=window, softcap=softcap or None,
+                   dropout_p=float(dropout) if module.training or dropout else 0.0)
+    sinks = None if s_aux is None else s_aux.float()
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    # DataCollatorWithFlattening's cu_seq_lens: authoritative, as in transformers' flash path.
+    if kwargs.get("cu_seq_lens_q") is not None:
+        return _varlen(query, key, value, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
+                       kwargs.get("max_length_q"), kwargs.get("max_length_k"), options, sinks)
+    if mask is None or (isinstance(mask, StridedMask) and mask.kind == "full"):
+        return _dense(query, key, value, options, sinks)
+    if isinstance(mask, StridedMask) and mask.kind == "lengths":
+        return _dense(query, key, value, options, sinks, seqlens_q=mask.seqlens_q, seqlens_kv=mask.seqlens_kv)
+    if isinstance(mask, StridedMask) and mask.kind in ("runs", "packed") and not (sinks is not None and training):
+        tokens = _tokens(query, key, value)
+        if tokens is not None:
+            return _varlen(*tokens, mask.cu_seqlens_q, mask.cu_seqlens_kv, mask.max_seqlen_q, mask.max_seqlen_kv,
+                           options, sinks).view(query.shape[0], query.shape[2], query.shape[1], value.shape[3])
+    # A general mask (or a variable-length cut whose tensors cannot be flattened): added as a bias
+    # that already holds causality and the window.
+    bias = mask.bias(query.dtype) if isinstance(mask, StridedMask) else bias_from_mask(mask, query.dtype)
+    options.update(causal=False, window=None)
+    return _dense(query, key, value, options, sinks, bias=bias)
+
+
+def _dense(query, key, value, options, sinks, **extra) -> torch.Tensor:
+    out = _st.attention(query, key, value, causal_alignment="bottom_right", sinks=sinks, **options, **extra)
+    return out.transpose(1, 2)  # (b, s, h, d): q's axis order, so bshd in memory for bshd queries
+
+
+def _tokens(query, key, value):
+    """query, key, value as (b * s, h, d) token-major views, or None where the strides do not allow
+    one token axis (a KV cache concatenated head-major)."""
+    try:
+        return tuple(t.transpose(1, 2).view(t.shape[0] * t.shape[2], t.shape[1], t.shape[3])
+                     for t in (query, key, value))
+    except RuntimeError:
+        return None
+
+
+def _varlen(q, k, v, cu_q, cu_kv, max_q, max_kv, options, sinks) -> torch.Tensor:
+    return varlen_attention(q, k, v, cu_q, cu_kv, _int(max_q), _int(max_kv), causal_alignment="bottom_right",
+                            sinks=sinks, **options)
+
+
+def _int(value):
+    return None if value is None else int(value)
+
+
+# --- Falling back ---------------------------------------------------------------------------------
+
+def _fallback(reason, module, query, key, value, mask, dropout, scaling, is_causal, sliding_window, softcap, s_aux,
+              kwargs):
+    if _settings["fallback"] == "raise":
+        raise UnsupportedError(f"stridedfa attention in {type(module).__name__}: {reason} "
+                               "(stridedfa.transformers.set_fallback('warn') runs transformers' SDPA instead)")
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"stridedfa: {reason}; this call runs transformers' "
+                      f"{'eager attention' if s_aux is not None else 'SDPA'} instead (warned once per reason)",
+                      stacklevel=3)
+    if isinstance(mask, StridedMask):
+        mask = None if mask.kind == "full" and mask.window is None else mask.dense()
+    if s_aux is not None or softcap:  # SDPA has neither: the model's own eager attention has
+        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        if eager is not None:
+            if mask is None and getattr(module, "is_causal", True) and query.shape[2] > 1:
+                mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril(
+                    key.shape[2] - query.shape[2])[None, None]
+            extra = {"s_aux": s_aux} if s_aux is not None else {}
+            if softcap:
+                extra["softcap"] = softcap
+            mask = None if mask is None else bias_from_mask(mask, query.dtype)
+            return eager(module, query, key, value, mask, dropout=dropout, scaling=scaling,
+                         sliding_window=sliding_window, **extra, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+
+
+register()

@@ -1,0 +1,110 @@
+"""transformers models on stridedfa's kernels, on the GPU: attn_implementation="stridedfa" must agree
+with transformers' own SDPA (eager for softcap and sinks) within bfloat16 noise.
+
+Each family's small model (random weights, tests/helpers/hf_models.py) runs three times on the
+same batch: in float32 with the baseline (the reference), and in bfloat16 with stridedfa and with
+the baseline. stridedfa's error against the reference -- logits at real tokens, the loss, every
+parameter's gradient -- must stay within a small multiple of the baseline's own bfloat16 error
+(with an absolute floor). Batches: unpadded, right- and left-padded, documents packed in one row.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from helpers import hf_models  # noqa: E402
+from helpers.cuda import require_cuda  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+FAMILIES = hf_models.available()
+DECODERS = [name for name in FAMILIES if hf_models.FAMILIES[name][1] == "causal"]
+BASELINE = {"gemma2": "eager", "gpt_oss": "eager"}
+
+
+@pytest.fixture(autouse=True)
+def _cuda():
+    require_cuda()
+    import stridedfa.transformers as sft
+
+    sft.set_fallback("raise")  # a fallback here would compare the baseline with itself
+    yield
+    sft.set_fallback("warn")
+
+
+def _run(model, ids, mask, positions, real, kind):
+    model.zero_grad(set_to_none=True)
+    extra = {"use_cache": False} if kind == "causal" else {}
+    if positions is not None:
+        extra["position_ids"] = positions
+    logits = model(ids, attention_mask=mask, **extra).logits.float()
+    target = ids.roll(-1, dims=1)
+    loss = torch.nn.functional.cross_entropy(logits[real], target[real])
+    loss.backward()
+    grads = {name: p.grad.float() for name, p in model.named_parameters() if p.grad is not None}
+    return logits[real].detach(), loss.detach(), grads
+
+
+def _judge(ours, theirs, reference, what, floor):
+    """stridedfa's error against the float32 reference within 2x the baseline's bfloat16 error plus
+    a floor of ``floor`` times the reference's scale."""
+    scale = reference.abs().max().item()
+    our_error = (ours - reference).abs().max().item()
+    their_error = (theirs - reference).abs().max().item()
+    assert our_error <= 2 * their_error + floor * scale + 1e-6, (
+        f"{what}: stridedfa error {our_error:.3g}, baseline bf16 error {their_error:.3g}, scale {scale:.3g}")
+
+
+@pytest.mark.parametrize("batch", ["none", "right", "left", "packed"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_model_matches_transformers_within_bf16_noise(name, batch):
+    kind = hf_models.FAMILIES[name][1]
+    if batch == "packed" and kind != "causal":
+        pytest.skip("packed documents are a decoder training format")
+    if batch == "packed":
+        ids, positions = hf_models.packed(lengths=(40, 100, 7, 61), device="cuda")
+        mask, real = None, torch.ones(ids.shape, dtype=torch.bool, device="cuda")
+    else:
+        ids, mask = hf_models.batch(kind, batch, b=3, s=96, device="cuda")
+        positions = None
+        real = torch.ones(ids.shape, dtype=torch.bool, device="cuda") if mask is None else mask.bool()
+    baseline = BASELINE.get(name, "sdpa")
+    runs = {}
+    for label, implementation, dtype in (("reference", baseline, torch.float32), ("ours", "stridedfa", torch.bfloat16),
+                                         ("theirs", baseline, torch.bfloat16)):
+        model = hf_models.build(name, implementation, dtype=dtype, device="cuda").train()
+        for module in model.modules():  # training mode for the code paths, without dropout's noise
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        for attribute in ("attention_dropout", "attention_probs_dropout_prob"):
+            if hasattr(model.config, attribute):
+                setattr(model.config, attribute, 0.0)
+        runs[label] = _run(model, ids, mask, positions, real, kind)
+    (ref_logits, ref_loss, ref_grads), (logits, loss, grads), (their_logits, their_loss, their_grads) = (
+        runs["reference"], runs["ours"], runs["theirs"])
+    _judge(logits, their_logits, ref_logits, f"{name} logits", 2e-3)
+    _judge(loss, their_loss, ref_loss, f"{name} loss", 2e-3)
+    assert grads.keys() == ref_grads.keys()
+    for parameter, grad in grads.items():
+        _judge(grad, their_grads[parameter], ref_grads[parameter], f"{name} grad of {parameter}", 1e-2)
+
+
+GENERATION = [(name, "dynamic") for name in ("llama", "mistral", "gemma2", "gpt2")] + [
+    (name, "static") for name in ("llama", "gemma2")]
+
+
+@pytest.mark.parametrize("name,cache", GENERATION)
+def test_greedy_generation_gives_transformers_tokens(name, cache):
+    """Left-padded greedy generation in float16; with a static cache, generate() compiles the
+    decoding step with torch.compile on its own (transformers' auto-compile on CUDA)."""
+    ids, mask = hf_models.batch("causal", "left", b=3, s=40, device="cuda")
+    settings = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, cache_implementation=cache)
+    tokens = {}
+    for implementation in ("stridedfa", BASELINE.get(name, "sdpa")):
+        model = hf_models.build(name, implementation, dtype=torch.float16, device="cuda")
+        tokens[implementation] = model.generate(ids, attention_mask=mask, **settings)
+    ours, theirs = tokens.values()
+    assert torch.equal(ours, theirs), f"{name}: {ours[:, -8:].tolist()} vs {theirs[:, -8:].tolist()}"

@@ -1,0 +1,289 @@
+"""The transformers integration's registration and mask plumbing, on the CPU.
+
+The attention function's kernels (stridedfa.torch.attention and varlen_attention) are replaced by
+the float64 torch reference of tests/helpers/torch_ref.py with the same arguments, so that whole
+models run here: every family's logits and gradients must then equal transformers' own SDPA (or
+eager) path, padded left or right, packed, and in generation. That checks what this module owns --
+which tensors and options each layer hands the kernels -- while tests/gpu/test_transformers.py
+checks the kernels' numbers on the GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers import masking_utils as mu  # noqa: E402
+
+import stridedfa.transformers as sft  # noqa: E402
+from helpers import hf_models  # noqa: E402
+from helpers.torch_ref import _attention, default_scale  # noqa: E402
+from stridedfa._hf_masks import StridedMask, stridedfa_mask  # noqa: E402
+
+FAMILIES = hf_models.available()
+DECODERS = [name for name in FAMILIES if hf_models.FAMILIES[name][1] == "causal"]
+ENCODERS = [name for name in FAMILIES if hf_models.FAMILIES[name][1] == "encoder"]
+# SDPA refuses softcap and has no sinks: those families are compared with eager attention.
+BASELINE = {"gemma2": "eager", "gpt_oss": "eager"}
+# Where left padding in training takes the bias path rather than the variable-length one, and why.
+LEFT_PADDED_TRAINING_BIAS = {
+    "gpt_neox": "its partial rotary embedding concatenates q and k head-major: no token axis",
+    "gpt_oss": "its sinks are trained, which the variable-length backward does not do",
+}
+# transformers' gpt_oss builds its masks without position_ids, so it never sees packed documents.
+NO_PACKING = {"gpt_oss"}
+
+
+class ReferenceKernels:
+    """stridedfa.torch's two entry points, computed by the float64 reference (differentiable),
+    recording which path each layer took."""
+
+    def __init__(self):
+        self.paths: list[str] = []
+
+    def attention(self, q, k, v, *, scale=None, causal=False, causal_alignment="top_left", window=None,
+                  softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, dropout_p=0.0, **_):
+        assert dropout_p == 0.0
+        self.paths.append("bias" if bias is not None else "lengths" if seqlens_kv is not None else "dense")
+        return self._reference(q, k, v, scale, causal, causal_alignment, window, softcap, sinks, bias,
+                               seqlens_q, seqlens_kv)
+
+    def varlen(self, q, k, v, cu_q, cu_kv, max_q=None, max_kv=None, *, scale=None, causal=False,
+               causal_alignment="top_left", window=None, softcap=None, sinks=None, dropout_p=0.0, **_):
+        self.paths.append("varlen")
+        cq, ckv = cu_q.tolist(), cu_kv.tolist()
+        pieces = []
+        for i in range(len(cq) - 1):
+            n_q, n_kv = cq[i + 1] - cq[i], ckv[i + 1] - ckv[i]
+            if n_q == 0:
+                continue
+            assert max_q is None or n_q <= max_q
+            if n_kv == 0:
+                pieces.append(q.new_zeros(n_q, q.shape[1], v.shape[2]))
+                continue
+            one = [t[c[i]:c[i + 1]].transpose(0, 1)[None] for t, c in ((q, cq), (k, ckv), (v, ckv))]
+            out = self._reference(*one, scale, causal, causal_alignment, window, softcap, sinks, None, None, None)
+            pieces.append(out[0].transpose(0, 1))
+        pieces.append(q.new_zeros(q.shape[0] - cq[-1], q.shape[1], v.shape[2]))
+        return torch.cat(pieces)
+
+    @staticmethod
+    def _reference(q, k, v, scale, causal, alignment, window, softcap, sinks, bias, seqlens_q, seqlens_kv):
+        scale = default_scale(q.shape[-1]) if scale is None else scale
+        out, _ = _attention(q.double(), k.double(), v.double(), scale, causal, alignment, window, seqlens_q,
+                            seqlens_kv, softcap, None if sinks is None else sinks.double(),
+                            None if bias is None else bias.double())
+        return out.to(q.dtype)
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """Run the integration's own code on the CPU with the reference in place of cuDNN."""
+    reference = ReferenceKernels()
+    monkeypatch.setattr(sft._st, "attention", reference.attention)
+    monkeypatch.setattr(sft, "varlen_attention", reference.varlen)
+    monkeypatch.setattr(sft, "_cannot_run", lambda query, kwargs: None if not kwargs.get("output_attentions")
+                        else "output_attentions=True")
+    return reference
+
+
+def _pair(name: str, seed: int = 0):
+    return hf_models.build(name, "stridedfa", seed), hf_models.build(name, BASELINE.get(name, "sdpa"), seed)
+
+
+def _assert_close(actual, expected, what, atol=2e-5):
+    error = (actual - expected).abs().max().item()
+    scale = expected.abs().max().item()
+    assert error <= atol + 1e-4 * scale, f"{what}: max error {error:.3g} (reference scale {scale:.3g})"
+
+
+# --- Registration ---------------------------------------------------------------------------------
+
+def test_import_registers_the_attention_and_the_mask_function():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    assert AttentionInterface._global_mapping["stridedfa"] is sft.attention_forward
+    assert ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["stridedfa"] is stridedfa_mask
+
+
+def test_set_attn_implementation_switches_a_built_model():
+    model = hf_models.build("llama", "sdpa")
+    model.set_attn_implementation("stridedfa")
+    assert model.config._attn_implementation == "stridedfa"
+
+
+def test_cpu_tensors_fall_back_to_sdpa_with_one_warning_naming_the_reason():
+    sft._warned.clear()
+    ours, sdpa = _pair("llama")
+    ids, mask = hf_models.batch("causal", "left")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logits = ours(ids, attention_mask=mask).logits
+    messages = [str(w.message) for w in caught if "stridedfa" in str(w.message)]
+    assert len(messages) == 1 and "tensors on cpu" in messages[0], messages
+    _assert_close(logits, sdpa(ids, attention_mask=mask).logits, "fallback logits")
+
+
+def test_fallback_can_raise_instead():
+    ours = hf_models.build("llama", "stridedfa")
+    ids, _ = hf_models.batch("causal", "none")
+    sft.set_fallback("raise")
+    try:
+        with pytest.raises(sft.UnsupportedError, match="tensors on cpu"):
+            ours(ids)
+    finally:
+        sft.set_fallback("warn")
+    with pytest.raises(ValueError, match="'warn' or 'raise'"):
+        sft.set_fallback("ignore")
+
+
+# --- The mask function ----------------------------------------------------------------------------
+
+def _mask(attention_mask=None, q_length=6, kv_length=6, **kwargs):
+    args = dict(batch_size=2 if attention_mask is None else attention_mask.shape[0], q_length=q_length,
+                kv_length=kv_length, attention_mask=None if attention_mask is None else attention_mask.bool())
+    return stridedfa_mask(**{**args, **kwargs})
+
+
+def test_no_padding_is_expressed_by_the_options_alone():
+    mask = _mask(torch.ones(2, 6))
+    assert isinstance(mask, StridedMask) and (mask.kind, mask.causal, mask.window) == ("full", True, None)
+    assert _mask(mask_function=mu.bidirectional_mask_function).causal is False
+
+
+def test_windows_are_read_from_the_mask_function():
+    assert _mask(mask_function=mu.sliding_window_causal_mask_function(7)).window == (6, 0)
+    assert _mask(mask_function=mu.sliding_window_bidirectional_mask_function(4)).window == (4, 4)
+
+
+def test_right_padding_becomes_lengths():
+    mask = _mask(torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]))
+    assert mask.kind == "lengths"
+    assert mask.seqlens_q.tolist() == [6, 3] and mask.seqlens_kv.tolist() == [6, 3]
+    assert mask.seqlens_q.dtype == torch.int32
+
+
+def test_left_padding_becomes_three_sequences_per_row():
+    mask = _mask(torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]))
+    assert mask.kind == "runs"
+    assert mask.cu_seqlens_q.tolist() == [0, 0, 6, 6, 8, 12, 12] == mask.cu_seqlens_kv.tolist()
+    assert (mask.max_seqlen_q, mask.max_seqlen_kv) == (6, 6)
+
+
+def test_decoding_with_left_padding_pairs_the_new_query_with_its_row_keys():
+    padding = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]])
+    mask = _mask(padding, q_length=1, kv_length=7, q_offset=6)
+    assert mask.kind == "runs"
+    assert mask.cu_seqlens_q.tolist() == [0, 0, 1, 1, 1, 2, 2]
+    assert mask.cu_seqlens_kv.tolist() == [0, 0, 7, 7, 10, 14, 14]
+
+
+def test_a_static_cache_gets_the_dense_mask():
+    # keys past the last query (empty slots); generate() hands the mask back to transformers,
+    # which passes only a 4D tensor through
+    for offset in (4, torch.tensor(4)):
+        mask = _mask(torch.ones(2, 6), q_length=2, kv_length=16, q_offset=offset)
+        assert isinstance(mask, torch.Tensor) and mask.shape == (2, 1, 2, 16)
+
+
+def test_holes_get_transformers_dense_mask():
+    padding = torch.tensor([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    mask = _mask(padding)
+    assert isinstance(mask, torch.Tensor) and mask.shape == (2, 1, 6, 6)
+    assert torch.equal(mask, mu.sdpa_mask(batch_size=2, q_length=6, kv_length=6, attention_mask=padding.bool(),
+                                          allow_is_causal_skip=False))
+
+
+def test_unknown_mask_functions_and_edited_masks_get_the_dense_mask():
+    chunked = mu.chunked_causal_mask_function(3, torch.zeros(2, dtype=torch.long))
+    assert isinstance(_mask(mask_function=chunked), torch.Tensor)
+    assert isinstance(_mask(allow_is_causal_skip=False), torch.Tensor)
+
+
+def test_packed_documents_become_one_sequence_each():
+    documents = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2]])
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    base = mu.causal_mask_function
+    if hasattr(mu, "remap_positions_for_packed_sequence"):  # transformers >= 5.2x
+        base = mu.remap_positions_for_packed_sequence(base, positions)
+    function = mu.and_masks(base, mu.packed_sequence_mask_function(documents))
+    mask = stridedfa_mask(batch_size=1, q_length=9, kv_length=9, mask_function=function)
+    assert mask.kind == "packed" and mask.causal
+    assert mask.cu_seqlens_q.tolist() == [0, 3, 5, 9] and mask.max_seqlen_q == 4
+
+
+def test_the_dense_form_is_transformers_mask_for_every_kind():
+    padding = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    mask = _mask(padding)
+    expected = mu.sdpa_mask(batch_size=2, q_length=6, kv_length=6, attention_mask=padding.bool(),
+                            allow_is_causal_skip=False)
+    assert torch.equal(mask.dense(), expected)
+    bias = mask.bias(torch.float16)
+    assert bias.dtype == torch.float16 and torch.equal(bias == 0, expected)
+    assert torch.isfinite(bias).all(), "masked scores are the lowest finite value, never -inf"
+
+
+# --- Whole models ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_models_match_transformers_forward_and_backward(kernels, name, padding):
+    kind = hf_models.FAMILIES[name][1]
+    ours, baseline = _pair(name)
+    ids, mask = hf_models.batch(kind, padding)
+    real = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask.bool()
+    training = {"use_cache": False} if kind == "causal" else {}  # a cache would hold k and v head-major
+    results = []
+    for model in (ours, baseline):
+        model.zero_grad()
+        logits = model(ids, attention_mask=mask, **training).logits
+        loss = (logits.float().log_softmax(-1)[..., 0] * real).sum()  # padded rows never read
+        loss.backward()
+        results.append((logits[real], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    _assert_close(results[0][0], results[1][0], f"{name} logits ({padding} padding)")
+    assert results[0][1].keys() == results[1][1].keys()
+    for parameter, grad in results[0][1].items():
+        _assert_close(grad, results[1][1][parameter], f"{name} grad of {parameter} ({padding} padding)", atol=1e-4)
+    expected_path = {"none": "dense", "right": "lengths", "left": "varlen"}[padding]
+    if padding == "left" and name in LEFT_PADDED_TRAINING_BIAS:
+        expected_path = "bias"
+    assert set(kernels.paths) == {expected_path}, kernels.paths
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_packed_documents_match_transformers(kernels, name):
+    ours, baseline = _pair(name)
+    ids, positions = hf_models.packed()
+    # transformers looks for packed documents only without a cache, i.e. in training
+    expected = baseline(ids, position_ids=positions, use_cache=False).logits
+    _assert_close(ours(ids, position_ids=positions, use_cache=False).logits, expected, f"{name} packed logits")
+    assert set(kernels.paths) == ({"dense"} if name in NO_PACKING else {"varlen"}), kernels.paths
+
+
+@pytest.mark.parametrize("padding", ["none", "left"])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name", DECODERS)
+def test_greedy_generation_matches_transformers(kernels, name, cache, padding):
+    ours, baseline = _pair(name)
+    ids, mask = hf_models.batch("causal", padding, s=12)
+    settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation=cache)
+    tokens = ours.generate(ids, attention_mask=mask, **settings)
+    assert torch.equal(tokens, baseline.generate(ids, attention_mask=mask, **settings))
+    if cache == "dynamic" and padding == "none":
+        # Left padding with a cache is a bias (the cache holds k and v head-major, which no token
+        # axis can describe), as is a static cache's decoding step (transformers asks for the
+        # real mask there); everything else runs on the options.
+        assert "bias" not in kernels.paths, kernels.paths
+
+
+def test_output_attentions_falls_back_by_name(kernels):
+    sft._warned.clear()
+    ours, baseline = _pair("llama")
+    ids, _ = hf_models.batch("causal", "none")
+    with pytest.warns(UserWarning, match="output_attentions"):
+        ours(ids, output_attentions=True)
