@@ -59,7 +59,8 @@ def build(name, implementation):
     config = hf_models._config(name, **FIELDS[name])
     torch.manual_seed(0)
     auto = AutoModelForCausalLM if hf_models.FAMILIES[name][1] == "causal" else AutoModelForMaskedLM
-    return auto.from_config(config, attn_implementation=implementation, dtype=torch.bfloat16).cuda().train()
+    with torch.device("cuda"):  # initialised on the GPU: on the CPU a build takes longer than its timing
+        return auto.from_config(config, attn_implementation=implementation, dtype=torch.bfloat16).train()
 
 
 def step_time(model, ids, mask, causal, warmup, iters):

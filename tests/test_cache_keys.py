@@ -144,3 +144,10 @@ def test_extent_one_strides_do_not_change_the_key():
 
 def test_default_scale_equals_explicit_default():
     assert fwd_key() == fwd_key(scale=D ** -0.5)
+
+
+def test_bottom_right_with_as_many_queries_as_keys_is_keyed_as_top_left():
+    # the same mask; the core says top-left, whose backward cuDNN runs ~1.6x faster (GPU run 46)
+    assert fwd_key(causal=True, causal_alignment="bottom_right") == fwd_key(causal=True)
+    longer = dict(k=t((B, H, 2 * S, D)), v=t((B, H, 2 * S, D)))
+    assert fwd_key(causal=True, causal_alignment="bottom_right", **longer) != fwd_key(causal=True, **longer)

@@ -120,6 +120,20 @@ void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given, bool kee
   if (spec.right_bound != SdpaOptions::kUnbounded) spec.right_bound = right;
 }
 
+// Whether every sequence has as many queries as keys, so that the bottom-right diagonal is the
+// top-left one: one full-length batch, padding lengths given by one tensor for both sides, or
+// variable-length sequences cut by one cu_seqlens tensor for both.
+bool diagonals_coincide(const Plan& plan) {
+  if (plan.ragged.on) return plan.ragged.cu_q == plan.ragged.cu_kv;
+  if (plan.full_s_q != plan.full_s_kv || plan.problem.s_q != plan.problem.s_kv) return false;
+  const TensorView* q = plan.slots[kSeqLensQ];
+  const TensorView* kv = plan.slots[kSeqLensKV];
+  if (!q && !kv) return true;
+  const bool both_made = plan.made_lengths[0] >= 0 && plan.made_lengths[1] >= 0;
+  const bool both_given = q && kv && plan.made_lengths[0] < 0 && plan.made_lengths[1] < 0;
+  return both_made || (both_given && q->data == kv->data && q->strides[0] == kv->strides[0]);
+}
+
 // ALiBi's distance i + off - j (off: the alignment's diagonal offset, FlashAttention's
 // i + s_kv - s_q - j bottom-right) in the row and key indices of the sub-problem cuDNN is given:
 // shifted by the rows and keys the plan cut off; with the caller's padding lengths, bottom-right,
@@ -210,7 +224,10 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   }
   spec.scale = static_cast<float>(o.has_scale ? o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_qk)));
   spec.causal = o.causal && !plan.unmasked;
-  spec.alignment = o.alignment;
+  // Where the diagonals coincide, say top-left: cuDNN's backward skips the blocks above a top-left
+  // diagonal but not above a bottom-right one (GPU run 46, 8 x 4096, 16 heads of 128: 4.0 vs 6.3 ms
+  // per causal forward + backward), and the two masks are the same.
+  spec.alignment = diagonals_coincide(plan) ? CausalAlignment::top_left : o.alignment;
   spec.left_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.left_bound();
   spec.right_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.right_bound();
   spec.dropout_p = plan.slots[kRngState] ? static_cast<float>(o.dropout_p) : 0.0f;

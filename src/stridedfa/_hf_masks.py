@@ -221,12 +221,17 @@ def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: in
     if bool((n_kv == kv_length).all() & (n_q == q_length).all()):
         return StridedMask("full", causal, window, sdpa_args)
     to_device = dict(device=device, dtype=torch.int32)
+    # Without a cache the queries are the keys: one tensor for both sides, which tells the core that
+    # every sequence's diagonals coincide (its faster top-left backward).
+    same = q_length == kv_length
     if bool((start_kv == 0).all() & (start_q == 0).all()):
-        return StridedMask("lengths", causal, window, sdpa_args, seqlens_q=n_q.to(**to_device),
-                           seqlens_kv=n_kv.to(**to_device))
-    return StridedMask("runs", causal, window, sdpa_args, cu_seqlens_q=_cut(start_q, n_q, q_length).to(**to_device),
-                       cu_seqlens_kv=_cut(start_kv, n_kv, kv_length).to(**to_device), max_seqlen_q=q_length,
-                       max_seqlen_kv=kv_length)
+        lengths_q = n_q.to(**to_device)
+        return StridedMask("lengths", causal, window, sdpa_args, seqlens_q=lengths_q,
+                           seqlens_kv=lengths_q if same else n_kv.to(**to_device))
+    cut_q = _cut(start_q, n_q, q_length).to(**to_device)
+    return StridedMask("runs", causal, window, sdpa_args, cu_seqlens_q=cut_q,
+                       cu_seqlens_kv=cut_q if same else _cut(start_kv, n_kv, kv_length).to(**to_device),
+                       max_seqlen_q=q_length, max_seqlen_kv=kv_length)
 
 
 def _run(keep: torch.Tensor):
