@@ -114,7 +114,9 @@ def test_with_kvcache_contiguous_and_paged_shapes():
 
 
 @pytest.mark.parametrize("call,argument", [
-    (lambda q, c, t: fa.flash_attn_with_kvcache(q, c, c, cache_leftpad=t), "cache_leftpad"),
+    (lambda q, c, t: fa.flash_attn_with_kvcache(q, c, c, cache_leftpad=t, block_table=t[:, None]), "cache_leftpad"),
+    (lambda q, c, t: fa.flash_attn_with_kvcache(q, c, c, cache_leftpad=t, alibi_slopes=torch.zeros(8)),
+     "alibi_slopes"),
     (lambda q, c, t: fa.flash_attn_with_kvcache(q, c, c, cache_batch_idx=t, block_table=t[:, None]),
      "cache_batch_idx"),
     (lambda q, c, t: fa.flash_attn_func(q, c, c, alibi_slopes=torch.zeros(3, 8)), "alibi_slopes"),
@@ -148,3 +150,25 @@ def test_rotary_matches_flash_attentions_definition():
                     x0, x1 = x[b, s, :, a], x[b, s, :, bb]
                     want[b, s, :, a], want[b, s, :, bb] = x0 * c[i] - x1 * sn[i], x0 * sn[i] + x1 * c[i]
         assert torch.allclose(got, want, atol=1e-6), interleaved
+
+
+def test_left_padded_cache_cuts_each_row_into_padding_keys_and_tail(monkeypatch):
+    """cache_leftpad runs on the variable-length path: per row, (padding, keys, unused tail) paired
+    with (no queries, the row's queries, none), on the token axis of the flattened cache."""
+    seen = {}
+
+    def varlen(q, k, v, cu_q, cu_kv, max_q, max_kv, **options):
+        seen.update(cu_q=cu_q.tolist(), cu_kv=cu_kv.tolist(), shapes=(q.shape, k.shape), max=(max_q, max_kv),
+                    options=options)
+        return torch.zeros(q.shape[0], q.shape[1], v.shape[2]), torch.zeros(q.shape[1], q.shape[0])
+
+    monkeypatch.setattr(fa._st, "varlen_attention", varlen)
+    q = torch.zeros(2, 3, 8, 64)
+    cache = torch.zeros(2, 16, 2, 64)
+    out, lse = fa.flash_attn_with_kvcache(q, cache, cache.clone(), torch.ones(2, 3, 2, 64), torch.ones(2, 3, 2, 64),
+                                          cache_seqlens=torch.tensor([4, 9], dtype=torch.int32),
+                                          cache_leftpad=torch.tensor([1, 0], dtype=torch.int32), causal=True,
+                                          return_softmax_lse=True)
+    assert seen["cu_kv"] == [0, 1, 7, 16, 16, 28, 32] and seen["cu_q"] == [0, 0, 3, 3, 3, 6, 6]
+    assert seen["max"] == (3, 16) and seen["options"]["causal_alignment"] == "bottom_right"
+    assert out.shape == (2, 3, 8, 64) and lse.shape == (2, 8, 3)

@@ -17,8 +17,9 @@ shape, and head dims that are not a multiple of 8 are zero-padded as FlashAttent
 
 Where stridedfa differs, it says so by name rather than guessing: ``S_dmask`` (FlashAttention's
 dropout pattern for its own tests) is returned as None; per-batch ALiBi slopes (batch, nheads),
-ALiBi in the varlen functions, ``block_table`` in ``flash_attn_varlen_func`` and
-``cache_leftpad`` raise :class:`stridedfa.UnsupportedError`; ``num_splits`` is a scheduling hint
+ALiBi in the varlen functions or with ``cache_leftpad``, ``block_table`` in
+``flash_attn_varlen_func`` and ``cache_leftpad`` with ``block_table`` raise
+:class:`stridedfa.UnsupportedError`; ``num_splits`` is a scheduling hint
 that cuDNN's kernels do not take and is ignored.
 """
 
@@ -196,6 +197,30 @@ def _positions(start, length: int, seqlen_ro: int):
     return (start.long()[:, None] + torch.arange(length, device=start.device)).clamp(max=seqlen_ro - 1)
 
 
+def _left_padded(q, keys, values, leftpad, lengths, return_lse, opts):
+    """Attention over caches whose keys start at ``leftpad`` (FlashAttention's cache_leftpad):
+    each row's keys [leftpad, lengths) with its queries aligned to their end, as in FlashAttention
+    (positions, causality, windows and rotary stay absolute). Run on the variable-length path,
+    each cache row cut into three sequences -- the padding, the keys, the unused tail -- paired
+    with no queries, the row's queries and none."""
+    batch, seqlen_q, heads, _ = q.shape
+    capacity = keys.shape[1]
+    start = leftpad.long().clamp(0, capacity)
+    end = torch.maximum(lengths.long(), start)
+    rows = torch.arange(batch, device=q.device)
+    bounds_kv = torch.stack([rows * capacity + start, rows * capacity + end, (rows + 1) * capacity], dim=1)
+    bounds_q = torch.stack([rows * seqlen_q, (rows + 1) * seqlen_q, (rows + 1) * seqlen_q], dim=1)
+    zero = torch.zeros(1, dtype=torch.int32, device=q.device)
+    cu_kv = torch.cat([zero, bounds_kv.reshape(-1).to(torch.int32)])
+    cu_q = torch.cat([zero, bounds_q.reshape(-1).to(torch.int32)])
+    tokens = [t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]) for t in (q, keys, values)]
+    out, lse = _st.varlen_attention(*tokens, cu_q, cu_kv, seqlen_q, capacity, return_lse=True, **opts)
+    out = out.view(batch, seqlen_q, heads, -1)
+    if return_lse:  # (h, b * s_q) -> FlashAttention's (b, h, s_q)
+        return out, lse.view(heads, batch, seqlen_q).transpose(0, 1)
+    return out
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -206,7 +231,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     The cache is (batch_cache, seqlen_cache, nheads_k, headdim), or with ``block_table`` (batch,
     blocks per sequence, int32) a paged (num_blocks, page_block_size, nheads_k, headdim) cache.
     ``cache_seqlens`` (int or int32 (batch,)) says how many tokens each sequence has cached (None:
-    all seqlen_cache); new ``k``/``v`` (batch, seqlen_new, nheads_k, headdim) are written there and
+    all seqlen_cache); ``cache_leftpad`` (int32 (batch,)) where each row's keys begin (the keys
+    before it are not attended to; not with block_table or alibi_slopes); new ``k``/``v`` (batch, seqlen_new, nheads_k, headdim) are written there and
     attended to (cache_seqlens itself is not advanced, as in FlashAttention). ``rotary_cos`` /
     ``rotary_sin`` (seqlen_ro, rotary_dim / 2) rotate the new k at its positions and q at its
     positions (causal or windowed) or at cache_seqlens (otherwise), interleaved (GPT-J) or not
@@ -215,9 +241,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (out, softmax_lse (batch, nheads, seqlen_q)) with return_softmax_lse.
     """
     del num_splits  # a split-KV scheduling hint: cuDNN's kernels choose their own grid
-    if cache_leftpad is not None:
-        raise UnsupportedError("cache_leftpad: stridedfa's masks start every sequence's keys at position 0; "
-                               "left-padded caches are not supported (shift each sequence to the left instead).")
+    if cache_leftpad is not None and block_table is not None:
+        raise UnsupportedError("cache_leftpad: not supported with a paged KV cache (block_table), as in "
+                               "FlashAttention; leave the left padding out of the pages instead.")
+    if cache_leftpad is not None and alibi_slopes is not None:
+        raise UnsupportedError("alibi_slopes: not supported together with cache_leftpad (stridedfa runs a "
+                               "left-padded cache on its variable-length path, which has no ALiBi yet).")
     if (k is None) != (v is None):
         raise ValueError("flash_attn_with_kvcache appends keys and values together: give both k and v, or neither")
     if block_table is not None and cache_batch_idx is not None:
@@ -260,6 +289,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         keys, values = k_cache[:batch], v_cache[:batch]
     else:
         keys, values = k_cache[rows], v_cache[rows]
+    if cache_leftpad is not None:
+        return _left_padded(q, keys, values, cache_leftpad, lengths, return_softmax_lse, opts)
     result = _st.attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), seqlens_kv=lengths,
                            alibi_slopes=_alibi(alibi_slopes), return_lse=return_softmax_lse, **opts)
     if return_softmax_lse:

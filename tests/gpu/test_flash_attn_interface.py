@@ -157,3 +157,32 @@ def test_deterministic_backward_is_bitwise_repeatable():
     for other in grads[1:]:
         for a, e, name in zip(other, grads[0], ("dq", "dk", "dv")):
             assert_bitexact(a, e, name)
+
+
+@pytest.mark.parametrize("window_size", [(-1, -1), (24, 0)])
+def test_with_kvcache_left_padded_cache(window_size):
+    """cache_leftpad: each row's keys start at its left padding; positions, the causal diagonal
+    and the window stay absolute (FlashAttention's definition), new keys land at cache_seqlens."""
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    b, s_new, h_q, h_kv, d, capacity = 4, 3, 8, 2, 64, 192
+    q = bshd(b, s_new, h_q, d, gen)
+    k_new, v_new = (bshd(b, s_new, h_kv, d, gen) for _ in range(2))
+    cache_k, cache_v = (bshd(b, capacity, h_kv, d, gen) for _ in range(2))
+    lengths = torch.tensor([10, 100, 150, 60], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([0, 37, 149, 5], dtype=torch.int32, device="cuda")
+    want_k, want_v = cache_k.clone(), cache_v.clone()
+    for i in range(b):
+        want_k[i, lengths[i]:lengths[i] + s_new] = k_new[i]
+        want_v[i, lengths[i]:lengths[i] + s_new] = v_new[i]
+    keys = torch.arange(capacity, device="cuda")
+    bias = torch.zeros(b, 1, 1, capacity, device="cuda").masked_fill(
+        (keys[None] < leftpad[:, None].long())[:, None, None], float("-inf"))
+    window = fa._window(window_size)
+    ref, ref_lse = torch_reference(to_bhsd(q), to_bhsd(want_k), to_bhsd(want_v), causal=True, alignment="bottom_right",
+                                   window=window, seqlens_kv=lengths + s_new, bias=bias)
+    out, lse = fa.flash_attn_with_kvcache(q, cache_k, cache_v, k_new, v_new, cache_seqlens=lengths,
+                                          cache_leftpad=leftpad, causal=True, window_size=window_size,
+                                          return_softmax_lse=True)
+    assert torch.equal(cache_k, want_k) and torch.equal(cache_v, want_v), "the appended keys and values"
+    assert_close(to_bhsd(out), ref, atol=ATOL, name=f"left-padded cache, window {window_size}")
+    assert_close(lse, ref_lse, atol=1e-2, name="lse")
