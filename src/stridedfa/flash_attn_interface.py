@@ -231,9 +231,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     The cache is (batch_cache, seqlen_cache, nheads_k, headdim), or with ``block_table`` (batch,
     blocks per sequence, int32) a paged (num_blocks, page_block_size, nheads_k, headdim) cache.
     ``cache_seqlens`` (int or int32 (batch,)) says how many tokens each sequence has cached (None:
-    all seqlen_cache); ``cache_leftpad`` (int32 (batch,)) where each row's keys begin (the keys
-    before it are not attended to; not with block_table or alibi_slopes); new ``k``/``v`` (batch, seqlen_new, nheads_k, headdim) are written there and
-    attended to (cache_seqlens itself is not advanced, as in FlashAttention). ``rotary_cos`` /
+    all seqlen_cache); new ``k``/``v`` (batch, seqlen_new, nheads_k, headdim) are written there and
+    attended to (cache_seqlens itself is not advanced, as in FlashAttention). ``cache_leftpad``
+    (int32 (batch,)): where each row's keys begin; the keys before it are not attended to (not
+    with block_table or alibi_slopes). ``rotary_cos`` /
     ``rotary_sin`` (seqlen_ro, rotary_dim / 2) rotate the new k at its positions and q at its
     positions (causal or windowed) or at cache_seqlens (otherwise), interleaved (GPT-J) or not
     (GPT-NeoX). ``cache_batch_idx`` (batch,) picks the cache rows (a gather of those rows is
