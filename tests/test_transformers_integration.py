@@ -287,3 +287,16 @@ def test_output_attentions_falls_back_by_name(kernels):
     ids, _ = hf_models.batch("causal", "none")
     with pytest.warns(UserWarning, match="output_attentions"):
         ours(ids, output_attentions=True)
+
+
+def test_flattening_collators_cu_seq_lens_are_used_as_given(kernels):
+    """DataCollatorWithFlattening hands cu_seq_lens_q/k and max_length_q/k with the position_ids:
+    they cut the row as given (transformers' flash path does the same)."""
+    ours, baseline = _pair("llama")
+    ids, positions = hf_models.packed(lengths=(5, 9, 4, 6))
+    cu = torch.tensor([0, 5, 14, 18, 24], dtype=torch.int32)
+    expected = baseline(ids, position_ids=positions, use_cache=False).logits
+    got = ours(ids, position_ids=positions, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=9,
+               max_length_k=9).logits
+    _assert_close(got, expected, "llama logits with cu_seq_lens")
+    assert set(kernels.paths) == {"varlen"}, kernels.paths

@@ -104,10 +104,13 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
                    dropout_p=float(dropout) if module.training or dropout else 0.0)
     sinks = None if s_aux is None else s_aux.float()
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    # DataCollatorWithFlattening's cu_seq_lens: authoritative, as in transformers' flash path.
+    # DataCollatorWithFlattening's cu_seq_lens: authoritative, as in transformers' flash path (a
+    # copy where q, k, v have no token axis: there is no mask to fall back on).
     if kwargs.get("cu_seq_lens_q") is not None:
-        return _varlen(query, key, value, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
-                       kwargs.get("max_length_q"), kwargs.get("max_length_k"), options, sinks)
+        tokens = _tokens(query, key, value) or tuple(_flatten(t, copy=True) for t in (query, key, value))
+        out = _varlen(*tokens, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], kwargs.get("max_length_q"),
+                      kwargs.get("max_length_k"), options, sinks)
+        return out.view(query.shape[0], query.shape[2], query.shape[1], value.shape[3])
     if mask is None or (isinstance(mask, StridedMask) and mask.kind == "full"):
         return _dense(query, key, value, options, sinks)
     if isinstance(mask, StridedMask) and mask.kind == "lengths":
@@ -129,12 +132,18 @@ def _dense(query, key, value, options, sinks, **extra) -> torch.Tensor:
     return out.transpose(1, 2)  # (b, s, h, d): q's axis order, so bshd in memory for bshd queries
 
 
+def _flatten(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
+    """(b, h, s, d) as (b * s, h, d) tokens: a view, or with ``copy`` a copy where none exists."""
+    tokens = t.transpose(1, 2)
+    shape = (t.shape[0] * t.shape[2], t.shape[1], t.shape[3])
+    return tokens.reshape(shape) if copy else tokens.view(shape)
+
+
 def _tokens(query, key, value):
     """query, key, value as (b * s, h, d) token-major views, or None where the strides do not allow
     one token axis (a KV cache concatenated head-major)."""
     try:
-        return tuple(t.transpose(1, 2).view(t.shape[0] * t.shape[2], t.shape[1], t.shape[3])
-                     for t in (query, key, value))
+        return tuple(_flatten(t) for t in (query, key, value))
     except RuntimeError:
         return None
 

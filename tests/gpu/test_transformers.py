@@ -110,3 +110,17 @@ def test_greedy_generation_gives_transformers_tokens(name, cache):
         tokens[implementation] = model.generate(ids, attention_mask=mask, **settings)
     ours, theirs = tokens.values()
     assert torch.equal(ours, theirs), f"{name}: {ours[:, -8:].tolist()} vs {theirs[:, -8:].tolist()}"
+
+
+def test_flattening_collator_kwargs_match_packed_position_ids():
+    """cu_seq_lens_q/k and max_length_q/k (DataCollatorWithFlattening) give the logits and
+    gradients of the same documents found from position_ids."""
+    ids, positions = hf_models.packed(lengths=(40, 100, 7, 61), device="cuda")
+    cu = torch.tensor([0, 40, 140, 147, 208], dtype=torch.int32, device="cuda")
+    real = torch.ones(ids.shape, dtype=torch.bool, device="cuda")
+    model = hf_models.build("llama", "stridedfa", dtype=torch.bfloat16, device="cuda").train()
+    logits, loss, grads = _run(model, ids, None, positions, real, "causal")
+    model.zero_grad(set_to_none=True)
+    kw_logits = model(ids, position_ids=positions, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                      max_length_q=100, max_length_k=100).logits.float()
+    assert torch.equal(kw_logits[real], logits), "the same cut, the same kernels: bitwise equal"
