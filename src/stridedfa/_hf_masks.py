@@ -80,7 +80,9 @@ class StridedMask:
 
 def general_mask(sdpa_args: dict) -> torch.Tensor:
     """transformers' own boolean 4D mask (never None: no is_causal shortcut)."""
-    return _mu.sdpa_mask(**{**sdpa_args, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
+    mask = _mu.sdpa_mask(**{**sdpa_args, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
+    assert mask is not None, "sdpa_mask without its shortcuts always builds the mask"
+    return mask
 
 
 def bias_from_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -206,6 +208,7 @@ def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: in
     if attention_mask is None:
         return StridedMask("full", causal, window, sdpa_args)
     padded = _mu.prepare_padding_mask(attention_mask.to(torch.bool), kv_length, kv_offset)
+    assert padded is not None
     keep = padded[:, kv_offset:kv_offset + kv_length].expand(batch, -1)
     keep_q = keep[:, kv_length - q_length:]  # the queries are the last keys
     device = keep.device
@@ -220,18 +223,21 @@ def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: in
         return general_mask(sdpa_args)
     if bool((n_kv == kv_length).all() & (n_q == q_length).all()):
         return StridedMask("full", causal, window, sdpa_args)
-    to_device = dict(device=device, dtype=torch.int32)
     # Without a cache the queries are the keys: one tensor for both sides, which tells the core that
     # every sequence's diagonals coincide (its faster top-left backward).
     same = q_length == kv_length
     if bool((start_kv == 0).all() & (start_q == 0).all()):
-        lengths_q = n_q.to(**to_device)
+        lengths_q = _on(n_q, device)
         return StridedMask("lengths", causal, window, sdpa_args, seqlens_q=lengths_q,
-                           seqlens_kv=lengths_q if same else n_kv.to(**to_device))
-    cut_q = _cut(start_q, n_q, q_length).to(**to_device)
+                           seqlens_kv=lengths_q if same else _on(n_kv, device))
+    cut_q = _on(_cut(start_q, n_q, q_length), device)
     return StridedMask("runs", causal, window, sdpa_args, cu_seqlens_q=cut_q,
-                       cu_seqlens_kv=cut_q if same else _cut(start_kv, n_kv, kv_length).to(**to_device),
+                       cu_seqlens_kv=cut_q if same else _on(_cut(start_kv, n_kv, kv_length), device),
                        max_seqlen_q=q_length, max_seqlen_kv=kv_length)
+
+
+def _on(values: torch.Tensor, device) -> torch.Tensor:
+    return values.to(device=device, dtype=torch.int32)
 
 
 def _run(keep: torch.Tensor):
