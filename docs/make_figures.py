@@ -212,6 +212,11 @@ def draw_weights(ax, p, title, vmax=None):
     ax.set_xlabel("key j", fontsize=8)
     ax.set_ylabel("query i", fontsize=8)
     ax.set_title(title, fontsize=9)
+    for i in range(p.shape[0]):
+        for j in range(p.shape[1]):
+            if p[i, j] > 0.005:
+                ax.text(j, i, f"{p[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                        color="white" if p[i, j] > 0.5 * (vmax or p.max()) else "#1a202c")
     return im
 
 
@@ -229,14 +234,15 @@ def fig_alibi(out):
 def fig_sinks(out):
     sinks = np.array([-np.inf, 0.0, 2.0])
     p = weights(6, 6, h=3, causal=True, sinks=sinks)
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.9))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9), gridspec_kw={"wspace": 0.55})
     for head, ax in enumerate(axes):
         share = 1 - p[head].sum(axis=1)
-        im = draw_weights(ax, p[head], f"sinks[{head}] = {sinks[head]}\nsink's share per row: "
-                          + " ".join(f"{x:.2f}" for x in share), vmax=1)
+        im = draw_weights(ax, p[head], f"sinks[{head}] = {sinks[head]}", vmax=1)
+        for i, x in enumerate(share):
+            ax.text(p.shape[2] - 0.4, i, f" sink {x:.2f}", va="center", ha="left", fontsize=7, color="#c53030")
     fig.colorbar(im, ax=axes, shrink=0.8, label="weight P[i, j]")
-    fig.suptitle("Sinks: exp(sink) joins each row's softmax denominator and attends to nothing (causal, equal scores)",
-                 fontsize=10)
+    fig.suptitle("Sinks: exp(sink) joins each row's softmax denominator and attends to nothing (causal, equal scores);\n"
+                 "red: the sink's share of each row, 1 - sum_j P[i, j]", fontsize=10)
     save(fig, "weights_sinks.png", out)
 
 
@@ -474,11 +480,11 @@ def fig_bench_varlen(out):
     colors = [PALETTE[0] if k.startswith("stridedfa") else PALETTE[5] for k in keys]
     ax.barh(range(len(keys)), ms, color=colors)
     for i, (m, sp) in enumerate(zip(ms, speed)):
-        ax.text(m * 1.01, i, f"{m:.2f} ms  ({sp:.2f}x torch SDPA padded)", va="center", fontsize=8)
+        ax.text(m * 1.01, i, f"{m:.2f} ms  (speed-up over torch SDPA padded: {sp:.2f}x)", va="center", fontsize=8)
     ax.set_yticks(range(len(keys)))
     ax.set_yticklabels([names[k] for k in keys], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(ms) * 1.55)
+    ax.set_xlim(0, max(ms) * 1.75)
     ax.set_xlabel("ms per causal fwd+bwd step")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(f"Variable-length training step: {cfg['tokens']} tokens in {cfg['documents']} documents "
@@ -590,7 +596,9 @@ def fig_transformers(out):
     geo = math.exp(sum(math.log(x) for x in unpadded) / len(unpadded))
     ax.legend(handles=[Patch(color=PALETTE[0], label="unpadded batch"), Patch(color=PALETTE[3], label="right-padded"),
                        Patch(facecolor="#a0aec0", hatch="//", edgecolor="white",
-                             label="baseline eager (SDPA has no softcap / sinks)")], fontsize=8, loc="upper right")
+                             label="baseline eager (SDPA has no softcap / sinks)")], fontsize=8, loc="upper center",
+              ncol=3)
+    ax.set_ylim(0, max(r["ratio"] for r in rows) * 1.2)
     ax.set_title(f"transformers {data['transformers']} training steps (forward, loss, backward), stridedfa vs "
                  f"the model's SDPA or eager attention; unpadded geomean vs SDPA {geo:.3f}\n{source(path)}",
                  fontsize=9)
