@@ -241,8 +241,8 @@ def fig_sinks(out):
         for i, x in enumerate(share):
             ax.text(p.shape[2] - 0.4, i, f" sink {x:.2f}", va="center", ha="left", fontsize=7, color="#c53030")
     fig.colorbar(im, ax=axes, shrink=0.8, label="weight P[i, j]")
-    fig.suptitle("Sinks: exp(sink) joins each row's softmax denominator and attends to nothing (causal, equal scores);\n"
-                 "red: the sink's share of each row, 1 - sum_j P[i, j]", fontsize=10)
+    fig.suptitle("Sinks: exp(sink) joins each row's softmax denominator and attends to nothing "
+                 "(causal, equal scores);\nred: the sink's share of each row, 1 - sum_j P[i, j]", fontsize=10)
     save(fig, "weights_sinks.png", out)
 
 
