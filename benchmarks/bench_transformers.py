@@ -11,7 +11,8 @@ GQA where the family has it; random weights, bfloat16), in one run:
     step), batch 8, 512-token prompts, 128 new tokens: tokens per second.
 Gemma 2 and gpt-oss run SDPA where they allow it (transformers' SDPA refuses softcap and has no
 sinks: they are compared with eager attention and marked so). Each step is timed with CUDA events,
-synchronised after each (the pattern of a training loop that logs its loss). A script, never a test.
+synchronised after each (the pattern of a training loop that logs its loss); padding is left out
+of the loss by label -100 (no host synchronisation inside the step). A script, never a test.
 
     python benchmarks/bench_transformers.py --out bench-out [--quick] [--generate]
 """
@@ -64,12 +65,14 @@ def build(name, implementation):
 
 
 def step_time(model, ids, mask, causal, warmup, iters):
-    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    # Padding is left out of the loss by label -100, as transformers' Trainer does: indexing the
+    # logits with a boolean mask instead would make every step wait for the device (a sync).
+    labels = ids.roll(-1, 1) if mask is None else ids.roll(-1, 1).masked_fill(mask == 0, -100)
     extra = {"use_cache": False} if causal else {}
 
     def step():
         logits = model(ids, attention_mask=mask, **extra).logits
-        loss = torch.nn.functional.cross_entropy(logits[real].float(), ids.roll(-1, 1)[real])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
         loss.backward()
 
     for _ in range(warmup):
@@ -100,26 +103,29 @@ def batch(b, s, padded, seed=0):
 
 
 def train_rows(names, quick):
+    """Each model is built once per implementation and timed on every batch (same weights: seed 0)."""
     rows = []
     shapes = [(2, 2048)] if quick else [(2, 2048), (8, 4096)]
     warmup, iters = (2, 5) if quick else (3, 10)
     for name in names:
         causal = hf_models.FAMILIES[name][1] == "causal"
-        for b, s in shapes:
-            if (b, s) == (8, 4096) and name not in ("llama", "qwen2"):
-                continue
-            for padded in (False, True):
+        cases = [(b, s, padded) for b, s in shapes for padded in (False, True)
+                 if (b, s) != (8, 4096) or name in ("llama", "qwen2")]
+        baseline = BASELINE.get(name, "sdpa")
+        times = {}
+        for implementation in ("stridedfa", baseline):
+            model = build(name, implementation)
+            for b, s, padded in cases:
                 ids, mask = batch(b, s, padded)
-                row = {"model": name, "batch": b, "seq": s, "padded": padded,
-                       "baseline": BASELINE.get(name, "sdpa")}
-                for label, implementation in (("stridedfa_ms", "stridedfa"), ("baseline_ms", row["baseline"])):
-                    model = build(name, implementation)
-                    row[label] = step_time(model, ids, mask, causal, warmup, iters)
-                    del model
-                    torch.cuda.empty_cache()
-                row["ratio"] = row["stridedfa_ms"] / row["baseline_ms"]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                times[implementation, b, s, padded] = step_time(model, ids, mask, causal, warmup, iters)
+            del model
+            torch.cuda.empty_cache()
+        for b, s, padded in cases:
+            row = {"model": name, "batch": b, "seq": s, "padded": padded, "baseline": baseline,
+                   "stridedfa_ms": times["stridedfa", b, s, padded], "baseline_ms": times[baseline, b, s, padded]}
+            row["ratio"] = row["stridedfa_ms"] / row["baseline_ms"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
