@@ -246,6 +246,22 @@ def fig_sinks(out):
     save(fig, "weights_sinks.png", out)
 
 
+def fig_bias(out):
+    s_q, s_kv = 6, 8
+    key_mask = np.zeros((1, 1, 1, s_kv))
+    key_mask[..., 5:] = -np.inf  # a key-padding mask as a bias: (b, 1, 1, s_kv), shared by heads and rows
+    i, j = np.arange(s_q)[:, None], np.arange(s_kv)[None, :]
+    relative = (-0.5 * np.abs(i - j))[None, None]  # a relative-position bias: (1, 1, s_q, s_kv)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    im = draw_weights(axes[0], weights(s_q, s_kv, bias=key_mask)[0],
+                      "bias (1, 1, 1, 8): 0, or -inf for keys 5..7", vmax=1)
+    draw_weights(axes[1], weights(s_q, s_kv, bias=relative)[0], "bias (1, 1, 6, 8): -0.5 * |i - j|", vmax=1)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="weight P[i, j]")
+    fig.suptitle("An additive bias, broadcast to (b, h, s_q, s_kv); weights of the reference with equal raw scores",
+                 fontsize=10)
+    save(fig, "weights_bias.png", out)
+
+
 def fig_softcap(out):
     x = np.linspace(-120, 120, 481)
     fig, ax = plt.subplots(figsize=(5.6, 3.4))
@@ -606,7 +622,7 @@ def fig_transformers(out):
     save(fig, "bench_transformers.png", out)
 
 
-FIGURES = [fig_causal, fig_window, fig_padding, fig_mask_varlen, fig_paged, fig_alibi, fig_sinks, fig_softcap,
+FIGURES = [fig_causal, fig_window, fig_padding, fig_mask_varlen, fig_paged, fig_alibi, fig_sinks, fig_bias, fig_softcap,
            fig_packed_qkv, fig_orders, fig_thd,
            fig_throughput, fig_variants, fig_bench_varlen, fig_paged_bench, fig_host, fig_transformers]
 
