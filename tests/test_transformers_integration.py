@@ -117,16 +117,23 @@ def test_set_attn_implementation_switches_a_built_model():
     assert model.config._attn_implementation == "stridedfa"
 
 
-def test_cpu_tensors_fall_back_to_sdpa_with_one_warning_naming_the_reason():
+@pytest.mark.parametrize("name,padding", [("llama", "left"), ("gemma2", "right"), ("gemma2", "none"),
+                                          ("gpt_oss", "left"), ("bert", "right")])
+def test_cpu_tensors_fall_back_with_one_warning_naming_the_reason(name, padding):
+    """Falling back runs transformers' SDPA, or the model's eager attention where SDPA lacks an
+    option (Gemma 2's softcap, gpt-oss's sinks), with the mask rebuilt from stridedfa's."""
+    if name not in FAMILIES:
+        pytest.skip(f"{name} is not in this transformers")
     sft._warned.clear()
-    ours, sdpa = _pair("llama")
-    ids, mask = hf_models.batch("causal", "left")
+    ours, baseline = _pair(name)
+    ids, mask = hf_models.batch(hf_models.FAMILIES[name][1], padding)
+    real = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask.bool()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         logits = ours(ids, attention_mask=mask).logits
     messages = [str(w.message) for w in caught if "stridedfa" in str(w.message)]
     assert len(messages) == 1 and "tensors on cpu" in messages[0], messages
-    _assert_close(logits, sdpa(ids, attention_mask=mask).logits, "fallback logits")
+    _assert_close(logits[real], baseline(ids, attention_mask=mask).logits[real], f"{name} fallback logits")
 
 
 def test_fallback_can_raise_instead():
