@@ -48,7 +48,10 @@ class ReferenceKernels:
     def attention(self, q, k, v, *, scale=None, causal=False, causal_alignment="top_left", window=None,
                   softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, dropout_p=0.0, **_):
         assert dropout_p == 0.0
-        self.paths.append("bias" if bias is not None else "lengths" if seqlens_kv is not None else "dense")
+        if bias is not None and bias.shape[-2] == 1 and q.shape[2] > 1:  # the keys' padding alone
+            self.paths.append("masked")
+        else:
+            self.paths.append("bias" if bias is not None else "lengths" if seqlens_kv is not None else "dense")
         return self._reference(q, k, v, scale, causal, causal_alignment, window, softcap, sinks, bias,
                                seqlens_q, seqlens_kv)
 
@@ -307,3 +310,64 @@ def test_flattening_collators_cu_seq_lens_are_used_as_given(kernels):
                max_length_k=9).logits
     _assert_close(got, expected, "llama logits with cu_seq_lens")
     assert set(kernels.paths) == {"varlen"}, kernels.paths
+
+
+# --- Never reading the padding on the host ------------------------------------------------------
+
+@pytest.fixture
+def no_padding_check():
+    sft.set_padding_check(False)
+    yield
+    sft.set_padding_check(True)
+
+
+def test_unchecked_padding_is_the_keys_bias_and_each_rows_end(no_padding_check):
+    padding = torch.tensor([[0, 1, 1, 0, 1, 1], [1, 1, 1, 0, 0, 0]])
+    mask = _mask(padding)
+    assert mask.kind == "masked" and mask.seqlens_q is mask.seqlens_kv
+    assert mask.seqlens_q.tolist() == [6, 3]
+    bias = mask.bias(torch.bfloat16)
+    assert bias.shape == (2, 1, 1, 6) and torch.equal(bias[:, 0, 0] == 0, padding.bool())
+    decoding = _mask(torch.ones(2, 7), q_length=1, kv_length=7, q_offset=6)
+    assert decoding.kind == "masked" and decoding.seqlens_kv is None, "with a cache: the batch's diagonal"
+
+
+def test_unchecked_padding_reads_nothing_on_the_host(no_padding_check):
+    """On the meta device any host read of the mask's values raises: the mask is built anyway."""
+    padding = torch.ones(3, 16, dtype=torch.bool, device="meta")
+    mask = stridedfa_mask(batch_size=3, q_length=16, kv_length=16, attention_mask=padding, device="meta")
+    assert mask.kind == "masked" and mask.seqlens_q.device.type == "meta"
+    assert mask.bias(torch.float16).shape == (3, 1, 1, 16)
+
+
+@pytest.mark.parametrize("padding", ["none", "right", "left", "holes"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gpt_oss", "bert", "modernbert"])
+def test_unchecked_padding_matches_transformers(kernels, no_padding_check, name, padding):
+    if name not in FAMILIES:
+        pytest.skip(f"{name} is not in this transformers")
+    kind = hf_models.FAMILIES[name][1]
+    ours, baseline = _pair(name)
+    ids, mask = hf_models.batch(kind, "right" if padding == "holes" else padding)
+    if padding == "holes":
+        mask[:, 3] = 0  # a hole in every row
+    real = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask.bool()
+    training = {"use_cache": False} if kind == "causal" else {}
+    results = []
+    for model in (ours, baseline):
+        logits = model(ids, attention_mask=mask, **training).logits
+        (logits.float().log_softmax(-1)[..., 0] * real).sum().backward()
+        results.append((logits[real], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    _assert_close(results[0][0], results[1][0], f"{name} logits ({padding})")
+    for parameter, grad in results[0][1].items():
+        _assert_close(grad, results[1][1][parameter], f"{name} grad of {parameter} ({padding})", atol=1e-4)
+    assert set(kernels.paths) == ({"dense"} if padding == "none" else {"masked"}), kernels.paths
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_unchecked_padding_generation_matches_transformers(kernels, no_padding_check, name):
+    ours, baseline = _pair(name)
+    ids, mask = hf_models.batch("causal", "left", s=12)
+    settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, attention_mask=mask, **settings),
+                       baseline.generate(ids, attention_mask=mask, **settings))
+    assert "varlen" not in kernels.paths and "lengths" not in kernels.paths, kernels.paths

@@ -15,6 +15,13 @@ transformers' SDPA path does with its ``padding_mask.all()``):
 - ``"packed"``: documents packed along one row (``position_ids`` restarting at 0) -- the
   variable-length path with one sequence per document.
 
+With ``settings["padding_check"]`` off (:func:`stridedfa.transformers.set_padding_check`), the
+padding is never read on the host:
+
+- ``"masked"``: the keys' padding as a (b, 1, 1, s_kv) bias beside the options, exact for any
+  padding mask; without a cache each row also stops at its last real token (right padding
+  skipped). It also runs inside torch.compile and CUDA graphs.
+
 Everything else gets transformers' own boolean 4D mask, which the attention function adds as a
 bias: always correct, as fast as SDPA with a mask. That is holes in a padding mask, overlays such
 as Gemma 3's image blocks, traced or captured code (where the padding cannot be read), static
@@ -28,7 +35,11 @@ from typing import Any
 import torch
 from transformers import masking_utils as _mu
 
-__all__ = ["StridedMask", "stridedfa_mask", "mask_pattern"]
+__all__ = ["StridedMask", "stridedfa_mask", "mask_pattern", "settings"]
+
+# "padding_check": read each padding mask once on the host to pick the fastest exact path (the
+# default), or never read it ("masked" below: exact for any padding mask, no host copy).
+settings = {"padding_check": True}
 
 
 class StridedMask:
@@ -44,7 +55,15 @@ class StridedMask:
     """
 
     __slots__ = ("kind", "causal", "window", "seqlens_q", "seqlens_kv", "cu_seqlens_q", "cu_seqlens_kv",
-                 "max_seqlen_q", "max_seqlen_kv", "_sdpa_args", "_dense", "_bias")
+                 "max_seqlen_q", "max_seqlen_kv", "key_mask", "_sdpa_args", "_dense", "_bias")
+
+    seqlens_q: torch.Tensor | None
+    seqlens_kv: torch.Tensor | None
+    cu_seqlens_q: torch.Tensor | None
+    cu_seqlens_kv: torch.Tensor | None
+    max_seqlen_q: int | None
+    max_seqlen_kv: int | None
+    key_mask: torch.Tensor | None
 
     # transformers' mask code sees a mask built in advance (generate() builds a static cache's
     # masks before the forward) as 4D and hands it to the mask function again, which returns it.
@@ -57,7 +76,8 @@ class StridedMask:
 
     def __init__(self, kind: str, causal: bool, window, sdpa_args: dict, **tensors):
         self.kind, self.causal, self.window, self._sdpa_args = kind, causal, window, sdpa_args
-        for name in ("seqlens_q", "seqlens_kv", "cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv"):
+        for name in ("seqlens_q", "seqlens_kv", "cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv",
+                     "key_mask"):
             setattr(self, name, tensors.get(name))
         self._dense: torch.Tensor | None = None
         self._bias: dict = {}
@@ -69,9 +89,12 @@ class StridedMask:
         return self._dense
 
     def bias(self, dtype: torch.dtype) -> torch.Tensor:
-        """The dense mask as an additive bias in ``dtype``, built once per dtype."""
+        """The mask as an additive bias in ``dtype``, built once per dtype: (b, 1, 1, s_kv) from the
+        keys' padding for "masked", else transformers' dense mask."""
         if dtype not in self._bias:
-            self._bias[dtype] = bias_from_mask(self.dense(), dtype)
+            keys = self.key_mask
+            self._bias[dtype] = (bias_from_mask(keys[:, None, None, :], dtype) if keys is not None
+                                 else bias_from_mask(self.dense(), dtype))
         return self._bias[dtype]
 
     def __repr__(self) -> str:
@@ -178,6 +201,8 @@ def stridedfa_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     # decodes), which the options cannot describe.
     if not (isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset + q_length == kv_offset + kv_length):
         return general_mask(sdpa_args)
+    if not settings["padding_check"] and documents is None:
+        return _masked(attention_mask, causal, window, sdpa_args, batch_size, q_length, kv_length, kv_offset)
     if _cannot_read_values(attention_mask, documents):
         if attention_mask is None and documents is None:
             return StridedMask("full", causal, window, sdpa_args)
@@ -201,6 +226,23 @@ def _packed(documents: torch.Tensor, causal, window, sdpa_args, q_length: int, k
     cu = cu.to(documents.device, non_blocking=True)
     return StridedMask("packed", causal, window, sdpa_args, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                        max_seqlen_kv=longest)
+
+
+def _masked(attention_mask, causal, window, sdpa_args, batch: int, q_length: int, kv_length: int, kv_offset: int):
+    """The padding without reading it on the host: the keys' padding as a (b, 1, 1, s_kv) bias
+    beside the options, exact for any padding mask (holes too) since transformers' mask is the
+    pattern and the keys' padding. Without a cache (s_q = s_kv) each row also stops at its last
+    real token (seqlens, one tensor for both sides): right padding is skipped, not computed."""
+    if attention_mask is None:
+        return StridedMask("full", causal, window, sdpa_args)
+    padded = _mu.prepare_padding_mask(attention_mask.to(torch.bool), kv_length, kv_offset)
+    assert padded is not None
+    keep = padded[:, kv_offset:kv_offset + kv_length].expand(batch, -1)
+    if q_length != kv_length:  # a cache: the causal diagonal stays the batch's (bias with lengths
+        return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)  # takes none other)
+    positions = torch.arange(1, kv_length + 1, device=keep.device)
+    ends = _on((keep * positions).amax(1), keep.device)  # each row's last real token + 1 (0: none)
+    return StridedMask("masked", causal, window, sdpa_args, key_mask=keep, seqlens_q=ends, seqlens_kv=ends)
 
 
 def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: int, kv_length: int, kv_offset: int):

@@ -17,7 +17,9 @@ What transformers passes is mapped onto stridedfa's options: ``scaling``, causal
 and packed documents run without a materialised mask (see :mod:`stridedfa._hf_masks`): right
 padding through ``seqlens_q`` / ``seqlens_kv``, left padding and ``position_ids`` packing through
 the variable-length path, ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (DataCollatorWithFlattening) as
-given. Other masks are added as a bias. The output is returned as (batch, seq, heads, head_dim) in
+given (one small host copy per forward classifies the padding; ``set_padding_check(False)`` reads
+nothing on the host and adds the keys' padding as a bias instead). Other masks are added as a
+bias. The output is returned as (batch, seq, heads, head_dim) in
 the memory cuDNN wrote, so transformers' following reshape copies nothing.
 
 What stridedfa cannot run (CPU or float32 tensors, ``output_attentions=True``, T5's
@@ -37,11 +39,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
 import stridedfa.torch as _st
+from stridedfa import _hf_masks
 from stridedfa._errors import StridedFAError, UnsupportedError
 from stridedfa._hf_masks import StridedMask, bias_from_mask, stridedfa_mask
 from stridedfa._torch_varlen import varlen_attention
 
-__all__ = ["NAME", "attention_forward", "register", "set_fallback", "stridedfa_mask"]
+__all__ = ["NAME", "attention_forward", "register", "set_fallback", "set_padding_check", "stridedfa_mask"]
 
 NAME = "stridedfa"
 _settings = {"fallback": "warn"}
@@ -54,6 +57,16 @@ def set_fallback(mode: str) -> None:
     if mode not in ("warn", "raise"):
         raise ValueError(f"set_fallback: mode must be 'warn' or 'raise', got {mode!r}")
     _settings["fallback"] = mode
+
+
+def set_padding_check(check: bool) -> None:
+    """Whether the mask function reads a padding mask on the host, once per forward (default
+    True): it then runs right padding on padding lengths and left padding on the variable-length
+    path, skipping the padding's work. False never reads it: the keys' padding becomes a
+    (b, 1, 1, s_kv) bias beside the options (exact for any padding mask; right padding still
+    skipped without a cache), for code that must not synchronise, and inside torch.compile and
+    CUDA graphs, where with the check on transformers' 4D mask is used instead."""
+    _hf_masks.settings["padding_check"] = bool(check)
 
 
 def register(name: str = NAME) -> None:
@@ -115,6 +128,9 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
         return _dense(query, key, value, options, sinks)
     if isinstance(mask, StridedMask) and mask.kind == "lengths":
         return _dense(query, key, value, options, sinks, seqlens_q=mask.seqlens_q, seqlens_kv=mask.seqlens_kv)
+    if isinstance(mask, StridedMask) and mask.kind == "masked":  # the keys' padding beside the options
+        return _dense(query, key, value, options, sinks, seqlens_q=mask.seqlens_q, seqlens_kv=mask.seqlens_kv,
+                      bias=mask.bias(query.dtype))
     if isinstance(mask, StridedMask) and mask.kind in ("runs", "packed") and not (sinks is not None and training):
         tokens = _tokens(query, key, value)
         if tokens is not None:

@@ -124,3 +124,33 @@ def test_flattening_collator_kwargs_match_packed_position_ids():
     kw_logits = model(ids, position_ids=positions, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
                       max_length_q=100, max_length_k=100).logits.float()
     assert torch.equal(kw_logits[real], logits), "the same cut, the same kernels: bitwise equal"
+
+
+@pytest.mark.parametrize("batch", ["right", "left", "holes"])
+@pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_oss", "modernbert"])
+def test_unchecked_padding_matches_transformers_within_bf16_noise(name, batch):
+    """set_padding_check(False): the keys' padding as a bias beside the options, seqlens at each
+    row's last real token; nothing read on the host."""
+    import stridedfa.transformers as sft
+
+    if name not in FAMILIES:
+        pytest.skip(f"{name} is not in this transformers")
+    kind = hf_models.FAMILIES[name][1]
+    ids, mask = hf_models.batch(kind, "right" if batch == "holes" else batch, b=3, s=96, device="cuda")
+    if batch == "holes":
+        mask[:, 5] = 0
+    real = mask.bool()
+    baseline = BASELINE.get(name, "sdpa")
+    runs = {}
+    sft.set_padding_check(False)
+    try:
+        for label, implementation, dtype in (("reference", baseline, torch.float32),
+                                             ("ours", "stridedfa", torch.bfloat16), ("theirs", baseline, torch.bfloat16)):
+            model = hf_models.build(name, implementation, dtype=dtype, device="cuda").train()
+            runs[label] = _run(model, ids, mask, None, real, kind)
+    finally:
+        sft.set_padding_check(True)
+    (ref_logits, ref_loss, ref_grads), (logits, loss, grads), (their_logits, _, their_grads) = runs.values()
+    _judge(logits, their_logits, ref_logits, f"{name} logits", 2e-3)
+    for parameter, grad in grads.items():
+        _judge(grad, their_grads[parameter], ref_grads[parameter], f"{name} grad of {parameter}", 1e-2, factor=3.0)
