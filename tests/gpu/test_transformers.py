@@ -144,8 +144,9 @@ def test_unchecked_padding_matches_transformers_within_bf16_noise(name, batch):
     runs = {}
     sft.set_padding_check(False)
     try:
-        for label, implementation, dtype in (("reference", baseline, torch.float32), ("ours", "stridedfa", torch.bfloat16),
-                                             ("theirs", baseline, torch.bfloat16)):
+        cases = (("reference", baseline, torch.float32), ("ours", "stridedfa", torch.bfloat16),
+                 ("theirs", baseline, torch.bfloat16))
+        for label, implementation, dtype in cases:
             model = hf_models.build(name, implementation, dtype=dtype, device="cuda").train()
             runs[label] = _run(model, ids, mask, None, real, kind)
     finally:
