@@ -17,9 +17,10 @@ shape, and head dims that are not a multiple of 8 are zero-padded as FlashAttent
 
 Where stridedfa differs, it says so by name rather than guessing: ``S_dmask`` (FlashAttention's
 dropout pattern for its own tests) is returned as None; per-batch ALiBi slopes (batch, nheads),
-ALiBi in the varlen functions or with ``cache_leftpad``, ``block_table`` in
-``flash_attn_varlen_func`` and ``cache_leftpad`` with ``block_table`` raise
-:class:`stridedfa.UnsupportedError`; ``num_splits`` is a scheduling hint
+ALiBi with ``cache_leftpad``, ``block_table`` in ``flash_attn_varlen_func`` and ``cache_leftpad``
+with ``block_table`` raise :class:`stridedfa.UnsupportedError`. ALiBi in the varlen functions runs
+on padded copies of the sequences (the variable-length kernels take no ALiBi). ``num_splits`` is a
+scheduling hint
 that cuDNN's kernels do not take and is ignored.
 """
 
@@ -61,12 +62,9 @@ def _options(head_dim: int, dropout_p, softmax_scale, causal, window_size, softc
             "deterministic": bool(deterministic)}
 
 
-def _alibi(alibi_slopes, varlen: bool = False):
+def _alibi(alibi_slopes):
     if alibi_slopes is None:
         return None
-    if varlen:
-        raise UnsupportedError("alibi_slopes: stridedfa's variable-length attention has no ALiBi yet; pad the batch "
-                               "and use flash_attn_func, or leave alibi_slopes None.")
     if alibi_slopes.dim() != 1:
         raise UnsupportedError(f"alibi_slopes: stridedfa takes one slope per head, shape (nheads,); got shape "
                                f"{tuple(alibi_slopes.shape)} (per-batch slopes are not supported)")
@@ -130,6 +128,45 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 # --- Variable length (total_tokens, nheads, headdim) + cu_seqlens ------------------------------------
 
+def _slots(cu_seqlens, total: int, max_seqlen: int, batch: int):
+    """Each token's (sequence, position) in a padded (batch + 1, max_seqlen) layout: tokens in no
+    sequence, or past max_seqlen (a broken promise), go to the spare row ``batch``."""
+    tokens = torch.arange(total, device=cu_seqlens.device)
+    cu = cu_seqlens.long()
+    sequence = torch.searchsorted(cu[1:], tokens, right=True)
+    position = tokens - cu[sequence.clamp(max=batch - 1)]
+    spare = (sequence >= batch) | (position >= max_seqlen) | (position < 0)
+    return sequence.masked_fill(spare, batch), position.masked_fill(spare, 0)
+
+
+def _varlen_with_alibi(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, return_lse,
+                       opts):
+    """Variable-length attention with ALiBi (which the variable-length kernels do not take): the
+    sequences are copied into padded (batch, max_seqlen, nheads, headdim) tensors, attended with
+    padding lengths and the slopes (aligned per sequence, as FlashAttention's), and the result
+    gathered back. Costs the copies of q, k, v and out at the padded size; differentiable."""
+    batch = cu_seqlens_q.shape[0] - 1
+    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    at_q = _slots(cu_seqlens_q, q.shape[0], max_q, batch)
+    at_k = _slots(cu_seqlens_k, k.shape[0], max_k, batch)
+
+    def padded(t, at, length):
+        return t.new_zeros(batch + 1, length, *t.shape[1:]).index_put(at, t)[:batch]
+
+    def lengths(cu, length):
+        return (cu[1:] - cu[:-1]).clamp(0, length).to(torch.int32)
+
+    out, lse = _st.attention(padded(q, at_q, max_q).transpose(1, 2), padded(k, at_k, max_k).transpose(1, 2),
+                             padded(v, at_k, max_k).transpose(1, 2), seqlens_q=lengths(cu_seqlens_q, max_q),
+                             seqlens_kv=lengths(cu_seqlens_k, max_k), alibi_slopes=_alibi(alibi_slopes),
+                             return_lse=True, **opts)
+    out = torch.cat([out.transpose(1, 2), out.new_zeros(1, max_q, *out.shape[1:2], out.shape[3])])[at_q]
+    if not return_lse:
+        return out
+    lse = torch.cat([lse.transpose(1, 2), lse.new_full((1, max_q, lse.shape[1]), float("-inf"))])[at_q]
+    return out, lse.t()
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
@@ -141,9 +178,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise UnsupportedError("block_table: stridedfa's paged attention takes dense queries "
                                "(flash_attn_with_kvcache with block_table), not cu_seqlens_q; pad the queries or "
                                "gather the cache.")
-    _alibi(alibi_slopes, varlen=True)
     head_dim = v.shape[-1]
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    if alibi_slopes is not None:
+        result = _varlen_with_alibi(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), cu_seqlens_q, cu_seqlens_k,
+                                    max_seqlen_q, max_seqlen_k, alibi_slopes, return_attn_probs, opts)
+        return _returned(result, head_dim, return_attn_probs)
     result = _st.varlen_attention(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), cu_seqlens_q, cu_seqlens_k,
                                   int(max_seqlen_q), int(max_seqlen_k), return_lse=return_attn_probs, **opts)
     return _returned(result, head_dim, return_attn_probs)
@@ -154,7 +194,10 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      return_attn_probs=False):
     """flash_attn_varlen_func on qkv (total, 3, nheads, headdim), read in place; its gradient is one
     tensor of qkv's shape."""
-    _alibi(alibi_slopes, varlen=True)
+    if alibi_slopes is not None:  # the padded copies: no packed gradient buffer to keep
+        return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                      deterministic, return_attn_probs)
     head_dim = qkv.shape[-1]
     opts = _options(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     result = _st.varlen_packed_attention(_pad_head_dim(qkv), 1, cu_seqlens, None, int(max_seqlen),
@@ -167,7 +210,10 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """flash_attn_varlen_func on q (total_q, nheads, headdim) and kv (total_k, 2, nheads_k, headdim),
     read in place; kv's gradient is one tensor of its shape."""
-    _alibi(alibi_slopes, varlen=True)
+    if alibi_slopes is not None:  # the padded copies: no packed gradient buffer to keep
+        return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                      deterministic, return_attn_probs)
     head_dim = kv.shape[-1]
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     result = _st.varlen_packed_attention(_pad_head_dim(kv), 1, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),

@@ -186,3 +186,29 @@ def test_with_kvcache_left_padded_cache(window_size):
     assert torch.equal(cache_k, want_k) and torch.equal(cache_v, want_v), "the appended keys and values"
     assert_close(to_bhsd(out), ref, atol=ATOL, name=f"left-padded cache, window {window_size}")
     assert_close(lse, ref_lse, atol=1e-2, name="lse")
+
+
+def test_varlen_alibi_matches_each_sequence_alone():
+    """ALiBi in flash_attn_varlen_func (padded copies, lengths, slopes aligned per sequence):
+    out, LSE and gradients against the fp32 reference of each sequence alone."""
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    lengths, h_q, h_kv, d = [37, 128, 5, 90], 8, 2, 64
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    total = int(cu[-1])
+    q = torch.randn(total, h_q, d, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(total, h_kv, d, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    slopes = torch.rand(h_q, generator=gen, device="cuda") * 0.3
+    out, lse, _ = fa.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                            alibi_slopes=slopes, return_attn_probs=True)
+    grad_out = torch.randn(out.shape, generator=gen, device="cuda").to(torch.bfloat16)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    for i, n in enumerate(lengths):
+        s = slice(int(cu[i]), int(cu[i]) + n)
+        one = [t[s].detach().transpose(0, 1)[None] for t in (q, k, v)]
+        ref_out, ref_lse, ref_grads = torch_reference_all(*one, grad_out[s].transpose(0, 1)[None], causal=True,
+                                                          alignment="bottom_right", alibi_slopes=slopes)
+        assert_close(out[s].transpose(0, 1)[None], ref_out, atol=ATOL, name=f"out of sequence {i}")
+        assert_close(lse[:, s], ref_lse[0], atol=1e-2, name=f"lse of sequence {i}")
+        for got, want, name in zip(grads, ref_grads, ("dq", "dk", "dv")):
+            assert_close_to_scale(got[s].transpose(0, 1)[None], want, rel=GRAD_REL, name=f"{name} of sequence {i}")
