@@ -119,7 +119,7 @@ def test_with_kvcache_contiguous_and_paged_shapes():
      "alibi_slopes"),
     (lambda q, c, t: fa.flash_attn_with_kvcache(q, c, c, cache_batch_idx=t, block_table=t[:, None]),
      "cache_batch_idx"),
-    (lambda q, c, t: fa.flash_attn_func(q, c, c, alibi_slopes=torch.zeros(3, 8)), "alibi_slopes"),
+    (lambda q, c, t: fa.flash_attn_func(q, c, c, alibi_slopes=torch.zeros(2, 8)), "alibi_slopes"),
     (lambda q, c, t: fa.flash_attn_varlen_func(q[0], c[0], c[0], t, t, 8, 8, block_table=t), "block_table"),
 ])
 def test_what_stridedfa_cannot_do_is_refused_by_argument_name(call, argument):
@@ -172,17 +172,35 @@ def test_left_padded_cache_cuts_each_row_into_padding_keys_and_tail(monkeypatch)
     assert out.shape == (2, 3, 8, 64) and lse.shape == (2, 8, 3)
 
 
+def _reference(q, k, v, *, scale, causal, causal_alignment, window, softcap, seqlens_q=None, seqlens_kv=None,
+               alibi_slopes=None, return_lse=False, **_):
+    """stridedfa.torch.attention's arguments, computed by the float64 reference (on the CPU)."""
+    from helpers.torch_ref import _attention
+
+    out, lse = _attention(q.double(), k.double(), v.double(), scale, causal, causal_alignment, window, seqlens_q,
+                          seqlens_kv, softcap, None, None, None if alibi_slopes is None else alibi_slopes.double())
+    return (out.to(q.dtype), lse.float()) if return_lse else out.to(q.dtype)
+
+
+def test_per_sequence_alibi_slopes_run_one_call_per_sequence(monkeypatch):
+    monkeypatch.setattr(fa._st, "attention", _reference)
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(3, 10, 4, 16, generator=gen) for _ in range(3))
+    slopes = torch.rand(3, 4, generator=gen)
+    out, lse, _ = fa.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, return_attn_probs=True)
+    assert out.is_contiguous() and out.shape == (3, 10, 4, 16) and lse.shape == (3, 4, 10)
+    for i in range(3):
+        want, want_lse, _ = fa.flash_attn_func(q[i:i + 1], k[i:i + 1], v[i:i + 1], causal=True,
+                                               alibi_slopes=slopes[i], return_attn_probs=True)
+        assert torch.equal(out[i:i + 1], want) and torch.equal(lse[i:i + 1], want_lse)
+    qkv = torch.stack([q, k, v], dim=2)
+    assert torch.equal(fa.flash_attn_qkvpacked_func(qkv, causal=True, alibi_slopes=slopes), out)
+
+
 def test_varlen_alibi_runs_on_padded_copies_of_the_sequences(monkeypatch):
     """ALiBi in the varlen functions: the sequences padded, attended with lengths and the slopes,
     gathered back -- against each sequence attended alone (float64 reference in place of cuDNN)."""
-    from helpers.torch_ref import _attention
-
-    def reference(q, k, v, *, scale, causal, causal_alignment, window, softcap, seqlens_q=None, seqlens_kv=None,
-                  alibi_slopes=None, return_lse=False, **_):
-        out, lse = _attention(q.double(), k.double(), v.double(), scale, causal, causal_alignment, window, seqlens_q,
-                              seqlens_kv, softcap, None, None, None if alibi_slopes is None else alibi_slopes.double())
-        return (out.to(q.dtype), lse.float()) if return_lse else out.to(q.dtype)
-
+    reference = _reference
     monkeypatch.setattr(fa._st, "attention", reference)
     gen = torch.Generator().manual_seed(5)
     lengths, h, d = [3, 7, 1, 5], 4, 16
@@ -203,3 +221,5 @@ def test_varlen_alibi_runs_on_padded_copies_of_the_sequences(monkeypatch):
         assert torch.allclose(lse[:, rows], want_lse[0], atol=1e-5), f"lse of sequence {i}"
     out.sum().backward()
     assert q.grad is not None and torch.all(q.grad[16:] == 0), "gradients flow back through the copies"
+    per_sequence = fa.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True, alibi_slopes=slopes.expand(4, h))
+    assert torch.allclose(per_sequence, out, atol=1e-6), "(batch, nheads) slopes: one call per sequence"

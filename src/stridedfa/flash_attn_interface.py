@@ -9,15 +9,14 @@ Every function keeps FlashAttention 2's signature, argument meanings and return 
 bshd tensors (THD for the varlen functions), ``softmax_scale`` (default ``headdim ** -0.5``),
 ``causal`` aligned bottom-right (query i sees keys j <= i + seqlen_k - seqlen_q),
 ``window_size=(left, right)`` with -1 unbounded, ``softcap`` 0.0 for none, ``alibi_slopes`` (nheads,)
-float32 (any values), ``dropout_p``, ``deterministic`` (the backward), and
-``return_attn_probs`` / ``return_softmax_lse`` returning the float32 log-sum-exp ((batch, nheads,
+or (batch, nheads) float32 (any values; per-sequence slopes run one call per sequence),
+``dropout_p``, ``deterministic`` (the backward), and ``return_attn_probs`` / ``return_softmax_lse`` returning the float32 log-sum-exp ((batch, nheads,
 seqlen_q), or (nheads, total_q) for varlen). They run on :mod:`stridedfa.torch`: inputs are read
 in place at their strides, the packed functions' gradients land in one buffer of the packed input's
 shape, and head dims that are not a multiple of 8 are zero-padded as FlashAttention's wrapper does.
 
 Where stridedfa differs, it says so by name rather than guessing: ``S_dmask`` (FlashAttention's
-dropout pattern for its own tests) is returned as None; per-batch ALiBi slopes (batch, nheads),
-ALiBi with ``cache_leftpad``, ``block_table`` in ``flash_attn_varlen_func`` and ``cache_leftpad``
+dropout pattern for its own tests) is returned as None; ALiBi with ``cache_leftpad``, ``block_table`` in ``flash_attn_varlen_func`` and ``cache_leftpad``
 with ``block_table`` raise :class:`stridedfa.UnsupportedError`. ALiBi in the varlen functions runs
 on padded copies of the sequences (the variable-length kernels take no ALiBi). ``num_splits`` is a
 scheduling hint
@@ -62,13 +61,30 @@ def _options(head_dim: int, dropout_p, softmax_scale, causal, window_size, softc
             "deterministic": bool(deterministic)}
 
 
-def _alibi(alibi_slopes):
-    if alibi_slopes is None:
-        return None
-    if alibi_slopes.dim() != 1:
-        raise UnsupportedError(f"alibi_slopes: stridedfa takes one slope per head, shape (nheads,); got shape "
-                               f"{tuple(alibi_slopes.shape)} (per-batch slopes are not supported)")
+def _alibi(alibi_slopes, batch: int | None = None):
+    """FlashAttention's slopes: (nheads,) for the batch, or (batch, nheads) one set per sequence."""
+    if alibi_slopes is None or alibi_slopes.dim() == 1:
+        return alibi_slopes
+    if alibi_slopes.dim() != 2 or (batch is not None and alibi_slopes.shape[0] != batch):
+        raise UnsupportedError(f"alibi_slopes: FlashAttention's slopes are (nheads,) or (batch, nheads) with "
+                               f"batch = {batch}; got shape {tuple(alibi_slopes.shape)}")
     return alibi_slopes
+
+
+def _attend(q, k, v, alibi_slopes, return_lse: bool, **options):
+    """stridedfa.torch.attention on (batch, nheads, seqlen, headdim) views with FlashAttention's
+    slopes. The kernels take one set of slopes per call: per-sequence slopes (batch, nheads) run
+    one call per sequence (padding lengths cut to it), concatenated in bshd memory."""
+    slopes = _alibi(alibi_slopes, q.shape[0])
+    if slopes is None or slopes.dim() == 1:
+        return _st.attention(q, k, v, alibi_slopes=slopes, return_lse=return_lse, **options)
+    lengths = ("seqlens_q", "seqlens_kv")
+    rows = [_st.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], alibi_slopes=slopes[i], return_lse=True,
+                          **{name: value[i:i + 1] if name in lengths and value is not None else value
+                             for name, value in options.items()})
+            for i in range(q.shape[0])]
+    out = torch.cat([row[0].transpose(1, 2) for row in rows]).transpose(1, 2)
+    return (out, torch.cat([row[1] for row in rows])) if return_lse else out
 
 
 def _pad_head_dim(t: torch.Tensor) -> torch.Tensor:
@@ -100,7 +116,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     head_dim = v.shape[-1]
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     q, k, v = (_pad_head_dim(t).transpose(1, 2) for t in (q, k, v))
-    result = _st.attention(q, k, v, alibi_slopes=_alibi(alibi_slopes), return_lse=return_attn_probs, **opts)
+    result = _attend(q, k, v, alibi_slopes, return_attn_probs, **opts)
     return _returned(result, head_dim, return_attn_probs, transpose=True)
 
 
@@ -108,6 +124,9 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), read in place; its gradient is one
     tensor of qkv's shape."""
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:  # per sequence: no packed gradient buffer to keep
+        return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal,
+                               window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
     head_dim = qkv.shape[-1]
     opts = _options(head_dim, dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     result = _st.packed_attention(_pad_head_dim(qkv), 2, layout="bshd", alibi_slopes=_alibi(alibi_slopes),
@@ -119,6 +138,9 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """flash_attn_func on q (batch, seqlen_q, nheads, headdim) and kv (batch, seqlen_k, 2, nheads_k,
     headdim), read in place; kv's gradient is one tensor of its shape."""
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:  # per sequence: no packed gradient buffer to keep
+        return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+                               alibi_slopes, deterministic, return_attn_probs)
     head_dim = kv.shape[-1]
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     result = _st.packed_attention(_pad_head_dim(kv), 2, layout="bshd", q=_pad_head_dim(q),
@@ -156,10 +178,9 @@ def _varlen_with_alibi(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     def lengths(cu, length):
         return (cu[1:] - cu[:-1]).clamp(0, length).to(torch.int32)
 
-    out, lse = _st.attention(padded(q, at_q, max_q).transpose(1, 2), padded(k, at_k, max_k).transpose(1, 2),
-                             padded(v, at_k, max_k).transpose(1, 2), seqlens_q=lengths(cu_seqlens_q, max_q),
-                             seqlens_kv=lengths(cu_seqlens_k, max_k), alibi_slopes=_alibi(alibi_slopes),
-                             return_lse=True, **opts)
+    out, lse = _attend(padded(q, at_q, max_q).transpose(1, 2), padded(k, at_k, max_k).transpose(1, 2),
+                       padded(v, at_k, max_k).transpose(1, 2), alibi_slopes, True,
+                       seqlens_q=lengths(cu_seqlens_q, max_q), seqlens_kv=lengths(cu_seqlens_k, max_k), **opts)
     out = torch.cat([out.transpose(1, 2), out.new_zeros(1, max_q, *out.shape[1:2], out.shape[3])])[at_q]
     if not return_lse:
         return out
@@ -338,8 +359,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         keys, values = k_cache[rows], v_cache[rows]
     if cache_leftpad is not None:
         return _left_padded(q, keys, values, cache_leftpad, lengths, return_softmax_lse, opts)
-    result = _st.attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), seqlens_kv=lengths,
-                           alibi_slopes=_alibi(alibi_slopes), return_lse=return_softmax_lse, **opts)
+    result = _attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), alibi_slopes,
+                     return_softmax_lse, seqlens_kv=lengths, **opts)
     if return_softmax_lse:
         out, lse = result
         return out.transpose(1, 2), lse
