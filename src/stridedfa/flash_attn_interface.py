@@ -10,8 +10,9 @@ bshd tensors (THD for the varlen functions), ``softmax_scale`` (default ``headdi
 ``causal`` aligned bottom-right (query i sees keys j <= i + seqlen_k - seqlen_q),
 ``window_size=(left, right)`` with -1 unbounded, ``softcap`` 0.0 for none, ``alibi_slopes`` (nheads,)
 or (batch, nheads) float32 (any values; per-sequence slopes run one call per sequence),
-``dropout_p``, ``deterministic`` (the backward), and ``return_attn_probs`` / ``return_softmax_lse`` returning the float32 log-sum-exp ((batch, nheads,
-seqlen_q), or (nheads, total_q) for varlen). They run on :mod:`stridedfa.torch`: inputs are read
+``dropout_p``, ``deterministic`` (the backward), and ``return_attn_probs`` /
+``return_softmax_lse`` returning the float32 log-sum-exp ((batch, nheads, seqlen_q), or (nheads,
+total_q) for varlen). They run on :mod:`stridedfa.torch`: inputs are read
 in place at their strides, the packed functions' gradients land in one buffer of the packed input's
 shape, and head dims that are not a multiple of 8 are zero-padded as FlashAttention's wrapper does.
 
