@@ -17,11 +17,11 @@ in place at their strides, the packed functions' gradients land in one buffer of
 shape, and head dims that are not a multiple of 8 are zero-padded as FlashAttention's wrapper does.
 
 Where stridedfa differs, it says so by name rather than guessing: ``S_dmask`` (FlashAttention's
-dropout pattern for its own tests) is returned as None; ALiBi with ``cache_leftpad``, ``block_table`` in ``flash_attn_varlen_func`` and ``cache_leftpad``
-with ``block_table`` raise :class:`stridedfa.UnsupportedError`. ALiBi in the varlen functions runs
-on padded copies of the sequences (the variable-length kernels take no ALiBi). ``num_splits`` is a
-scheduling hint
-that cuDNN's kernels do not take and is ignored.
+dropout pattern for its own tests) is returned as None; ALiBi with ``cache_leftpad``,
+``block_table`` in ``flash_attn_varlen_func`` and ``cache_leftpad`` with ``block_table`` raise
+:class:`stridedfa.UnsupportedError`. ALiBi in the varlen functions runs on padded copies of the
+sequences (the variable-length kernels take no ALiBi). ``num_splits`` is a scheduling hint that
+cuDNN's kernels do not take and is ignored.
 """
 
 from __future__ import annotations
