@@ -212,3 +212,17 @@ def test_varlen_alibi_matches_each_sequence_alone():
         assert_close(lse[:, s], ref_lse[0], atol=1e-2, name=f"lse of sequence {i}")
         for got, want, name in zip(grads, ref_grads, ("dq", "dk", "dv")):
             assert_close_to_scale(got[s].transpose(0, 1)[None], want, rel=GRAD_REL, name=f"{name} of sequence {i}")
+
+
+def test_per_sequence_alibi_slopes_against_the_reference():
+    """alibi_slopes (batch, nheads), as FlashAttention's own tests draw them: one call per sequence."""
+    gen = torch.Generator(device="cuda").manual_seed(37)
+    b, s_q, s_kv, h, d = 3, 64, 96, 4, 64
+    q, k, v = bshd(b, s_q, h, d, gen), bshd(b, s_kv, h, d, gen), bshd(b, s_kv, h, d, gen)
+    slopes = torch.rand(b, h, generator=gen, device="cuda") * 0.3
+    out, lse, _ = fa.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, return_attn_probs=True)
+    for i in range(b):
+        ref, ref_lse = torch_reference(to_bhsd(q[i:i + 1]), to_bhsd(k[i:i + 1]), to_bhsd(v[i:i + 1]), causal=True,
+                                       alignment="bottom_right", alibi_slopes=slopes[i])
+        assert_close(to_bhsd(out[i:i + 1]), ref, atol=ATOL, name=f"out of sequence {i}")
+        assert_close(lse[i:i + 1], ref_lse, atol=1e-2, name=f"lse of sequence {i}")

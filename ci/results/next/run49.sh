@@ -1,5 +1,7 @@
-# GPU run 49 (prepared 2026-12-04): bench_transformers.py without the per-step sync of its loss
-# (label -100 instead of boolean indexing), then the collator-kwargs GPU test. Wheel of run 47.
+# GPU run 49 (prepared 2026-12-04, not run: the session's device time was spent): the tests written
+# after run 48 and the transformers benchmark without its per-step sync (label -100 instead of
+# boolean indexing). Build the wheel first (ci/build_wheel_for_gpu_host.sh): the C++ is that of
+# run 47; the Python files are copied over it anyway.
 set -u
 ls .whl/*.whl || exit 3
 repo=$(pwd)
@@ -7,7 +9,9 @@ rm -rf /tmp/sfa && python3 -m pip install -q --no-index --no-deps --no-compile -
 cp src/stridedfa/*.py /tmp/sfa/stridedfa/
 export PYTHONPATH=/tmp/sfa PYTHONUNBUFFERED=1
 mkdir -p /tmp/w && cd /tmp/w
-timeout 100 python3 $repo/benchmarks/bench_transformers.py --out $OUT/bench > $OUT/bench.log 2>&1
+# never run on a GPU: varlen / per-sequence ALiBi, the collator kwargs, set_padding_check(False)
+timeout 200 python3 -m pytest -p no:cacheprovider -q -rfEs --tb=short $repo/tests/gpu/test_flash_attn_interface.py \
+  $repo/tests/gpu/test_transformers.py -k "alibi or collator or unchecked" > $OUT/new_tests.log 2>&1
+echo "new tests rc $?"; tail -1 $OUT/new_tests.log; grep -E "^(FAILED|ERROR)|^E  " $OUT/new_tests.log | cut -c1-250 | head -20
+timeout 300 python3 $repo/benchmarks/bench_transformers.py --out $OUT/bench > $OUT/bench.log 2>&1
 echo "bench rc $?"; grep -v '^{' $OUT/bench/transformers.md 2>/dev/null || grep '^{' $OUT/bench.log | cut -c1-200
-timeout 40 python3 -m pytest -p no:cacheprovider -q -rfEs --tb=short $repo/tests/gpu/test_transformers.py -k collator > $OUT/collator.log 2>&1
-echo "collator rc $?"; tail -1 $OUT/collator.log; grep -E "^E  " $OUT/collator.log | head -5
