@@ -69,7 +69,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         causal: mask future keys. ``is_causal`` is accepted as torch's name for it.
         causal_alignment: ``"top_left"`` (query i sees keys j <= i) or ``"bottom_right"``
             (query i sees keys j <= i + s_kv - s_q; with s_q > s_kv the first rows see no key and
-            get out = 0, lse = -inf, zero gradients, as in FlashAttention).
+            get out = 0, lse = -inf, zero gradients, as in FlashAttention). With s_q == s_kv (and
+            no padding lengths, or one tensor as both) the two are one mask, run as top-left,
+            whose backward cuDNN runs faster.
         window: ``(left, right)`` sliding window in tokens, None on a side for unbounded: query i
             sees key j iff ``i + off - left <= j <= i + off + right`` (off = 0 top-left, s_kv - s_q
             bottom-right); ``causal`` caps right at 0. FlashAttention's ``window_size=(w, 0)`` is
