@@ -371,3 +371,21 @@ def test_unchecked_padding_generation_matches_transformers(kernels, no_padding_c
     assert torch.equal(ours.generate(ids, attention_mask=mask, **settings),
                        baseline.generate(ids, attention_mask=mask, **settings))
     assert "varlen" not in kernels.paths and "lengths" not in kernels.paths, kernels.paths
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_padded_forward_compiles_whole_with_torch_compile(kernels, check):
+    """torch.compile(fullgraph=True) traces the mask and attention functions without a graph break:
+    with the padding check on, traced code takes transformers' 4D mask as a bias; off, the keys'
+    padding ("masked") -- either way transformers' logits."""
+    sft.set_padding_check(check)
+    try:
+        ours, baseline = _pair("llama")
+        ids, mask = hf_models.batch("causal", "left")
+        compiled = torch.compile(ours, backend="eager", fullgraph=True)
+        logits = compiled(ids, attention_mask=mask, use_cache=False).logits
+    finally:
+        sft.set_padding_check(True)
+    real = mask.bool()
+    _assert_close(logits[real], baseline(ids, attention_mask=mask, use_cache=False).logits[real], "compiled logits")
+    assert set(kernels.paths) == ({"bias"} if check else {"masked"}), kernels.paths
