@@ -44,10 +44,11 @@ class ReferenceKernels:
 
     def __init__(self):
         self.paths: list[str] = []
+        self.dropout: list[float] = []
 
     def attention(self, q, k, v, *, scale=None, causal=False, causal_alignment="top_left", window=None,
                   softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, dropout_p=0.0, **_):
-        assert dropout_p == 0.0
+        self.dropout.append(dropout_p)  # recorded, not applied: the reference has no random mask
         if bias is not None and bias.shape[-2] == 1 and q.shape[2] > 1:  # the keys' padding alone
             self.paths.append("masked")
         else:
@@ -58,6 +59,7 @@ class ReferenceKernels:
     def varlen(self, q, k, v, cu_q, cu_kv, max_q=None, max_kv=None, *, scale=None, causal=False,
                causal_alignment="top_left", window=None, softcap=None, sinks=None, dropout_p=0.0, **_):
         self.paths.append("varlen")
+        self.dropout.append(dropout_p)
         cq, ckv = cu_q.tolist(), cu_kv.tolist()
         pieces = []
         for i in range(len(cq) - 1):
@@ -389,3 +391,18 @@ def test_a_padded_forward_compiles_whole_with_torch_compile(kernels, check):
     real = mask.bool()
     _assert_close(logits[real], baseline(ids, attention_mask=mask, use_cache=False).logits[real], "compiled logits")
     assert set(kernels.paths) == ({"bias"} if check else {"masked"}), kernels.paths
+
+
+def test_attention_dropout_is_handed_over_in_training_only(kernels):
+    model = hf_models.build("llama", "stridedfa")
+    model.config.attention_dropout = 0.25
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.25
+    ids, mask = hf_models.batch("causal", "right")
+    model.train()
+    model(ids, attention_mask=mask, use_cache=False)
+    assert kernels.dropout and set(kernels.dropout) == {0.25}
+    kernels.dropout.clear()
+    model.eval()
+    model(ids, attention_mask=mask, use_cache=False)
+    assert set(kernels.dropout) == {0.0}

@@ -114,7 +114,7 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
     if isinstance(mask, StridedMask):
         causal, window = mask.causal, mask.window if mask.window is not None else window
     options = dict(scale=scaling, causal=causal, window=window, softcap=softcap or None,
-                   dropout_p=float(dropout) if module.training or dropout else 0.0)
+                   dropout_p=float(dropout))  # transformers passes 0.0 outside training
     sinks = None if s_aux is None else s_aux.float()
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     # DataCollatorWithFlattening's cu_seq_lens: authoritative, as in transformers' flash path (a
