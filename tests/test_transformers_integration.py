@@ -406,3 +406,18 @@ def test_attention_dropout_is_handed_over_in_training_only(kernels):
     model.eval()
     model(ids, attention_mask=mask, use_cache=False)
     assert set(kernels.dropout) == {0.0}
+
+
+def test_fallback_after_a_cache_keeps_the_causal_diagonal_bottom_right():
+    """A chunk of queries after a cache, falling back (CPU tensors): transformers' own mask is
+    handed to SDPA, whose is_causal shortcut would align the chunk top-left."""
+    sft._warned.clear()
+    ours, baseline = _pair("llama")
+    ids, _ = hf_models.batch("causal", "none", b=2, s=20)
+    results = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model in (ours, baseline):
+            first = model(ids[:, :12], use_cache=True)
+            results.append(model(ids[:, 12:], past_key_values=first.past_key_values, use_cache=True).logits)
+    _assert_close(results[0], results[1], "logits of the second chunk")

@@ -180,14 +180,15 @@ def _fallback(reason, module, query, key, value, mask, dropout, scaling, is_caus
     if _settings["fallback"] == "raise":
         raise UnsupportedError(f"stridedfa attention in {type(module).__name__}: {reason} "
                                "(stridedfa.transformers.set_fallback('warn') runs transformers' SDPA instead)")
+    needs_eager = s_aux is not None or bool(softcap)  # SDPA has neither: the model's own eager attention has
     if reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"stridedfa: {reason}; this call runs transformers' "
-                      f"{'eager attention' if s_aux is not None else 'SDPA'} instead (warned once per reason)",
+                      f"{'eager attention' if needs_eager else 'SDPA'} instead (warned once per reason)",
                       stacklevel=3)
-    if isinstance(mask, StridedMask):
-        mask = None if mask.kind == "full" and mask.window is None else mask.dense()
-    if s_aux is not None or softcap:  # SDPA has neither: the model's own eager attention has
+    if isinstance(mask, StridedMask):  # transformers' own mask for the call: SDPA's is_causal shortcut
+        mask = mask.dense()            # would align a chunk of queries after a cache top-left
+    if needs_eager:
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         if eager is not None:
             if mask is None and getattr(module, "is_causal", True) and query.shape[2] > 1:
