@@ -421,3 +421,40 @@ def test_fallback_after_a_cache_keeps_the_causal_diagonal_bottom_right():
             first = model(ids[:, :12], use_cache=True)
             results.append(model(ids[:, 12:], past_key_values=first.past_key_values, use_cache=True).logits)
     _assert_close(results[0], results[1], "logits of the second chunk")
+
+
+def _t5(attn_implementation):
+    from transformers import AutoModelForSeq2SeqLM, T5Config
+
+    config = T5Config(vocab_size=hf_models.VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                      num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0,
+                      dropout_rate=0.0)
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=attn_implementation)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    return model.eval()
+
+
+def test_t5_position_bias_and_its_gradient_match_transformers(kernels):
+    """T5's learned relative position bias (encoder, decoder, cross-attention over a padded
+    encoder input): folded with the mask into one bias, with its gradient; greedy generation."""
+    ours, baseline = _t5("stridedfa"), _t5("sdpa")
+    ids, mask = hf_models.batch("encoder", "right", b=3, s=16)
+    labels, _ = hf_models.batch("causal", "none", b=3, s=9, seed=1)
+    results = []
+    for model in (ours, baseline):
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        results.append((out.logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    _assert_close(results[0][0], results[1][0], "t5 logits")
+    assert results[0][1].keys() == results[1][1].keys()
+    bias_grads = [n for n in results[0][1] if "relative_attention_bias" in n]
+    assert bias_grads, "the position bias is learned: it gets a gradient"
+    for parameter, grad in results[0][1].items():
+        _assert_close(grad, results[1][1][parameter], f"t5 grad of {parameter}", atol=1e-4)
+    assert set(kernels.paths) == {"bias"}, kernels.paths
+    settings = dict(max_new_tokens=5, do_sample=False)
+    assert torch.equal(ours.generate(ids, attention_mask=mask, **settings),
+                       baseline.generate(ids, attention_mask=mask, **settings))

@@ -22,8 +22,9 @@ nothing on the host and adds the keys' padding as a bias instead). Other masks a
 bias. The output is returned as (batch, seq, heads, head_dim) in
 the memory cuDNN wrote, so transformers' following reshape copies nothing.
 
-What stridedfa cannot run (CPU or float32 tensors, ``output_attentions=True``, T5's
-``position_bias``, a shape or option the kernels refuse) falls back to transformers' SDPA (eager
+T5's learned ``position_bias`` is folded with the mask into one differentiable bias, as
+transformers' SDPA path folds them. What stridedfa cannot run (CPU or float32 tensors,
+``output_attentions=True``, a shape or option the kernels refuse) falls back to transformers' SDPA (eager
 where SDPA lacks the option, i.e. sinks) with a warning naming the reason, once per reason;
 ``set_fallback("raise")`` raises :class:`stridedfa.UnsupportedError` instead.
 """
@@ -35,7 +36,7 @@ import warnings
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.integrations.sdpa_attention import create_position_bias_mask, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
 import stridedfa.torch as _st
@@ -103,8 +104,6 @@ def _cannot_run(query: torch.Tensor, kwargs: dict) -> str | None:
         return f"{query.dtype}: cuDNN's fused attention takes float16 or bfloat16"
     if kwargs.get("output_attentions"):
         return "output_attentions=True: fused attention never forms the attention weights"
-    if kwargs.get("position_bias") is not None:
-        return "position_bias (T5-style relative positions) is not mapped yet"
     return None
 
 
@@ -117,6 +116,8 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
                    dropout_p=float(dropout))  # transformers passes 0.0 outside training
     sinks = None if s_aux is None else s_aux.float()
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if kwargs.get("position_bias") is not None:  # T5's learned relative positions, with their gradient
+        return _with_position_bias(query, key, value, mask, kwargs["position_bias"], causal, options, sinks)
     # DataCollatorWithFlattening's cu_seq_lens: authoritative, as in transformers' flash path (a
     # copy where q, k, v have no token axis: there is no mask to fall back on).
     if kwargs.get("cu_seq_lens_q") is not None:
@@ -141,6 +142,16 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
     bias = mask.bias(query.dtype) if isinstance(mask, StridedMask) else bias_from_mask(mask, query.dtype)
     options.update(causal=False, window=None)
     return _dense(query, key, value, options, sinks, bias=bias)
+
+
+def _with_position_bias(query, key, value, mask, position_bias, causal, options, sinks) -> torch.Tensor:
+    """T5-style attention: the position bias and transformers' mask for the call folded into one
+    additive bias, as transformers' SDPA path folds them (its helper), then cuDNN with that bias
+    (differentiable: the position bias is learned)."""
+    dense = mask.dense() if isinstance(mask, StridedMask) else mask
+    bias = create_position_bias_mask(position_bias, dense, query.shape[2] > 1 and dense is None and causal, query, key)
+    options.update(causal=False, window=None)
+    return _dense(query, key, value, options, sinks, bias=bias.to(query.dtype))
 
 
 def _dense(query, key, value, options, sinks, **extra) -> torch.Tensor:

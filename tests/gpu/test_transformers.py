@@ -155,3 +155,29 @@ def test_unchecked_padding_matches_transformers_within_bf16_noise(name, batch):
     _judge(logits, their_logits, ref_logits, f"{name} logits", 2e-3)
     for parameter, grad in grads.items():
         _judge(grad, their_grads[parameter], ref_grads[parameter], f"{name} grad of {parameter}", 1e-2, factor=3.0)
+
+
+def test_t5_position_bias_within_bf16_noise():
+    """T5 (encoder-decoder, learned relative position bias with its gradient) over a padded
+    encoder input: logits, loss and every gradient against a float32 run of transformers' SDPA."""
+    from transformers import AutoModelForSeq2SeqLM, T5Config
+
+    config = T5Config(vocab_size=hf_models.VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
+                      num_heads=4, relative_attention_num_buckets=16, decoder_start_token_id=0, pad_token_id=0,
+                      dropout_rate=0.0)
+    ids, mask = hf_models.batch("encoder", "right", b=3, s=96, device="cuda")
+    labels, _ = hf_models.batch("causal", "none", b=3, s=40, device="cuda", seed=1)
+    runs = {}
+    for label, implementation, dtype in (("reference", "sdpa", torch.float32), ("ours", "stridedfa", torch.bfloat16),
+                                         ("theirs", "sdpa", torch.bfloat16)):
+        torch.manual_seed(0)
+        model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=implementation).to("cuda", dtype)
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        runs[label] = (out.logits.float().detach(), out.loss.float().detach(),
+                       {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None})
+    (ref_logits, ref_loss, ref_grads), (logits, loss, grads), (their_logits, their_loss, their_grads) = runs.values()
+    _judge(logits, their_logits, ref_logits, "t5 logits", 2e-3)
+    _judge(loss, their_loss, ref_loss, "t5 loss", 2e-3)
+    for parameter, grad in grads.items():
+        _judge(grad, their_grads[parameter], ref_grads[parameter], f"t5 grad of {parameter}", 1e-2, factor=3.0)
