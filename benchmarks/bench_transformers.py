@@ -12,7 +12,9 @@ GQA where the family has it; random weights, bfloat16), in one run:
 Gemma 2 and gpt-oss run SDPA where they allow it (transformers' SDPA refuses softcap and has no
 sinks: they are compared with eager attention and marked so). Each step is timed with CUDA events,
 synchronised after each (the pattern of a training loop that logs its loss); padding is left out
-of the loss by label -100 (no host synchronisation inside the step). A script, never a test.
+of the loss by label -100 (no host synchronisation inside the step). Beside each step time, the
+host time spent issuing it: close to the step time means the step is host-bound. A script, never
+a test.
 
     python benchmarks/bench_transformers.py --out bench-out [--quick] [--generate]
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -79,16 +82,17 @@ def step_time(model, ids, mask, causal, warmup, iters):
         step()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
+    times, host = [], []
     for _ in range(iters):
         model.zero_grad(set_to_none=True)
         start.record()
+        began = time.perf_counter()
         step()
+        host.append((time.perf_counter() - began) * 1e3)  # issuing the step: near the step time = host-bound
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+    return statistics.median(times), statistics.median(host)
 
 
 def batch(b, s, padded, seed=0):
@@ -121,8 +125,10 @@ def train_rows(names, quick):
             del model
             torch.cuda.empty_cache()
         for b, s, padded in cases:
+            (ours_ms, ours_host), (base_ms, base_host) = times["stridedfa", b, s, padded], times[baseline, b, s, padded]
             row = {"model": name, "batch": b, "seq": s, "padded": padded, "baseline": baseline,
-                   "stridedfa_ms": times["stridedfa", b, s, padded], "baseline_ms": times[baseline, b, s, padded]}
+                   "stridedfa_ms": ours_ms, "baseline_ms": base_ms,
+                   "stridedfa_host_ms": ours_host, "baseline_host_ms": base_host}
             row["ratio"] = row["stridedfa_ms"] / row["baseline_ms"]
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -154,10 +160,12 @@ def generation_rows(names):
 
 
 def table(rows, generation):
-    lines = ["| model | batch x seq | padded | stridedfa ms | baseline ms | ratio |", "|---|---|---|---|---|---|"]
+    lines = ["| model | batch x seq | padded | stridedfa ms (host) | baseline ms (host) | ratio |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {'yes' if r['padded'] else 'no'} | "
-                     f"{r['stridedfa_ms']:.2f} | {r['baseline_ms']:.2f} ({r['baseline']}) | {r['ratio']:.3f} |")
+                     f"{r['stridedfa_ms']:.2f} ({r['stridedfa_host_ms']:.1f}) | {r['baseline_ms']:.2f} "
+                     f"({r['baseline_host_ms']:.1f}, {r['baseline']}) | {r['ratio']:.3f} |")
     unpadded = [r["ratio"] for r in rows if not r["padded"] and r["baseline"] == "sdpa"]
     padded = [1 / r["ratio"] for r in rows if r["padded"] and r["baseline"] == "sdpa"]
     if unpadded:
