@@ -223,3 +223,25 @@ def test_varlen_alibi_runs_on_padded_copies_of_the_sequences(monkeypatch):
     assert q.grad is not None and torch.all(q.grad[16:] == 0), "gradients flow back through the copies"
     per_sequence = fa.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True, alibi_slopes=slopes.expand(4, h))
     assert torch.allclose(per_sequence, out, atol=1e-6), "(batch, nheads) slopes: one call per sequence"
+
+
+def test_paged_cache_with_alibi_and_lse_gathers_the_pages(monkeypatch):
+    """block_table with alibi_slopes or return_softmax_lse (which the paged kernels do not take):
+    appended into the pages, the pages gathered, attended densely -- the dense cache's result."""
+    monkeypatch.setattr(fa._st, "attention", _reference)
+    gen = torch.Generator().manual_seed(11)
+    b, s_new, h, h_kv, d, page, pages_per_seq = 2, 2, 4, 2, 16, 4, 3
+    q = torch.randn(b, s_new, h, d, generator=gen)
+    k_new, v_new = (torch.randn(b, s_new, h_kv, d, generator=gen) for _ in range(2))
+    dense_k, dense_v = (torch.randn(b, page * pages_per_seq, h_kv, d, generator=gen) for _ in range(2))
+    table = torch.randperm(b * pages_per_seq, generator=gen).view(b, pages_per_seq).to(torch.int32)
+    k_pages, v_pages = (torch.empty(b * pages_per_seq, page, h_kv, d) for _ in range(2))
+    k_pages[table.long()] = dense_k.view(b, pages_per_seq, page, h_kv, d)
+    v_pages[table.long()] = dense_v.view(b, pages_per_seq, page, h_kv, d)
+    lengths = torch.tensor([3, 9], dtype=torch.int32)
+    slopes = torch.rand(h, generator=gen)
+    args = dict(cache_seqlens=lengths, causal=True, alibi_slopes=slopes, return_softmax_lse=True)
+    out, lse = fa.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, block_table=table, **args)
+    want, want_lse = fa.flash_attn_with_kvcache(q, dense_k, dense_v, k_new, v_new, **args)
+    assert torch.equal(k_pages[table.long()].view(b, -1, h_kv, d), dense_k), "appended into the pages"
+    assert torch.allclose(out, want, atol=1e-6) and torch.allclose(lse, want_lse, atol=1e-6)

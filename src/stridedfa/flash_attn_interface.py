@@ -20,8 +20,9 @@ Where stridedfa differs, it says so by name rather than guessing: ``S_dmask`` (F
 dropout pattern for its own tests) is returned as None; ALiBi with ``cache_leftpad``,
 ``block_table`` in ``flash_attn_varlen_func`` and ``cache_leftpad`` with ``block_table`` raise
 :class:`stridedfa.UnsupportedError`. ALiBi in the varlen functions runs on padded copies of the
-sequences (the variable-length kernels take no ALiBi). ``num_splits`` is a scheduling hint that
-cuDNN's kernels do not take and is ignored.
+sequences (the variable-length kernels take no ALiBi); with a ``block_table``, ALiBi and the LSE
+run on a dense copy of each sequence's pages. ``num_splits`` is a scheduling hint that cuDNN's
+kernels do not take and is ignored.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 
 import stridedfa.torch as _st
 from stridedfa._errors import UnsupportedError
+from stridedfa._torch_paged import _append, _append_slots
 
 __all__ = [
     "flash_attn_func",
@@ -265,6 +267,28 @@ def _positions(start, length: int, seqlen_ro: int):
     return (start.long()[:, None] + torch.arange(length, device=start.device)).clamp(max=seqlen_ro - 1)
 
 
+def _paged_gathered(q, k_cache, v_cache, k, v, block_table, cache_seqlens, alibi_slopes, return_lse, opts):
+    """A paged cache with what the paged kernels do not take (ALiBi, the LSE): the new keys and
+    values appended into their pages as the paged path appends them, then each sequence's pages
+    gathered into a dense (batch, blocks * page_block_size, nheads_k, headdim) copy and attended
+    with padding lengths. Costs that copy of the sequences' pages per call."""
+    capacity = block_table.shape[1] * k_cache.shape[1]
+    lengths = cache_seqlens
+    if k is not None:
+        slots = _append_slots(block_table, cache_seqlens, k.shape[1], k_cache.shape[1],
+                              min(k_cache.shape[0], v_cache.shape[0]))
+        _append(k_cache.transpose(1, 2), k.transpose(1, 2), slots)
+        _append(v_cache.transpose(1, 2), v.transpose(1, 2), slots)
+        lengths = cache_seqlens + k.shape[1]
+    table = block_table.long().clamp(0, min(k_cache.shape[0], v_cache.shape[0]) - 1)
+    keys, values = (cache[table].flatten(1, 2) for cache in (k_cache, v_cache))
+    result = _attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), alibi_slopes, return_lse,
+                     seqlens_kv=lengths.clamp(max=capacity).to(torch.int32), **opts)
+    if return_lse:
+        return result[0].transpose(1, 2), result[1]
+    return result.transpose(1, 2)
+
+
 def _left_padded(q, keys, values, leftpad, lengths, return_lse, opts):
     """Attention over caches whose keys start at ``leftpad`` (FlashAttention's cache_leftpad):
     each row's keys [leftpad, lengths) with its queries aligned to their end, as in FlashAttention
@@ -338,11 +362,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                     .expand(batch, seqlen_q), rotary_interleaved)
     opts = _options(q.shape[-1], 0.0, softmax_scale, causal, window_size, softcap, False)
     del opts["dropout_p"], opts["deterministic"]
+    if paged and (alibi_slopes is not None or return_softmax_lse):
+        return _paged_gathered(q, k_cache, v_cache, k, v, block_table, cache_seqlens, alibi_slopes,
+                               return_softmax_lse, opts)
     if paged:
-        if return_softmax_lse:
-            raise UnsupportedError("return_softmax_lse: the paged path (block_table) returns out only for now")
-        if alibi_slopes is not None:
-            raise UnsupportedError("alibi_slopes: not supported with a paged KV cache (block_table) yet")
         out = _st.attention_with_kvcache(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                                          block_table, cache_seqlens, None if k is None else k.transpose(1, 2),
                                          None if v is None else v.transpose(1, 2), **opts)

@@ -226,3 +226,24 @@ def test_per_sequence_alibi_slopes_against_the_reference():
                                        alignment="bottom_right", alibi_slopes=slopes[i])
         assert_close(to_bhsd(out[i:i + 1]), ref, atol=ATOL, name=f"out of sequence {i}")
         assert_close(lse[i:i + 1], ref_lse, atol=1e-2, name=f"lse of sequence {i}")
+
+
+def test_paged_cache_with_alibi_and_lse_equals_the_dense_cache():
+    """block_table with alibi_slopes and return_softmax_lse (pages gathered, attended densely)
+    against the same cache held densely."""
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    b, s_new, h_q, h_kv, d, block, per_seq = 3, 2, 8, 2, 64, 16, 8
+    q = bshd(b, s_new, h_q, d, gen)
+    k_new, v_new = (bshd(b, s_new, h_kv, d, gen) for _ in range(2))
+    dense_k, dense_v = (bshd(b, block * per_seq, h_kv, d, gen) for _ in range(2))
+    table = torch.randperm(b * per_seq, device="cuda").view(b, per_seq).to(torch.int32)
+    k_pool, v_pool = (torch.empty(b * per_seq, block, h_kv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k_pool[table.long()] = dense_k.view(b, per_seq, block, h_kv, d)
+    v_pool[table.long()] = dense_v.view(b, per_seq, block, h_kv, d)
+    args = dict(cache_seqlens=torch.tensor([0, 50, 120], dtype=torch.int32, device="cuda"), causal=True,
+                alibi_slopes=torch.rand(h_q, generator=gen, device="cuda") * 0.3, return_softmax_lse=True)
+    out, lse = fa.flash_attn_with_kvcache(q, k_pool, v_pool, k_new, v_new, block_table=table, **args)
+    want, want_lse = fa.flash_attn_with_kvcache(q, dense_k, dense_v, k_new, v_new, **args)
+    assert torch.equal(k_pool[table.long()].view(b, -1, h_kv, d), dense_k), "appended into the pages"
+    assert_bitexact(out, want, "out")
+    assert_bitexact(lse, want_lse, "lse")
