@@ -35,9 +35,15 @@ import sys
 import warnings
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import create_position_bias_mask, sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface
+import transformers
+
+try:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import create_position_bias_mask, sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface
+except ImportError as error:  # transformers 4.x: no mask interface, other helpers
+    raise ImportError(f"stridedfa.transformers needs transformers >= 5.17 (its AttentionInterface and "
+                      f"AttentionMaskInterface); this is {transformers.__version__}: {error}") from error
 
 import stridedfa.torch as _st
 from stridedfa import _hf_masks
