@@ -170,7 +170,7 @@ def mask_pattern(fn) -> tuple[bool, tuple | None, torch.Tensor | None] | None:
 
 # --- The registered mask function -----------------------------------------------------------------
 
-def _cannot_read_values(*tensors) -> bool:
+def _cannot_read_values() -> bool:
     """Inside torch.compile or a CUDA-graph capture the padding cannot be read on the host."""
     if torch.compiler.is_compiling():
         return True
@@ -203,7 +203,7 @@ def stridedfa_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
         return general_mask(sdpa_args)
     if not settings["padding_check"] and documents is None:
         return _masked(attention_mask, causal, window, sdpa_args, batch_size, q_length, kv_length, kv_offset)
-    if _cannot_read_values(attention_mask, documents):
+    if _cannot_read_values():
         if attention_mask is None and documents is None:
             return StridedMask("full", causal, window, sdpa_args)
         return general_mask(sdpa_args)
