@@ -151,3 +151,23 @@ def test_bottom_right_with_as_many_queries_as_keys_is_keyed_as_top_left():
     assert fwd_key(causal=True, causal_alignment="bottom_right") == fwd_key(causal=True)
     longer = dict(k=t((B, H, 2 * S, D)), v=t((B, H, 2 * S, D)))
     assert fwd_key(causal=True, causal_alignment="bottom_right", **longer) != fwd_key(causal=True, **longer)
+
+
+def test_one_lengths_tensor_for_both_sides_is_keyed_as_top_left():
+    """With one tensor as seqlens_q and seqlens_kv every sequence has as many queries as keys:
+    bottom-right is top-left (and a keys' padding bias may join it, as the transformers
+    integration's unchecked padding does); two tensors keep the per-sequence diagonal."""
+    q, k, v, out = t(), t(), t(), t()
+    lengths, other = t((B,), dtype="int32"), t((B,), dtype="int32")
+    bias = t((B, 1, 1, S), (S, S, S, 1))
+
+    def key(alignment, seqlens_kv, with_bias=False):
+        return _core._forward_graph_key(q, k, v, out, None, causal=True, causal_alignment=alignment,
+                                        seqlens_q=lengths, seqlens_kv=seqlens_kv,
+                                        bias=bias if with_bias else None)
+
+    assert key("bottom_right", lengths) == key("top_left", lengths)
+    assert key("bottom_right", lengths, with_bias=True) == key("top_left", lengths, with_bias=True)
+    assert key("bottom_right", other) != key("top_left", other)
+    with pytest.raises(stridedfa.UnsupportedError, match="padding lengths"):
+        key("bottom_right", other, with_bias=True)
