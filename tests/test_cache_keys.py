@@ -171,3 +171,12 @@ def test_one_lengths_tensor_for_both_sides_is_keyed_as_top_left():
     assert key("bottom_right", other) != key("top_left", other)
     with pytest.raises(stridedfa.UnsupportedError, match="padding lengths"):
         key("bottom_right", other, with_bias=True)
+
+
+def test_a_keys_padding_bias_with_a_decoding_query_is_accepted():
+    """The transformers integration's unchecked padding after a cache: one query, the keys'
+    padding as a (b, 1, 1, s_kv) bias, causal bottom-right without lengths (shifted to top-left)."""
+    one = (B, H, 1, D)
+    key = _core._forward_graph_key(t(one), t(), t(), t(one), None, causal=True, causal_alignment="bottom_right",
+                                   bias=t((B, 1, 1, S), (S, S, S, 1)))
+    assert key
