@@ -458,3 +458,80 @@ def test_t5_position_bias_and_its_gradient_match_transformers(kernels):
     settings = dict(max_new_tokens=5, do_sample=False)
     assert torch.equal(ours.generate(ids, attention_mask=mask, **settings),
                        baseline.generate(ids, attention_mask=mask, **settings))
+
+
+# --- Found in review: cross-attention, arguments no path honours, masks models extend ----------
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_cross_attention_keeps_every_decoder_query(kernels, padding, check):
+    """BART's cross-attention with as many decoder tokens as encoder tokens: the padding mask is
+    the encoder's (the keys'), never the decoder queries'."""
+    from transformers import AutoModelForSeq2SeqLM, BartConfig
+
+    config = BartConfig(vocab_size=hf_models.VOCAB, d_model=64, encoder_layers=1, decoder_layers=1,
+                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                        max_position_embeddings=64)
+    ids, mask = hf_models.batch("encoder", padding, b=2, s=8)
+    decoder_ids, _ = hf_models.batch("causal", "none", b=2, s=8, seed=1)
+    logits = []
+    sft.set_padding_check(check)
+    try:
+        for implementation in ("stridedfa", "sdpa"):
+            torch.manual_seed(0)
+            model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=implementation).eval()
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.normal_(0, 0.3)
+                logits.append(model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids,
+                                    use_cache=False).logits)
+    finally:
+        sft.set_padding_check(True)
+    _assert_close(logits[0], logits[1], f"bart logits ({padding} padding, check {check})")
+
+
+def _module(causal):
+    module = torch.nn.Module()
+    module.is_causal = causal
+    return module
+
+
+def test_the_mask_decides_the_window_not_a_sliding_window_argument(kernels):
+    """A layer may pass sliding_window= with a windowless mask (DiffusionGemma): SDPA and eager
+    follow the mask, and so does stridedfa."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 10, 16, generator=gen) for _ in range(3))
+    for function, causal in ((mu.bidirectional_mask_function, False), (mu.causal_mask_function, True)):
+        mask = stridedfa_mask(batch_size=1, q_length=10, kv_length=10, mask_function=function)
+        with_argument, _ = sft.attention_forward(_module(causal), q, k, v, mask, scaling=0.25, sliding_window=4)
+        without, _ = sft.attention_forward(_module(causal), q, k, v, mask, scaling=0.25)
+        assert torch.equal(with_argument, without)
+
+
+@pytest.mark.parametrize("argument", ["indices", "block_indices", "sinks"])
+def test_arguments_no_path_honours_are_refused_by_name(kernels, argument):
+    q = torch.randn(1, 2, 6, 16)
+    with pytest.raises(sft.UnsupportedError, match=argument):
+        sft.attention_forward(_module(True), q, q, q, None, **{argument: torch.zeros(1, 6, 2, dtype=torch.long)})
+
+
+def test_keys_beyond_the_mask_are_refused(kernels):
+    """DeepSeek-V4 appends compressed keys and extends the mask only when it is a tensor."""
+    q, k = torch.randn(1, 2, 6, 16), torch.randn(1, 2, 9, 16)
+    mask = stridedfa_mask(batch_size=1, q_length=6, kv_length=6)
+    with pytest.raises(sft.UnsupportedError, match="9 keys but its mask describes 6"):
+        sft.attention_forward(_module(True), q, k, k, mask)
+
+
+def test_a_strided_mask_indexes_as_transformers_mask():
+    padding = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    mask = _mask(padding)
+    assert torch.equal(mask[:, 0, :, :], mask.dense()[:, 0, :, :])
+
+
+def test_a_float32_mask_stays_finite_in_half_precision():
+    from stridedfa._hf_masks import bias_from_mask
+
+    low = torch.full((1, 1, 2, 3), torch.finfo(torch.float32).min)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert torch.isfinite(bias_from_mask(low, dtype)).all()

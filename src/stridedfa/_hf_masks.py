@@ -4,8 +4,11 @@ turned into something stridedfa's kernels run without a materialised (b, 1, s_q,
 transformers builds each mask from a *mask function* (causal, bidirectional, sliding window, packed
 documents, ...) and a 2D padding mask, and calls the mask function registered for the model's
 attention implementation. :func:`stridedfa_mask` recognises the mask functions stridedfa can
-express by its options and reads the padding once per model forward (one small host copy, as
-transformers' SDPA path does with its ``padding_mask.all()``):
+express by its options and reads the padding once per mask it is asked for (one small host copy
+per forward and mask type -- two for models with full and sliding layers -- as transformers' SDPA
+path does with its ``padding_mask.all()``). A padding mask is the keys'; queries are cut with it
+only under a causal pattern (self-attention), never under a bidirectional one, which may be
+cross-attention:
 
 - ``"full"``: no padding -- the options alone (causal or not, a window) describe the mask;
 - ``"lengths"``: each row's real tokens form a prefix (right padding) -- ``seqlens_q`` /
@@ -97,6 +100,10 @@ class StridedMask:
                                  else bias_from_mask(self.dense(), dtype))
         return self._bias[dtype]
 
+    def __getitem__(self, index):
+        """Models that index their mask (DeepSeek's sparse attention) index transformers' mask."""
+        return self.dense()[index]
+
     def __repr__(self) -> str:
         return f"StridedMask(kind={self.kind!r}, causal={self.causal}, window={self.window})"
 
@@ -113,8 +120,8 @@ def bias_from_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     finite value rather than -inf, as transformers' eager masks do: a row with no key left (a
     padding query) then averages its values instead of producing NaN, whose gradient would
     poison every parameter even though the loss never reads that row."""
-    if mask.dtype != torch.bool:
-        return mask.to(dtype)
+    if mask.dtype != torch.bool:  # a float mask: its lowest values may be -inf in a narrower dtype
+        return mask.to(dtype).clamp_min(torch.finfo(dtype).min)
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
@@ -238,10 +245,12 @@ def _masked(attention_mask, causal, window, sdpa_args, batch: int, q_length: int
     padded = _mu.prepare_padding_mask(attention_mask.to(torch.bool), kv_length, kv_offset)
     assert padded is not None
     keep = padded[:, kv_offset:kv_offset + kv_length].expand(batch, -1)
-    if q_length != kv_length:  # a cache: the causal diagonal stays the batch's (bias with lengths
-        return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)  # takes none other)
     positions = torch.arange(1, kv_length + 1, device=keep.device)
     ends = _on((keep * positions).amax(1), keep.device)  # each row's last real token + 1 (0: none)
+    if not causal:  # the queries may be another sequence (cross-attention): keys' lengths only
+        return StridedMask("masked", causal, window, sdpa_args, key_mask=keep, seqlens_kv=ends)
+    if q_length != kv_length:  # a cache: the causal diagonal stays the batch's (bias with lengths
+        return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)  # takes none other)
     return StridedMask("masked", causal, window, sdpa_args, key_mask=keep, seqlens_q=ends, seqlens_kv=ends)
 
 
@@ -252,16 +261,19 @@ def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: in
     padded = _mu.prepare_padding_mask(attention_mask.to(torch.bool), kv_length, kv_offset)
     assert padded is not None
     keep = padded[:, kv_offset:kv_offset + kv_length].expand(batch, -1)
-    keep_q = keep[:, kv_length - q_length:]  # the queries are the last keys
+    # The padding mask is the keys'. With a causal pattern the queries are the last keys (self-
+    # attention), so it is theirs too; a bidirectional one may be cross-attention, whose queries
+    # are another sequence: every query row is kept then.
+    keep_q = keep[:, kv_length - q_length:] if causal else torch.ones_like(keep[:, :q_length])
     device = keep.device
     stats = torch.stack([*_run(keep), *_run(keep_q)], dim=1).cpu()  # the one host copy: (b, 6)
     n_kv, start_kv, runs_kv, n_q, start_q, runs_q = stats.unbind(1)
     if bool((runs_kv > 1).any() | (runs_q > 1).any()):
         return general_mask(sdpa_args)  # holes: not one run per row
     real = n_q > 0
-    # The real queries must end where the real keys end (their last query is their last key):
-    # then causal aligned bottom-right within the run is transformers' "kv position <= q position".
-    if bool((kv_length - q_length + start_q + n_q != start_kv + n_kv)[real].any()):
+    # Causal: the real queries must end where the real keys end (their last query is their last
+    # key): then causal aligned bottom-right within the run is "kv position <= q position".
+    if causal and bool((kv_length - q_length + start_q + n_q != start_kv + n_kv)[real].any()):
         return general_mask(sdpa_args)
     if bool((n_kv == kv_length).all() & (n_q == q_length).all()):
         return StridedMask("full", causal, window, sdpa_args)
@@ -269,12 +281,15 @@ def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: in
     # every sequence's diagonals coincide (its faster top-left backward).
     same = q_length == kv_length
     if bool((start_kv == 0).all() & (start_q == 0).all()):
+        if not causal:  # every query row kept: the keys' lengths alone
+            return StridedMask("lengths", causal, window, sdpa_args, seqlens_kv=_on(n_kv, device))
         lengths_q = _on(n_q, device)
         return StridedMask("lengths", causal, window, sdpa_args, seqlens_q=lengths_q,
                            seqlens_kv=lengths_q if same else _on(n_kv, device))
     cut_q = _on(_cut(start_q, n_q, q_length), device)
+    same_cut = same and causal  # bidirectional: every query row of a row against its keys' run
     return StridedMask("runs", causal, window, sdpa_args, cu_seqlens_q=cut_q,
-                       cu_seqlens_kv=cut_q if same else _on(_cut(start_kv, n_kv, kv_length), device),
+                       cu_seqlens_kv=cut_q if same_cut else _on(_cut(start_kv, n_kv, kv_length), device),
                        max_seqlen_q=q_length, max_seqlen_kv=kv_length)
 
 

@@ -91,6 +91,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     """transformers' attention-function signature: query (b, h_q, s_q, d), key / value
     (b, h_kv, s_kv, d), the mask from :func:`stridedfa_mask` (or a 4D mask the caller built).
     Returns (out (b, s_q, h_q, d_v), None)."""
+    _refuse_what_no_path_runs(key, attention_mask, kwargs)
     reason = _cannot_run(query, kwargs)
     if reason is None:
         try:
@@ -101,6 +102,23 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             reason = f"{type(error).__name__}: {error}"
     return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, sliding_window,
                      softcap, s_aux, kwargs)
+
+
+# Arguments that select keys per query (DeepSeek's sparse attention, MiniMax's block indices) or
+# add per-token sinks: the models apply them only for their own eager / SDPA code, so neither
+# stridedfa nor a fallback from here would honour them.
+_SPARSE_ARGUMENTS = ("indices", "block_indices", "sinks")
+
+
+def _refuse_what_no_path_runs(key: torch.Tensor, mask, kwargs: dict) -> None:
+    for name in _SPARSE_ARGUMENTS:
+        if kwargs.get(name) is not None:
+            raise UnsupportedError(f"attn_implementation='stridedfa' does not apply {name}= (the model uses it only "
+                                   f"with its own eager or sdpa attention); use one of those for this model.")
+    if isinstance(mask, StridedMask) and mask.shape[-1] != key.shape[2]:
+        raise UnsupportedError(f"the model attends to {key.shape[2]} keys but its mask describes {mask.shape[-1]} "
+                               "(it extends the mask itself, as DeepSeek-V4's compressor does, only when the mask "
+                               "is a tensor); use attn_implementation 'eager' or 'sdpa' for this model.")
 
 
 def _cannot_run(query: torch.Tensor, kwargs: dict) -> str | None:
@@ -116,8 +134,8 @@ def _cannot_run(query: torch.Tensor, kwargs: dict) -> str | None:
 def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_window, softcap, s_aux, kwargs):
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = None if sliding_window is None else (sliding_window - 1, 0 if causal else sliding_window - 1)
-    if isinstance(mask, StridedMask):
-        causal, window = mask.causal, mask.window if mask.window is not None else window
+    if isinstance(mask, StridedMask):  # the mask decides, as it does for SDPA and eager (a model may
+        causal, window = mask.causal, mask.window  # pass sliding_window= with a windowless mask)
     options = dict(scale=scaling, causal=causal, window=window, softcap=softcap or None,
                    dropout_p=float(dropout))  # transformers passes 0.0 outside training
     sinks = None if s_aux is None else s_aux.float()
@@ -161,7 +179,10 @@ def _with_position_bias(query, key, value, mask, position_bias, causal, options,
 
 
 def _dense(query, key, value, options, sinks, **extra) -> torch.Tensor:
-    out = _st.attention(query, key, value, causal_alignment="bottom_right", sinks=sinks, **options, **extra)
+    # As many queries as keys: self-attention without a cache, where transformers' diagonal is the
+    # top-left one (also with the keys' lengths alone); after a cache the queries are the last keys.
+    alignment = "top_left" if query.shape[2] == key.shape[2] else "bottom_right"
+    out = _st.attention(query, key, value, causal_alignment=alignment, sinks=sinks, **options, **extra)
     return out.transpose(1, 2)  # (b, s, h, d): q's axis order, so bshd in memory for bshd queries
 
 
@@ -207,16 +228,21 @@ def _fallback(reason, module, query, key, value, mask, dropout, scaling, is_caus
         mask = mask.dense()            # would align a chunk of queries after a cache top-left
     if needs_eager:
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-        if eager is not None:
-            if mask is None and getattr(module, "is_causal", True) and query.shape[2] > 1:
-                mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril(
-                    key.shape[2] - query.shape[2])[None, None]
-            extra = {"s_aux": s_aux} if s_aux is not None else {}
-            if softcap:
-                extra["softcap"] = softcap
-            mask = None if mask is None else bias_from_mask(mask, query.dtype)
-            return eager(module, query, key, value, mask, dropout=dropout, scaling=scaling,
-                         sliding_window=sliding_window, **extra, **kwargs)
+        if eager is None:
+            raise UnsupportedError(f"stridedfa attention in {type(module).__name__}: {reason}, and the model has no "
+                                   "eager attention to fall back on for its softcap or sinks")
+        if mask is None and getattr(module, "is_causal", True) and query.shape[2] > 1:
+            offset = key.shape[2] - query.shape[2]
+            mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril(offset)
+            if sliding_window is not None:  # transformers' window: kv > q - w
+                mask = mask & ~mask.tril(offset - sliding_window)
+            mask = mask[None, None]
+        extra = {"s_aux": s_aux} if s_aux is not None else {}
+        if softcap:
+            extra["softcap"] = softcap
+        mask = None if mask is None else bias_from_mask(mask, query.dtype)
+        return eager(module, query, key, value, mask, dropout=dropout, scaling=scaling,
+                     sliding_window=sliding_window, **extra, **kwargs)
     return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
 
