@@ -535,3 +535,13 @@ def test_a_float32_mask_stays_finite_in_half_precision():
     low = torch.full((1, 1, 2, 3), torch.finfo(torch.float32).min)
     for dtype in (torch.bfloat16, torch.float16):
         assert torch.isfinite(bias_from_mask(low, dtype)).all()
+
+
+def test_a_bidirectional_window_over_padding_on_both_sides_gets_the_dense_mask():
+    """Bidirectional runs put each sequence's diagonal at its run's end: right only when the run
+    ends the row (left padding); with padding on both sides a window would move."""
+    window = mu.sliding_window_bidirectional_mask_function(2)
+    both = torch.tensor([[0, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    assert isinstance(_mask(both, mask_function=window), torch.Tensor)
+    left = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    assert _mask(left, mask_function=window).kind == "runs"

@@ -286,8 +286,12 @@ def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: in
         lengths_q = _on(n_q, device)
         return StridedMask("lengths", causal, window, sdpa_args, seqlens_q=lengths_q,
                            seqlens_kv=lengths_q if same else _on(n_kv, device))
+    # Bidirectional: every query row of a row against its keys' run, each sequence's diagonal at
+    # the run's end -- a window's place only if the run ends the row (left padding).
+    if not causal and window is not None and bool((start_kv + n_kv != kv_length).any()):
+        return general_mask(sdpa_args)
     cut_q = _on(_cut(start_q, n_q, q_length), device)
-    same_cut = same and causal  # bidirectional: every query row of a row against its keys' run
+    same_cut = same and causal
     return StridedMask("runs", causal, window, sdpa_args, cu_seqlens_q=cut_q,
                        cu_seqlens_kv=cut_q if same_cut else _on(_cut(start_kv, n_kv, kv_length), device),
                        max_seqlen_q=q_length, max_seqlen_kv=kv_length)
