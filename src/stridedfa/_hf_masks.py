@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from transformers import masking_utils as _mu
 
+from stridedfa._torch_varlen import cut_rows
+
 __all__ = ["StridedMask", "stridedfa_mask", "mask_pattern", "settings"]
 
 # "padding_check": read each padding mask once on the host to pick the fastest exact path (the
@@ -242,9 +244,7 @@ def _masked(attention_mask, causal, window, sdpa_args, batch: int, q_length: int
     real token (seqlens, one tensor for both sides): right padding is skipped, not computed."""
     if attention_mask is None:
         return StridedMask("full", causal, window, sdpa_args)
-    padded = _mu.prepare_padding_mask(attention_mask.to(torch.bool), kv_length, kv_offset)
-    assert padded is not None
-    keep = padded[:, kv_offset:kv_offset + kv_length].expand(batch, -1)
+    keep = _keys_kept(attention_mask, batch, kv_length, kv_offset)
     positions = torch.arange(1, kv_length + 1, device=keep.device)
     ends = _on((keep * positions).amax(1), keep.device)  # each row's last real token + 1 (0: none)
     if not causal:  # the queries may be another sequence (cross-attention): keys' lengths only
@@ -258,9 +258,7 @@ def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: in
     """Classify a 2D padding mask (one host copy of a few numbers per row)."""
     if attention_mask is None:
         return StridedMask("full", causal, window, sdpa_args)
-    padded = _mu.prepare_padding_mask(attention_mask.to(torch.bool), kv_length, kv_offset)
-    assert padded is not None
-    keep = padded[:, kv_offset:kv_offset + kv_length].expand(batch, -1)
+    keep = _keys_kept(attention_mask, batch, kv_length, kv_offset)
     # The padding mask is the keys'. With a causal pattern the queries are the last keys (self-
     # attention), so it is theirs too; a bidirectional one may be cross-attention, whose queries
     # are another sequence: every query row is kept then.
@@ -290,11 +288,18 @@ def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: in
     # the run's end -- a window's place only if the run ends the row (left padding).
     if not causal and window is not None and bool((start_kv + n_kv != kv_length).any()):
         return general_mask(sdpa_args)
-    cut_q = _on(_cut(start_q, n_q, q_length), device)
+    cut_q = _on(cut_rows(start_q, n_q, q_length), device)
     same_cut = same and causal
     return StridedMask("runs", causal, window, sdpa_args, cu_seqlens_q=cut_q,
-                       cu_seqlens_kv=cut_q if same_cut else _on(_cut(start_kv, n_kv, kv_length), device),
+                       cu_seqlens_kv=cut_q if same_cut else _on(cut_rows(start_kv, n_kv, kv_length), device),
                        max_seqlen_q=q_length, max_seqlen_kv=kv_length)
+
+
+def _keys_kept(attention_mask: torch.Tensor, batch: int, kv_length: int, kv_offset: int) -> torch.Tensor:
+    """(b, s_kv) boolean: which of this call's keys the 2D padding mask keeps."""
+    padded = _mu.prepare_padding_mask(attention_mask.to(torch.bool), kv_length, kv_offset)
+    assert padded is not None
+    return padded[:, kv_offset:kv_offset + kv_length].expand(batch, -1)
 
 
 def _on(values: torch.Tensor, device) -> torch.Tensor:
@@ -308,12 +313,3 @@ def _run(keep: torch.Tensor):
     first = keep.to(torch.int8).argmax(1)
     rises = (keep[:, 1:] & ~keep[:, :-1]).sum(1) + keep[:, 0]
     return count, first, rises
-
-
-def _cut(start: torch.Tensor, count: torch.Tensor, length: int) -> torch.Tensor:
-    """cu_seqlens cutting each row of the flattened (b * length) tokens into three sequences:
-    the padding before the run, the run, the padding after it (all rows have three, some empty,
-    so that sequence i of the queries pairs with sequence i of the keys)."""
-    rows = torch.arange(start.shape[0]) * length
-    bounds = torch.stack([rows + start, rows + start + count, rows + length], dim=1).reshape(-1)
-    return torch.cat([torch.zeros(1, dtype=bounds.dtype), bounds])

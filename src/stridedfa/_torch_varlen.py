@@ -222,6 +222,16 @@ class _VarlenPackedFunction(torch.autograd.Function):
 _eager_varlen_packed = _function_apply.__get__(None, _VarlenPackedFunction)
 
 
+def cut_rows(start: torch.Tensor, count: torch.Tensor, length: int) -> torch.Tensor:
+    """int32 cu_seqlens (3 b + 1,) cutting each row of b * ``length`` flattened tokens into three
+    sequences: the tokens before ``start``, the ``count`` from it, the rest of the row. Every row
+    has three (some empty), so that sequence i of one side pairs with sequence i of the other: a
+    row's run with its run, its padding with padding."""
+    rows = torch.arange(start.shape[0], device=start.device) * length
+    bounds = torch.stack([rows + start, rows + start + count, rows + length], dim=1).reshape(-1)
+    return torch.cat([bounds.new_zeros(1), bounds]).to(torch.int32)
+
+
 def _check_max_seqlen(max_seqlen_q, max_seqlen_kv) -> None:
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):

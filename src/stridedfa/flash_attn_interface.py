@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import stridedfa.torch as _st
 from stridedfa._errors import UnsupportedError
 from stridedfa._torch_paged import _append, _append_slots
+from stridedfa._torch_varlen import cut_rows
 
 __all__ = [
     "flash_attn_func",
@@ -298,13 +299,8 @@ def _left_padded(q, keys, values, leftpad, lengths, return_lse, opts):
     batch, seqlen_q, heads, _ = q.shape
     capacity = keys.shape[1]
     start = leftpad.long().clamp(0, capacity)
-    end = torch.maximum(lengths.long(), start)
-    rows = torch.arange(batch, device=q.device)
-    bounds_kv = torch.stack([rows * capacity + start, rows * capacity + end, (rows + 1) * capacity], dim=1)
-    bounds_q = torch.stack([rows * seqlen_q, (rows + 1) * seqlen_q, (rows + 1) * seqlen_q], dim=1)
-    zero = torch.zeros(1, dtype=torch.int32, device=q.device)
-    cu_kv = torch.cat([zero, bounds_kv.reshape(-1).to(torch.int32)])
-    cu_q = torch.cat([zero, bounds_q.reshape(-1).to(torch.int32)])
+    cu_kv = cut_rows(start, torch.maximum(lengths.long(), start) - start, capacity)
+    cu_q = cut_rows(torch.zeros_like(start), torch.full_like(start, seqlen_q), seqlen_q)
     tokens = [t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]) for t in (q, keys, values)]
     out, lse = _st.varlen_attention(*tokens, cu_q, cu_kv, seqlen_q, capacity, return_lse=True, **opts)
     out = out.view(batch, seqlen_q, heads, -1)
