@@ -163,9 +163,24 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
                            options, sinks).view(query.shape[0], query.shape[2], query.shape[1], value.shape[3])
     # A general mask (or a variable-length cut whose tensors cannot be flattened): added as a bias
     # that already holds causality and the window.
-    bias = mask.bias(query.dtype) if isinstance(mask, StridedMask) else bias_from_mask(mask, query.dtype)
+    bias = mask.bias(query.dtype) if isinstance(mask, StridedMask) else _layers_bias(mask, query.dtype)
     options.update(causal=False, window=None)
     return _dense(query, key, value, options, sinks, bias=bias)
+
+
+def _layers_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """transformers' 4D mask as an additive bias, converted once for all the layers that share the
+    mask (kept on the mask tensor itself, so it lives as long as the mask). Not while tracing, for
+    a mask that requires grad (a graph must not be reused across steps), or for an inference
+    tensor (which has no version counter to tell an edit)."""
+    if torch.compiler.is_compiling() or mask.requires_grad or mask.is_inference():
+        return bias_from_mask(mask, dtype)
+    cached = getattr(mask, "_stridedfa_bias", None)
+    if cached is not None and cached[0] == mask._version and cached[1] == dtype:
+        return cached[2]
+    bias = bias_from_mask(mask, dtype)
+    mask._stridedfa_bias = (mask._version, dtype, bias)  # type: ignore[attr-defined]
+    return bias
 
 
 def _with_position_bias(query, key, value, mask, position_bias, causal, options, sinks) -> torch.Tensor:
