@@ -245,3 +245,21 @@ def test_paged_cache_with_alibi_and_lse_gathers_the_pages(monkeypatch):
     want, want_lse = fa.flash_attn_with_kvcache(q, dense_k, dense_v, k_new, v_new, **args)
     assert torch.equal(k_pages[table.long()].view(b, -1, h_kv, d), dense_k), "appended into the pages"
     assert torch.allclose(out, want, atol=1e-6) and torch.allclose(lse, want_lse, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["float", "shape", "int64"])
+def test_indices_read_by_torch_ops_are_checked_before_anything_is_written(bad):
+    """cache_leftpad and the ALiBi varlen path's cu_seqlens are read by torch ops here, not by the
+    core: a wrong dtype or shape is a LayoutError naming the argument, and the cache is untouched."""
+    q, cache = torch.zeros(2, 3, 8, 64), torch.zeros(2, 16, 2, 64)
+    leftpad = {"float": torch.zeros(2), "shape": torch.zeros(3, dtype=torch.int32),
+               "int64": torch.zeros(2, dtype=torch.int64)}[bad]
+    new = torch.ones(2, 3, 2, 64)
+    with pytest.raises(stridedfa.LayoutError, match="cache_leftpad"):
+        fa.flash_attn_with_kvcache(q, cache, cache, new, new, cache_seqlens=4, cache_leftpad=leftpad)
+    assert not cache.any(), "nothing appended"
+    cu = {"float": torch.tensor([0.0, 3.0]), "shape": torch.zeros(2, 1, dtype=torch.int32),
+          "int64": torch.tensor([0, 3])}[bad]
+    tokens = torch.zeros(3, 8, 64)
+    with pytest.raises(stridedfa.LayoutError, match="cu_seqlens_q"):
+        fa.flash_attn_varlen_func(tokens, tokens, tokens, cu, cu, 3, 3, alibi_slopes=torch.zeros(8))

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import stridedfa.torch as _st
-from stridedfa._errors import UnsupportedError
+from stridedfa._errors import LayoutError, UnsupportedError
 from stridedfa._torch_paged import _append, _append_slots
 from stridedfa._torch_varlen import cut_rows
 
@@ -89,6 +89,14 @@ def _attend(q, k, v, alibi_slopes, return_lse: bool, **options):
             for i in range(q.shape[0])]
     out = torch.cat([row[0].transpose(1, 2) for row in rows]).transpose(1, 2)
     return (out, torch.cat([row[1] for row in rows])) if return_lse else out
+
+
+def _check_index(name: str, t: torch.Tensor, length: int, like: torch.Tensor) -> None:
+    """An int32 (length,) tensor on like's device, as FlashAttention takes its per-sequence
+    indices: those read here by torch ops, never by the core's validation, are checked here."""
+    if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != length or t.device != like.device:
+        raise LayoutError(f"{name} must be an int32 ({length},) tensor on {like.device}; got {t.dtype} "
+                          f"{tuple(t.shape)} on {t.device}")
 
 
 def _pad_head_dim(t: torch.Tensor) -> torch.Tensor:
@@ -172,6 +180,8 @@ def _varlen_with_alibi(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     padding lengths and the slopes (aligned per sequence, as FlashAttention's), and the result
     gathered back. Costs the copies of q, k, v and out at the padded size; differentiable."""
     batch = cu_seqlens_q.shape[0] - 1
+    _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
+    _check_index("cu_seqlens_k", cu_seqlens_k, batch + 1, q)
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     at_q = _slots(cu_seqlens_q, q.shape[0], max_q, batch)
     at_k = _slots(cu_seqlens_k, k.shape[0], max_k, batch)
@@ -342,6 +352,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise UnsupportedError("cache_batch_idx: with a block_table, the table already says which blocks each "
                                "sequence reads; pass one or the other.")
     batch, seqlen_q = q.shape[0], q.shape[1]
+    if cache_leftpad is not None:  # before anything is appended
+        _check_index("cache_leftpad", cache_leftpad, batch, q)
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     if cache_seqlens is None:
