@@ -189,8 +189,11 @@ def _with_position_bias(query, key, value, mask, position_bias, causal, options,
     (differentiable: the position bias is learned)."""
     dense = mask.dense() if isinstance(mask, StridedMask) else mask
     bias = create_position_bias_mask(position_bias, dense, query.shape[2] > 1 and dense is None and causal, query, key)
+    bias = bias.to(query.dtype)
+    if bias.shape[-1] > 1 and bias.stride(-1) != 1:  # T5's bias is (1, h, q, k) permuted from (q, k, h): cuDNN reads keys contiguous
+        bias = bias.contiguous()
     options.update(causal=False, window=None)
-    return _dense(query, key, value, options, sinks, bias=bias.to(query.dtype))
+    return _dense(query, key, value, options, sinks, bias=bias)
 
 
 def _dense(query, key, value, options, sinks, **extra) -> torch.Tensor:
