@@ -174,8 +174,12 @@ def test_left_padded_cache_cuts_each_row_into_padding_keys_and_tail(monkeypatch)
 
 def _reference(q, k, v, *, scale, causal, causal_alignment, window, softcap, seqlens_q=None, seqlens_kv=None,
                alibi_slopes=None, return_lse=False, **_):
-    """stridedfa.torch.attention's arguments, computed by the float64 reference (on the CPU)."""
+    """stridedfa.torch.attention's arguments, computed by the float64 reference (on the CPU), with
+    the core's refusal of ALiBi aligned per sequence (bottom-right with padding lengths)."""
     from helpers.torch_ref import _attention
+
+    if alibi_slopes is not None and causal_alignment == "bottom_right" and (seqlens_q, seqlens_kv) != (None, None):
+        raise stridedfa.UnsupportedError("ALiBi with bottom-right alignment and padding lengths")
 
     out, lse = _attention(q.double(), k.double(), v.double(), scale, causal, causal_alignment, window, seqlens_q,
                           seqlens_kv, softcap, None, None, None if alibi_slopes is None else alibi_slopes.double())
@@ -223,6 +227,52 @@ def test_varlen_alibi_runs_on_padded_copies_of_the_sequences(monkeypatch):
     assert q.grad is not None and torch.all(q.grad[16:] == 0), "gradients flow back through the copies"
     per_sequence = fa.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True, alibi_slopes=slopes.expand(4, h))
     assert torch.allclose(per_sequence, out, atol=1e-6), "(batch, nheads) slopes: one call per sequence"
+
+
+@pytest.mark.parametrize("causal, window", [(True, (-1, -1)), (False, (-1, -1)), (True, (3, 0)), (False, (2, 4))])
+def test_alibi_aligned_per_sequence_when_queries_and_keys_differ(monkeypatch, causal, window):
+    """ALiBi's distance and masks aligned to each sequence's end (i + L_k - L_q - j), as FlashAttention
+    aligns them, where every sequence has its own offset: varlen with different cu_seqlens and a KV
+    cache with cache_seqlens. The core refuses that offset (the fake too); the sequences are
+    attended back to front, top-left -- against each sequence attended alone, bottom-right."""
+    monkeypatch.setattr(fa._st, "attention", _reference)
+    gen = torch.Generator().manual_seed(13)
+    h, d = 4, 16
+    slopes = torch.rand(h, generator=gen)
+    options = dict(causal=causal, window_size=window, alibi_slopes=slopes)
+
+    def alone(q, k, v):  # (s, h, d) each
+        one = [t.transpose(0, 1)[None] for t in (q, k, v)]
+        out, lse = _reference(*one, scale=d ** -0.5, causal=causal, causal_alignment="bottom_right",
+                              window=fa._window(window), softcap=None, alibi_slopes=slopes, return_lse=True)
+        return out[0].transpose(0, 1), lse[0]
+
+    lengths_q, lengths_k = [2, 5, 1, 4], [6, 5, 9, 4]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                  for n in (lengths_q, lengths_k))
+    q = torch.randn(int(cu_q[-1]), h, d, generator=gen, requires_grad=True)
+    k, v = (torch.randn(int(cu_k[-1]), h, d, generator=gen, requires_grad=True) for _ in range(2))
+    out, lse, _ = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                            return_attn_probs=True, **options)
+    for i in range(len(lengths_q)):
+        rows, keys = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        want, want_lse = alone(q[rows], k[keys], v[keys])
+        assert torch.allclose(out[rows], want, atol=1e-5), f"varlen sequence {i}"
+        assert torch.allclose(lse[:, rows], want_lse, atol=1e-5), f"varlen lse of sequence {i}"
+    out.sum().backward()
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v)), "gradients through the reversal"
+
+    b, s_q, capacity = 3, 2, 10
+    q = torch.randn(b, s_q, h, d, generator=gen)
+    k_cache, v_cache = (torch.randn(b, capacity, h, d, generator=gen) for _ in range(2))
+    cached = torch.tensor([3, 8, 0], dtype=torch.int32)
+    new = [torch.randn(b, s_q, h, d, generator=gen) for _ in range(2)]
+    out, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, *new, cache_seqlens=cached,
+                                          return_softmax_lse=True, **options)
+    for i in range(b):
+        n = int(cached[i]) + s_q
+        want, want_lse = alone(q[i], k_cache[i, :n], v_cache[i, :n])
+        assert torch.allclose(out[i], want, atol=1e-5) and torch.allclose(lse[i], want_lse, atol=1e-5), f"cache {i}"
 
 
 def test_paged_cache_with_alibi_and_lse_gathers_the_pages(monkeypatch):

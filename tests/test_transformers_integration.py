@@ -49,7 +49,7 @@ class ReferenceKernels:
     def attention(self, q, k, v, *, scale=None, causal=False, causal_alignment="top_left", window=None,
                   softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, dropout_p=0.0, **_):
         self.dropout.append(dropout_p)  # recorded, not applied: the reference has no random mask
-        assert bias is None or bias.shape[-1] == 1 or bias.stride(-1) == 1, "cuDNN reads a bias with its key axis contiguous"
+        assert bias is None or bias.shape[-1] == 1 or bias.stride(-1) == 1, "cuDNN reads a bias keys-contiguous"
         if bias is not None and bias.shape[-2] == 1 and q.shape[2] > 1:  # the keys' padding alone
             self.paths.append("masked")
         else:

@@ -163,22 +163,49 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 # --- Variable length (total_tokens, nheads, headdim) + cu_seqlens ------------------------------------
 
 def _slots(cu_seqlens, total: int, max_seqlen: int, batch: int):
-    """Each token's (sequence, position) in a padded (batch + 1, max_seqlen) layout: tokens in no
-    sequence, or past max_seqlen (a broken promise), go to the spare row ``batch``."""
+    """Each token's (sequence, position) in a padded (batch + 1, max_seqlen) layout, each sequence
+    stored back to front (see _reversed_alibi): tokens in no sequence, or past max_seqlen (a
+    broken promise), go to the spare row ``batch``."""
     tokens = torch.arange(total, device=cu_seqlens.device)
     cu = cu_seqlens.long()
     sequence = torch.searchsorted(cu[1:], tokens, right=True)
-    position = tokens - cu[sequence.clamp(max=batch - 1)]
+    at = sequence.clamp(max=batch - 1)
+    position = tokens - cu[at]
     spare = (sequence >= batch) | (position >= max_seqlen) | (position < 0)
-    return sequence.masked_fill(spare, batch), position.masked_fill(spare, 0)
+    length = (cu[at + 1] - cu[at]).clamp(max=max_seqlen)
+    return sequence.masked_fill(spare, batch), (length - 1 - position).masked_fill(spare, 0)
+
+
+def _reversed_alibi(opts: dict) -> dict:
+    """The options for sequences stored back to front. FlashAttention aligns ALiBi's distance
+    (i + L_k - L_q - j) and its masks bottom-right, per sequence; the core takes ALiBi with padding
+    lengths only top-left. Reversing each sequence's queries (i' = L_q - 1 - i) and keys
+    (j' = L_k - 1 - j) makes that distance j' - i', top-left, and the window (left, right) --
+    causal: right = 0 -- becomes (right, left)."""
+    left, right = opts["window"] or (None, None)
+    if opts["causal"]:
+        right = 0
+    flipped = (right, left)
+    return dict(opts, causal=False, causal_alignment="top_left", window=None if flipped == (None, None) else flipped)
+
+
+def _reverse(t: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Each sequence's first lengths[b] entries along axis 2 of (b, h, s[, d]) back to front (a
+    differentiable gather; its own inverse); the entries after them stay."""
+    position = torch.arange(t.shape[2], device=t.device)
+    length = lengths.long().clamp(0, t.shape[2])[:, None]
+    index = torch.where(position < length, length - 1 - position, position)
+    index = index[:, None, :, None] if t.dim() == 4 else index[:, None, :]
+    return t.gather(2, index.expand(t.shape))
 
 
 def _varlen_with_alibi(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, return_lse,
                        opts):
     """Variable-length attention with ALiBi (which the variable-length kernels do not take): the
-    sequences are copied into padded (batch, max_seqlen, nheads, headdim) tensors, attended with
-    padding lengths and the slopes (aligned per sequence, as FlashAttention's), and the result
-    gathered back. Costs the copies of q, k, v and out at the padded size; differentiable."""
+    sequences are copied back to front into padded (batch, max_seqlen, nheads, headdim) tensors,
+    attended with padding lengths and the slopes (aligned per sequence, as FlashAttention's, by
+    the reversal: _reversed_alibi), and the result gathered back. Costs the copies of q, k, v and
+    out at the padded size; differentiable."""
     batch = cu_seqlens_q.shape[0] - 1
     _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
     _check_index("cu_seqlens_k", cu_seqlens_k, batch + 1, q)
@@ -194,7 +221,8 @@ def _varlen_with_alibi(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 
     out, lse = _attend(padded(q, at_q, max_q).transpose(1, 2), padded(k, at_k, max_k).transpose(1, 2),
                        padded(v, at_k, max_k).transpose(1, 2), alibi_slopes, True,
-                       seqlens_q=lengths(cu_seqlens_q, max_q), seqlens_kv=lengths(cu_seqlens_k, max_k), **opts)
+                       seqlens_q=lengths(cu_seqlens_q, max_q), seqlens_kv=lengths(cu_seqlens_k, max_k),
+                       **_reversed_alibi(opts))
     out = torch.cat([out.transpose(1, 2), out.new_zeros(1, max_q, *out.shape[1:2], out.shape[3])])[at_q]
     if not return_lse:
         return out
@@ -293,8 +321,21 @@ def _paged_gathered(q, k_cache, v_cache, k, v, block_table, cache_seqlens, alibi
         lengths = cache_seqlens + k.shape[1]
     table = block_table.long().clamp(0, min(k_cache.shape[0], v_cache.shape[0]) - 1)
     keys, values = (cache[table].flatten(1, 2) for cache in (k_cache, v_cache))
-    result = _attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), alibi_slopes, return_lse,
-                     seqlens_kv=lengths.clamp(max=capacity).to(torch.int32), **opts)
+    return _cache_attend(q, keys, values, lengths.clamp(max=capacity).to(torch.int32), alibi_slopes, return_lse,
+                         opts)
+
+
+def _cache_attend(q, keys, values, lengths, alibi_slopes, return_lse, opts):
+    """q (b, s_q, h, d) over the first lengths[b] keys of (b, s_k, h_k, d) caches, FlashAttention's
+    return. With ALiBi, whose distance is aligned to each sequence's end, the queries and each
+    sequence's keys are attended back to front (_reversed_alibi): a copy of the keys and values."""
+    q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+    if alibi_slopes is None:
+        result = _attend(q, keys, values, None, return_lse, seqlens_kv=lengths, **opts)
+    else:
+        result = _attend(q.flip(2), _reverse(keys, lengths), _reverse(values, lengths), alibi_slopes, return_lse,
+                         seqlens_kv=lengths, **_reversed_alibi(opts))
+        result = tuple(t.flip(2) for t in result) if return_lse else result.flip(2)
     if return_lse:
         return result[0].transpose(1, 2), result[1]
     return result.transpose(1, 2)
@@ -391,9 +432,4 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         keys, values = k_cache[rows], v_cache[rows]
     if cache_leftpad is not None:
         return _left_padded(q, keys, values, cache_leftpad, lengths, return_softmax_lse, opts)
-    result = _attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), alibi_slopes,
-                     return_softmax_lse, seqlens_kv=lengths, **opts)
-    if return_softmax_lse:
-        out, lse = result
-        return out.transpose(1, 2), lse
-    return result.transpose(1, 2)
+    return _cache_attend(q, keys, values, lengths, alibi_slopes, return_softmax_lse, opts)

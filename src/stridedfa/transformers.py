@@ -190,7 +190,8 @@ def _with_position_bias(query, key, value, mask, position_bias, causal, options,
     dense = mask.dense() if isinstance(mask, StridedMask) else mask
     bias = create_position_bias_mask(position_bias, dense, query.shape[2] > 1 and dense is None and causal, query, key)
     bias = bias.to(query.dtype)
-    if bias.shape[-1] > 1 and bias.stride(-1) != 1:  # T5's bias is (1, h, q, k) permuted from (q, k, h): cuDNN reads keys contiguous
+    if bias.shape[-1] > 1 and bias.stride(-1) != 1:  # T5's (1, h, q, k), permuted from (q, k, h): cuDNN reads
+        # a bias with its keys contiguous
         bias = bias.contiguous()
     options.update(causal=False, window=None)
     return _dense(query, key, value, options, sinks, bias=bias)

@@ -214,6 +214,50 @@ def test_varlen_alibi_matches_each_sequence_alone():
             assert_close_to_scale(got[s].transpose(0, 1)[None], want, rel=GRAD_REL, name=f"{name} of sequence {i}")
 
 
+@pytest.mark.parametrize("causal, window", [(True, (-1, -1)), (False, (-1, -1)), (True, (40, 0)), (False, (30, 50))])
+def test_alibi_with_an_offset_per_sequence(causal, window):
+    """ALiBi aligned to each sequence's end where every sequence has its own L_k - L_q (varlen with
+    different cu_seqlens; a KV cache with cache_seqlens), attended back to front: out, LSE and
+    (varlen) gradients against the fp32 reference of each sequence alone, bottom-right."""
+    gen = torch.Generator(device="cuda").manual_seed(43)
+    h_q, h_kv, d = 8, 2, 64
+    slopes = torch.rand(h_q, generator=gen, device="cuda") * 0.3
+    options = dict(causal=causal, window_size=window, alibi_slopes=slopes)
+    reference = dict(causal=causal, alignment="bottom_right", window=fa._window(window), alibi_slopes=slopes)
+    lengths_q, lengths_k = [37, 128, 5, 90], [200, 128, 70, 91]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for n in (lengths_q, lengths_k))
+    q = torch.randn(int(cu_q[-1]), h_q, d, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(int(cu_k[-1]), h_kv, d, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    out, lse, _ = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                            return_attn_probs=True, **options)
+    grad_out = torch.randn(out.shape, generator=gen, device="cuda").to(torch.bfloat16)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    for i in range(len(lengths_q)):
+        rows, keys = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        one = [t[s].detach().transpose(0, 1)[None] for t, s in ((q, rows), (k, keys), (v, keys))]
+        ref_out, ref_lse, ref_grads = torch_reference_all(*one, grad_out[rows].transpose(0, 1)[None], **reference)
+        assert_close(out[rows].transpose(0, 1)[None], ref_out, atol=ATOL, name=f"varlen out of sequence {i}")
+        assert_close(lse[:, rows], ref_lse[0], atol=1e-2, name=f"varlen lse of sequence {i}")
+        for got, want, name, s in zip(grads, ref_grads, ("dq", "dk", "dv"), (rows, keys, keys)):
+            assert_close_to_scale(got[s].transpose(0, 1)[None], want, rel=GRAD_REL, name=f"{name} of sequence {i}")
+
+    b, s_new, capacity = 3, 4, 256
+    q = bshd(b, s_new, h_q, d, gen)
+    k_cache, v_cache = (bshd(b, capacity, h_kv, d, gen) for _ in range(2))
+    new = [bshd(b, s_new, h_kv, d, gen) for _ in range(2)]
+    cached = torch.tensor([0, 100, 200], dtype=torch.int32, device="cuda")
+    out, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, *new, cache_seqlens=cached, return_softmax_lse=True,
+                                          **options)
+    for i in range(b):
+        n = int(cached[i]) + s_new
+        ref, ref_lse = torch_reference(to_bhsd(q[i:i + 1]), to_bhsd(k_cache[i:i + 1, :n]),
+                                       to_bhsd(v_cache[i:i + 1, :n]), **reference)
+        assert_close(to_bhsd(out[i:i + 1]), ref, atol=ATOL, name=f"cache out of sequence {i}")
+        assert_close(lse[i:i + 1], ref_lse, atol=1e-2, name=f"cache lse of sequence {i}")
+
+
 def test_per_sequence_alibi_slopes_against_the_reference():
     """alibi_slopes (batch, nheads), as FlashAttention's own tests draw them: one call per sequence."""
     gen = torch.Generator(device="cuda").manual_seed(37)
