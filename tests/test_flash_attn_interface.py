@@ -120,7 +120,6 @@ def test_with_kvcache_contiguous_and_paged_shapes():
     (lambda q, c, t: fa.flash_attn_with_kvcache(q, c, c, cache_batch_idx=t, block_table=t[:, None]),
      "cache_batch_idx"),
     (lambda q, c, t: fa.flash_attn_func(q, c, c, alibi_slopes=torch.zeros(2, 8)), "alibi_slopes"),
-    (lambda q, c, t: fa.flash_attn_varlen_func(q[0], c[0], c[0], t, t, 8, 8, block_table=t), "block_table"),
 ])
 def test_what_stridedfa_cannot_do_is_refused_by_argument_name(call, argument):
     q = torch.empty(3, 1, 8, 64, **META)
@@ -273,6 +272,52 @@ def test_alibi_aligned_per_sequence_when_queries_and_keys_differ(monkeypatch, ca
         n = int(cached[i]) + s_q
         want, want_lse = alone(q[i], k_cache[i, :n], v_cache[i, :n])
         assert torch.allclose(out[i], want, atol=1e-5) and torch.allclose(lse[i], want_lse, atol=1e-5), f"cache {i}"
+
+
+def _reference_varlen(q, k, v, cu_q, cu_kv, max_q=None, max_kv=None, *, return_lse=False, **options):
+    """stridedfa.torch.varlen_attention by the float64 reference, sequence by sequence (on the CPU):
+    tokens in no sequence, and sequences without keys, get out = 0 and lse = -inf."""
+    cq, ckv = cu_q.tolist(), cu_kv.tolist()
+    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))
+    for i in range(len(cq) - 1):
+        if cq[i + 1] == cq[i] or ckv[i + 1] == ckv[i]:
+            continue
+        one = [t[c[i]:c[i + 1]].transpose(0, 1)[None] for t, c in ((q, cq), (k, ckv), (v, ckv))]
+        o, o_lse = _reference(*one, return_lse=True, **options)
+        out[cq[i]:cq[i + 1]], lse[:, cq[i]:cq[i + 1]] = o[0].transpose(0, 1), o_lse[0]
+    return (out, lse) if return_lse else out
+
+
+@pytest.mark.parametrize("alibi", [False, True])
+def test_varlen_over_a_paged_cache_equals_the_packed_keys(monkeypatch, alibi):
+    """flash_attn_varlen_func with block_table (chunked prefill over paged caches): each sequence's
+    keys are the first cu_seqlens_k lengths of its pages -- the result of the same keys packed."""
+    monkeypatch.setattr(fa._st, "attention", _reference)
+    monkeypatch.setattr(fa._st, "varlen_attention", _reference_varlen)
+    gen = torch.Generator().manual_seed(17)
+    h, h_kv, d, page, per_seq = 4, 2, 16, 4, 3
+    lengths_q, lengths_k = [2, 5, 1], [7, 5, 12]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                  for n in (lengths_q, lengths_k))
+    b = len(lengths_q)
+    q = torch.randn(int(cu_q[-1]), h, d, generator=gen)
+    dense_k, dense_v = (torch.randn(b, page * per_seq, h_kv, d, generator=gen) for _ in range(2))
+    table = torch.randperm(b * per_seq, generator=gen).view(b, per_seq).to(torch.int32)
+    k_pages, v_pages = (torch.empty(b * per_seq, page, h_kv, d) for _ in range(2))
+    k_pages[table.long()] = dense_k.view(b, per_seq, page, h_kv, d)
+    v_pages[table.long()] = dense_v.view(b, per_seq, page, h_kv, d)
+    packed_k, packed_v = (torch.cat([t[i, :n] for i, n in enumerate(lengths_k)]) for t in (dense_k, dense_v))
+    options = dict(causal=True, window_size=(3, 0), return_attn_probs=True,
+                   alibi_slopes=torch.rand(h, generator=gen) if alibi else None)
+    out, lse, _ = fa.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lengths_q), page * per_seq,
+                                            block_table=table, **options)
+    want, want_lse, _ = fa.flash_attn_varlen_func(q, packed_k, packed_v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                                  **options)
+    assert out.shape == want.shape and lse.shape == want_lse.shape
+    assert torch.allclose(out, want, atol=1e-5) and torch.allclose(lse, want_lse, atol=1e-5)
+    with pytest.raises(stridedfa.LayoutError, match="block_table"):
+        fa.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 5, 12, block_table=table.long())
 
 
 def test_paged_cache_with_alibi_and_lse_gathers_the_pages(monkeypatch):

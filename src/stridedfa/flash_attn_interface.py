@@ -17,12 +17,14 @@ in place at their strides, the packed functions' gradients land in one buffer of
 shape, and head dims that are not a multiple of 8 are zero-padded as FlashAttention's wrapper does.
 
 Where stridedfa differs, it says so by name rather than guessing: ``S_dmask`` (FlashAttention's
-dropout pattern for its own tests) is returned as None; ALiBi with ``cache_leftpad``,
-``block_table`` in ``flash_attn_varlen_func`` and ``cache_leftpad`` with ``block_table`` raise
-:class:`stridedfa.UnsupportedError`. ALiBi in the varlen functions runs on padded copies of the
-sequences (the variable-length kernels take no ALiBi); with a ``block_table``, ALiBi and the LSE
-run on a dense copy of each sequence's pages. ``num_splits`` is a scheduling hint that cuDNN's
-kernels do not take and is ignored.
+dropout pattern for its own tests) is returned as None; ALiBi with ``cache_leftpad`` and
+``cache_leftpad`` with ``block_table`` raise :class:`stridedfa.UnsupportedError`. ALiBi in the
+varlen functions runs on padded copies of the sequences (the variable-length kernels take no
+ALiBi); ALiBi aligned per sequence runs each sequence back to front (the core takes ALiBi with
+padding lengths only top-left). With a ``block_table``, ALiBi and the LSE in
+``flash_attn_with_kvcache``, and every ``flash_attn_varlen_func`` call, run on a dense copy of
+each sequence's pages. ``num_splits`` is a scheduling hint that cuDNN's kernels do not take and
+is ignored.
 """
 
 from __future__ import annotations
@@ -200,29 +202,33 @@ def _reverse(t: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _varlen_with_alibi(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, return_lse,
-                       opts):
+                       opts, padded_kv=None):
     """Variable-length attention with ALiBi (which the variable-length kernels do not take): the
     sequences are copied back to front into padded (batch, max_seqlen, nheads, headdim) tensors,
     attended with padding lengths and the slopes (aligned per sequence, as FlashAttention's, by
     the reversal: _reversed_alibi), and the result gathered back. Costs the copies of q, k, v and
-    out at the padded size; differentiable."""
+    out at the padded size; differentiable. ``padded_kv``: keys and values already padded
+    (batch, max_seqlen_k, nheads_k, headdim), in order (gathered pages), instead of k and v."""
     batch = cu_seqlens_q.shape[0] - 1
     _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
     _check_index("cu_seqlens_k", cu_seqlens_k, batch + 1, q)
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     at_q = _slots(cu_seqlens_q, q.shape[0], max_q, batch)
-    at_k = _slots(cu_seqlens_k, k.shape[0], max_k, batch)
 
     def padded(t, at, length):
-        return t.new_zeros(batch + 1, length, *t.shape[1:]).index_put(at, t)[:batch]
+        return t.new_zeros(batch + 1, length, *t.shape[1:]).index_put(at, t)[:batch].transpose(1, 2)
 
     def lengths(cu, length):
         return (cu[1:] - cu[:-1]).clamp(0, length).to(torch.int32)
 
-    out, lse = _attend(padded(q, at_q, max_q).transpose(1, 2), padded(k, at_k, max_k).transpose(1, 2),
-                       padded(v, at_k, max_k).transpose(1, 2), alibi_slopes, True,
-                       seqlens_q=lengths(cu_seqlens_q, max_q), seqlens_kv=lengths(cu_seqlens_k, max_k),
-                       **_reversed_alibi(opts))
+    lengths_k = lengths(cu_seqlens_k, max_k)
+    if padded_kv is None:
+        at_k = _slots(cu_seqlens_k, k.shape[0], max_k, batch)
+        keys, values = padded(k, at_k, max_k), padded(v, at_k, max_k)
+    else:
+        keys, values = (_reverse(t.transpose(1, 2), lengths_k) for t in padded_kv)
+    out, lse = _attend(padded(q, at_q, max_q), keys, values, alibi_slopes, True,
+                       seqlens_q=lengths(cu_seqlens_q, max_q), seqlens_kv=lengths_k, **_reversed_alibi(opts))
     out = torch.cat([out.transpose(1, 2), out.new_zeros(1, max_q, *out.shape[1:2], out.shape[3])])[at_q]
     if not return_lse:
         return out
@@ -230,19 +236,50 @@ def _varlen_with_alibi(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     return out, lse.t()
 
 
+def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, block_table, alibi_slopes,
+                  return_lse, opts):
+    """flash_attn_varlen_func over a paged cache (FlashAttention's block_table): sequence b's keys
+    are the first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens of its pages. The pages are gathered
+    into a (batch, blocks * page_block_size) copy, each row cut into its keys and the unused tail
+    (_torch_varlen.cut_rows), and attended on the variable-length path with the packed queries,
+    each row's queries aligned to the end of its keys. Costs that copy of the sequences' pages."""
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
+    _check_index("cu_seqlens_k", cu_seqlens_k, batch + 1, q)
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise LayoutError(f"block_table must be an int32 (batch = {batch}, blocks per sequence) tensor; got "
+                          f"{block_table.dtype} {tuple(block_table.shape)}")
+    capacity = block_table.shape[1] * k_cache.shape[1]
+    table = block_table.long().clamp(0, min(k_cache.shape[0], v_cache.shape[0]) - 1)
+    keys, values = (cache[table].flatten(1, 2) for cache in (k_cache, v_cache))  # (b, capacity, h_kv, d)
+    if alibi_slopes is not None:
+        return _varlen_with_alibi(q, None, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, capacity, alibi_slopes,
+                                  return_lse, opts, padded_kv=(keys, values))
+    cu_k = cu_seqlens_k.long()
+    cu_kv_rows = cut_rows(torch.zeros_like(cu_k[1:]), (cu_k[1:] - cu_k[:-1]).clamp(0, capacity), capacity)
+    cu_q = cu_seqlens_q.long()
+    cu_q_rows = torch.cat([cu_q[:1], torch.stack([cu_q[:-1], cu_q[1:], cu_q[1:]], dim=1).reshape(-1)])
+    tokens = [t.reshape(batch * capacity, *t.shape[2:]) for t in (keys, values)]
+    return _st.varlen_attention(q, *tokens, cu_q_rows.to(torch.int32), cu_kv_rows, int(max_seqlen_q), capacity,
+                                return_lse=return_lse, **opts)
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
     """Attention over sequences packed along the token axis: q (total_q, nheads, headdim), k and v
     (total_k, nheads_k, headdim), int32 cu_seqlens (batch + 1,) on the device (read there only: no
-    host synchronisation), max_seqlen_* Python ints. Returns out (total_q, nheads, headdim), or
-    (out, softmax_lse (nheads, total_q), None)."""
-    if block_table is not None:
-        raise UnsupportedError("block_table: stridedfa's paged attention takes dense queries "
-                               "(flash_attn_with_kvcache with block_table), not cu_seqlens_q; pad the queries or "
-                               "gather the cache.")
+    host synchronisation), max_seqlen_* Python ints. With ``block_table`` (int32 (batch, blocks per
+    sequence)) k and v are paged caches (num_blocks, page_block_size, nheads_k, headdim) and sequence
+    b's keys are the first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens of its pages (gathered into
+    a copy per call: _varlen_paged). Returns out (total_q, nheads, headdim), or (out, softmax_lse
+    (nheads, total_q), None)."""
     head_dim = v.shape[-1]
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
+    if block_table is not None:  # k and v are paged caches (num_blocks, page_block_size, nheads_k, headdim)
+        result = _varlen_paged(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), cu_seqlens_q, cu_seqlens_k,
+                               max_seqlen_q, block_table, alibi_slopes, return_attn_probs, opts)
+        return _returned(result, head_dim, return_attn_probs)
     if alibi_slopes is not None:
         result = _varlen_with_alibi(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), cu_seqlens_q, cu_seqlens_k,
                                     max_seqlen_q, max_seqlen_k, alibi_slopes, return_attn_probs, opts)

@@ -258,6 +258,35 @@ def test_alibi_with_an_offset_per_sequence(causal, window):
         assert_close(lse[i:i + 1], ref_lse, atol=1e-2, name=f"cache lse of sequence {i}")
 
 
+@pytest.mark.parametrize("alibi", [False, True])
+def test_varlen_over_a_paged_cache(alibi):
+    """flash_attn_varlen_func with block_table (chunked prefill over paged caches, GQA, a window):
+    out and LSE against the fp32 reference of each sequence's queries over its first keys."""
+    gen = torch.Generator(device="cuda").manual_seed(47)
+    h_q, h_kv, d, page, per_seq = 8, 2, 64, 16, 8
+    lengths_q, lengths_k = [37, 1, 64], [100, 128, 64]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for n in (lengths_q, lengths_k))
+    b = len(lengths_q)
+    q = torch.randn(int(cu_q[-1]), h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
+    pool = b * per_seq + 5
+    k_pages, v_pages = (torch.randn(pool, page, h_kv, d, generator=gen, device="cuda").to(torch.bfloat16)
+                        for _ in range(2))
+    table = torch.randperm(pool, device="cuda")[:b * per_seq].view(b, per_seq).to(torch.int32)
+    slopes = torch.rand(h_q, generator=gen, device="cuda") * 0.3 if alibi else None
+    out, lse, _ = fa.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lengths_q), page * per_seq,
+                                            causal=True, window_size=(90, 0), alibi_slopes=slopes,
+                                            return_attn_probs=True, block_table=table)
+    for i, n_k in enumerate(lengths_k):
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        keys, values = (t[table[i].long()].flatten(0, 1)[:n_k] for t in (k_pages, v_pages))
+        ref, ref_lse = torch_reference(q[rows].transpose(0, 1)[None], keys.transpose(0, 1)[None],
+                                       values.transpose(0, 1)[None], causal=True, alignment="bottom_right",
+                                       window=(90, 0), alibi_slopes=slopes)
+        assert_close(out[rows].transpose(0, 1)[None], ref, atol=ATOL, name=f"out of sequence {i}")
+        assert_close(lse[:, rows], ref_lse[0], atol=1e-2, name=f"lse of sequence {i}")
+
+
 def test_per_sequence_alibi_slopes_against_the_reference():
     """alibi_slopes (batch, nheads), as FlashAttention's own tests draw them: one call per sequence."""
     gen = torch.Generator(device="cuda").manual_seed(37)
