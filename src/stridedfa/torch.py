@@ -21,9 +21,9 @@ C call (DLPack C exchange API, torch >= 2.10).
 
 import torch
 
-# The operators behind attention and packed_attention, their fake and autograd kernels, and the
-# helpers they share, live in _torch_ops (importing it registers torch.ops.stridedfa); paged-KV and
-# variable-length attention have their own operators in _torch_paged and _torch_varlen.
+# The operators behind attention, their fake and autograd kernels, and the helpers every operator
+# shares, live in _torch_ops (importing it registers torch.ops.stridedfa); packed, paged-KV and
+# variable-length attention have their own operators in _torch_packed, _torch_paged, _torch_varlen.
 from stridedfa._torch_ops import (
     _attention_forward,
     _attention_inference,
@@ -32,15 +32,17 @@ from stridedfa._torch_ops import (
     _causal,
     _check_bias_gradient,
     _check_dropout_gradient,
-    _check_packed,
     _draw_rng_state,
     _eager_attention,
-    _eager_packed_attention,
     _forward_alloc,
     _is_grad_enabled,
+    _plain_eager,
+)
+from stridedfa._torch_packed import (
+    _check_packed,
+    _eager_packed_attention,
     _packed_attention_forward,
     _packed_forward_impl,
-    _plain_eager,
 )
 from stridedfa._torch_paged import attention_with_kvcache
 from stridedfa._torch_varlen import varlen_attention, varlen_packed_attention
