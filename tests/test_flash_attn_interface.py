@@ -310,14 +310,37 @@ def test_varlen_over_a_paged_cache_equals_the_packed_keys(monkeypatch, alibi):
     packed_k, packed_v = (torch.cat([t[i, :n] for i, n in enumerate(lengths_k)]) for t in (dense_k, dense_v))
     options = dict(causal=True, window_size=(3, 0), return_attn_probs=True,
                    alibi_slopes=torch.rand(h, generator=gen) if alibi else None)
+    spare_columns = torch.randint(0, b * per_seq, (b, 5), generator=gen, dtype=torch.int32)  # past max_seqlen_k
     out, lse, _ = fa.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lengths_q), page * per_seq,
-                                            block_table=table, **options)
+                                            block_table=torch.cat([table, spare_columns], 1), **options)
     want, want_lse, _ = fa.flash_attn_varlen_func(q, packed_k, packed_v, cu_q, cu_k, max(lengths_q), max(lengths_k),
                                                   **options)
     assert out.shape == want.shape and lse.shape == want_lse.shape
     assert torch.allclose(out, want, atol=1e-5) and torch.allclose(lse, want_lse, atol=1e-5)
     with pytest.raises(stridedfa.LayoutError, match="block_table"):
         fa.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 5, 12, block_table=table.long())
+
+
+def test_kvcache_alibi_agrees_with_plain_attention_and_copies_only_what_lengths_need(monkeypatch):
+    """Zero slopes give the plain result (also with cache_seqlens past the capacity, clamped on both
+    paths); a whole cache (no cache_seqlens, nothing appended) is attended in place, no lengths."""
+    calls = []
+
+    def spy(q, k, v, **options):
+        calls.append((k, options.get("seqlens_kv")))
+        return _reference(q, k, v, **options)
+
+    monkeypatch.setattr(fa._st, "attention", spy)
+    gen = torch.Generator().manual_seed(19)
+    q = torch.randn(2, 2, 2, 8, generator=gen)
+    k_cache, v_cache = (torch.randn(2, 10, 2, 8, generator=gen) for _ in range(2))
+    for lengths in (torch.tensor([12, 4], dtype=torch.int32), None):
+        plain = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True,
+                                           window_size=(3, 0))
+        zero = fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True,
+                                          window_size=(3, 0), alibi_slopes=torch.zeros(2))
+        assert torch.allclose(plain, zero, atol=1e-6), lengths
+    assert calls[-1][1] is None and calls[-1][0].data_ptr() == k_cache.data_ptr(), "a whole cache: no copy"
 
 
 def test_paged_cache_with_alibi_and_lse_gathers_the_pages(monkeypatch):

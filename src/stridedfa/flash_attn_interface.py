@@ -207,7 +207,8 @@ def _varlen_with_alibi(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     sequences are copied back to front into padded (batch, max_seqlen, nheads, headdim) tensors,
     attended with padding lengths and the slopes (aligned per sequence, as FlashAttention's, by
     the reversal: _reversed_alibi), and the result gathered back. Costs the copies of q, k, v and
-    out at the padded size; differentiable. ``padded_kv``: keys and values already padded
+    out at the padded size; differentiable. A sequence longer than max_seqlen (a broken promise) is
+    cut to it and aligned to that cut. ``padded_kv``: keys and values already padded
     (batch, max_seqlen_k, nheads_k, headdim), in order (gathered pages), instead of k and v."""
     batch = cu_seqlens_q.shape[0] - 1
     _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
@@ -236,11 +237,12 @@ def _varlen_with_alibi(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     return out, lse.t()
 
 
-def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, block_table, alibi_slopes,
-                  return_lse, opts):
+def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                  alibi_slopes, return_lse, opts):
     """flash_attn_varlen_func over a paged cache (FlashAttention's block_table): sequence b's keys
-    are the first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens of its pages. The pages are gathered
-    into a (batch, blocks * page_block_size) copy, each row cut into its keys and the unused tail
+    are the first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens of its pages. The pages that can
+    hold max_seqlen_k keys are gathered into a (batch, blocks * page_block_size) copy (head dim
+    padded there, not in the whole pool), each row cut into its keys and the unused tail
     (_torch_varlen.cut_rows), and attended on the variable-length path with the packed queries,
     each row's queries aligned to the end of its keys. Costs that copy of the sequences' pages."""
     batch = cu_seqlens_q.shape[0] - 1
@@ -249,9 +251,13 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
         raise LayoutError(f"block_table must be an int32 (batch = {batch}, blocks per sequence) tensor; got "
                           f"{block_table.dtype} {tuple(block_table.shape)}")
-    capacity = block_table.shape[1] * k_cache.shape[1]
-    table = block_table.long().clamp(0, min(k_cache.shape[0], v_cache.shape[0]) - 1)
-    keys, values = (cache[table].flatten(1, 2) for cache in (k_cache, v_cache))  # (b, capacity, h_kv, d)
+    page = k_cache.shape[1]
+    blocks = block_table.shape[1]
+    if max_seqlen_k is not None and int(max_seqlen_k) > 0:  # tables sized for the longest context
+        blocks = min(blocks, -(-int(max_seqlen_k) // page))
+    capacity = blocks * page
+    table = block_table[:, :blocks].long().clamp(0, min(k_cache.shape[0], v_cache.shape[0]) - 1)
+    keys, values = (_pad_head_dim(cache[table].flatten(1, 2)) for cache in (k_cache, v_cache))  # (b, capacity, ...)
     if alibi_slopes is not None:
         return _varlen_with_alibi(q, None, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, capacity, alibi_slopes,
                                   return_lse, opts, padded_kv=(keys, values))
@@ -277,8 +283,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     head_dim = v.shape[-1]
     opts = _options(q.shape[-1], dropout_p, softmax_scale, causal, window_size, softcap, deterministic)
     if block_table is not None:  # k and v are paged caches (num_blocks, page_block_size, nheads_k, headdim)
-        result = _varlen_paged(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), cu_seqlens_q, cu_seqlens_k,
-                               max_seqlen_q, block_table, alibi_slopes, return_attn_probs, opts)
+        result = _varlen_paged(_pad_head_dim(q), k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               block_table, alibi_slopes, return_attn_probs, opts)
         return _returned(result, head_dim, return_attn_probs)
     if alibi_slopes is not None:
         result = _varlen_with_alibi(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), cu_seqlens_q, cu_seqlens_k,
@@ -363,12 +369,13 @@ def _paged_gathered(q, k_cache, v_cache, k, v, block_table, cache_seqlens, alibi
 
 
 def _cache_attend(q, keys, values, lengths, alibi_slopes, return_lse, opts):
-    """q (b, s_q, h, d) over the first lengths[b] keys of (b, s_k, h_k, d) caches, FlashAttention's
-    return. With ALiBi, whose distance is aligned to each sequence's end, the queries and each
-    sequence's keys are attended back to front (_reversed_alibi): a copy of the keys and values."""
+    """q (b, s_q, h, d) over the first lengths[b] keys of (b, s_k, h_k, d) caches (all of them when
+    lengths is None), FlashAttention's return. With ALiBi and lengths, whose distance is aligned to
+    each sequence's end, the queries and each sequence's keys are attended back to front
+    (_reversed_alibi): a copy of the keys and values."""
     q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
-    if alibi_slopes is None:
-        result = _attend(q, keys, values, None, return_lse, seqlens_kv=lengths, **opts)
+    if alibi_slopes is None or lengths is None:
+        result = _attend(q, keys, values, alibi_slopes, return_lse, seqlens_kv=lengths, **opts)
     else:
         result = _attend(q.flip(2), _reverse(keys, lengths), _reverse(values, lengths), alibi_slopes, return_lse,
                          seqlens_kv=lengths, **_reversed_alibi(opts))
@@ -434,6 +441,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _check_index("cache_leftpad", cache_leftpad, batch, q)
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    whole_cache = cache_seqlens is None and k is None  # every row all keys: no lengths to pass
     if cache_seqlens is None:
         cache_seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=q.device)
     elif isinstance(cache_seqlens, int):
@@ -457,7 +465,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                          None if v is None else v.transpose(1, 2), **opts)
         return out.transpose(1, 2)
     rows = (torch.arange(batch, device=q.device) if cache_batch_idx is None else cache_batch_idx.long())
-    lengths = cache_seqlens
+    lengths = None if whole_cache else cache_seqlens.clamp(max=capacity).to(torch.int32)
     if k is not None:
         positions = (cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=q.device)).clamp(max=capacity - 1)
         k_cache[rows[:, None], positions] = k.to(k_cache.dtype)
@@ -468,5 +476,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:
         keys, values = k_cache[rows], v_cache[rows]
     if cache_leftpad is not None:
-        return _left_padded(q, keys, values, cache_leftpad, lengths, return_softmax_lse, opts)
+        return _left_padded(q, keys, values, cache_leftpad, cache_seqlens if lengths is None else lengths,
+                            return_softmax_lse, opts)
     return _cache_attend(q, keys, values, lengths, alibi_slopes, return_softmax_lse, opts)
