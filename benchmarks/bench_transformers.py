@@ -11,8 +11,10 @@ GQA where the family has it; random weights, bfloat16), in one run:
     step), batch 8, 512-token prompts, 128 new tokens: tokens per second.
 Gemma 2 and gpt-oss run SDPA where they allow it (transformers' SDPA refuses softcap and has no
 sinks: they are compared with eager attention and marked so). Each step is timed with CUDA events,
-synchronised after each (the pattern of a training loop that logs its loss); padding is left out
-of the loss by label -100 (no host synchronisation inside the step). Beside each step time, the
+synchronised after each (the pattern of a training loop that logs its loss), the two
+implementations' models side by side with their steps in alternation (drift falls on both); the
+table gives the ratio of the medians and the median and range of the per-round ratios. Padding is
+left out of the loss by label -100 (no host synchronisation inside the step). Beside each step time, the
 host time spent issuing it: close to the step time means the step is host-bound. A script, never
 a test.
 
@@ -33,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import stridedfa  # noqa: E402
 import stridedfa.transformers  # noqa: E402,F401  (registers "stridedfa")
 from helpers import hf_models  # noqa: E402
 
@@ -67,32 +70,52 @@ def build(name, implementation):
         return auto.from_config(config, attn_implementation=implementation, dtype=torch.bfloat16).train()
 
 
-def step_time(model, ids, mask, causal, warmup, iters):
-    # Padding is left out of the loss by label -100, as transformers' Trainer does: indexing the
-    # logits with a boolean mask instead would make every step wait for the device (a sync).
+def make_step(model, ids, mask, causal):
+    """One training step: forward, cross-entropy, backward. Padding is left out of the loss by label
+    -100, as transformers' Trainer does: indexing the logits with a boolean mask instead would make
+    every step wait for the device (a sync)."""
     labels = ids.roll(-1, 1) if mask is None else ids.roll(-1, 1).masked_fill(mask == 0, -100)
     extra = {"use_cache": False} if causal else {}
 
     def step():
+        model.zero_grad(set_to_none=True)
         logits = model(ids, attention_mask=mask, **extra).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
         loss.backward()
 
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
+    return step
+
+
+def timed(step):
+    """(device ms, host ms) of one step, synchronised after it: the host time is the time spent
+    issuing the step (close to the device time = host-bound)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times, host = [], []
-    for _ in range(iters):
-        model.zero_grad(set_to_none=True)
-        start.record()
-        began = time.perf_counter()
-        step()
-        host.append((time.perf_counter() - began) * 1e3)  # issuing the step: near the step time = host-bound
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), statistics.median(host)
+    start.record()
+    began = time.perf_counter()
+    step()
+    host = (time.perf_counter() - began) * 1e3
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), host
+
+
+def interleaved(steps, warmup, iters):
+    """Each implementation's step timed in alternation (A B, B A, A B, ...), so that clock, thermal
+    and allocator drift fall on both alike. Returns per implementation the median device and host
+    ms, and the median, min and max of the per-round ratios first / second."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    torch.cuda.synchronize()
+    names = list(steps)
+    times = {name: [] for name in names}
+    for i in range(iters):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            times[name].append(timed(steps[name]))
+    pairs = [a[0] / b[0] for a, b in zip(times[names[0]], times[names[1]])]
+    result = {name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts))
+              for name, ts in times.items()}
+    return result, (statistics.median(pairs), min(pairs), max(pairs))
 
 
 def batch(b, s, padded, seed=0):
@@ -107,31 +130,31 @@ def batch(b, s, padded, seed=0):
 
 
 def train_rows(names, quick):
-    """Each model is built once per implementation and timed on every batch (same weights: seed 0)."""
+    """Both implementations' models are built side by side (same weights: seed 0) and their steps
+    timed in alternation on every batch."""
     rows = []
     shapes = [(2, 2048)] if quick else [(2, 2048), (8, 4096)]
-    warmup, iters = (2, 5) if quick else (3, 10)
+    warmup, iters = (2, 6) if quick else (3, 20)
     for name in names:
         causal = hf_models.FAMILIES[name][1] == "causal"
         cases = [(b, s, padded) for b, s in shapes for padded in (False, True)
                  if (b, s) != (8, 4096) or name in ("llama", "qwen2")]
         baseline = BASELINE.get(name, "sdpa")
-        times = {}
-        for implementation in ("stridedfa", baseline):
-            model = build(name, implementation)
-            for b, s, padded in cases:
-                ids, mask = batch(b, s, padded)
-                times[implementation, b, s, padded] = step_time(model, ids, mask, causal, warmup, iters)
-            del model
-            torch.cuda.empty_cache()
+        models = {implementation: build(name, implementation) for implementation in ("stridedfa", baseline)}
         for b, s, padded in cases:
-            (ours_ms, ours_host), (base_ms, base_host) = times["stridedfa", b, s, padded], times[baseline, b, s, padded]
+            ids, mask = batch(b, s, padded)
+            steps = {implementation: make_step(model, ids, mask, causal) for implementation, model in models.items()}
+            medians, (pair, low, high) = interleaved(steps, warmup, iters)
+            (ours_ms, ours_host), (base_ms, base_host) = medians["stridedfa"], medians[baseline]
             row = {"model": name, "batch": b, "seq": s, "padded": padded, "baseline": baseline,
                    "stridedfa_ms": ours_ms, "baseline_ms": base_ms,
-                   "stridedfa_host_ms": ours_host, "baseline_host_ms": base_host}
-            row["ratio"] = row["stridedfa_ms"] / row["baseline_ms"]
+                   "stridedfa_host_ms": ours_host, "baseline_host_ms": base_host,
+                   "ratio": ours_ms / base_ms, "pair_ratio_median": pair, "pair_ratio_min": low,
+                   "pair_ratio_max": high, "rounds": iters}
             rows.append(row)
             print(json.dumps(row), flush=True)
+        del models, steps
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -160,12 +183,13 @@ def generation_rows(names):
 
 
 def table(rows, generation):
-    lines = ["| model | batch x seq | padded | stridedfa ms (host) | baseline ms (host) | ratio |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | batch x seq | padded | stridedfa ms (host) | baseline ms (host) | ratio | per-round ratios |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {'yes' if r['padded'] else 'no'} | "
                      f"{r['stridedfa_ms']:.2f} ({r['stridedfa_host_ms']:.1f}) | {r['baseline_ms']:.2f} "
-                     f"({r['baseline_host_ms']:.1f}, {r['baseline']}) | {r['ratio']:.3f} |")
+                     f"({r['baseline_host_ms']:.1f}, {r['baseline']}) | {r['ratio']:.3f} | "
+                     f"{r['pair_ratio_median']:.3f} [{r['pair_ratio_min']:.3f}, {r['pair_ratio_max']:.3f}] |")
     unpadded = [r["ratio"] for r in rows if not r["padded"] and r["baseline"] == "sdpa"]
     padded = [1 / r["ratio"] for r in rows if r["padded"] and r["baseline"] == "sdpa"]
     if unpadded:
@@ -193,8 +217,12 @@ def main():
     names = [n for n in args.models.split(",") if n in hf_models.available()]
     rows = train_rows(names, args.quick)
     generation = generation_rows(["llama"]) if args.generate else []
+    build_info = stridedfa.info().get("build", {})  # the measured wheel's own commit, not the checkout's
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "transformers": transformers.__version__, "training": rows, "generation": generation}
+              "transformers": transformers.__version__, "stridedfa_commit": build_info.get("commit"),
+              "stridedfa_dirty": build_info.get("dirty"),
+              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "training": rows,
+              "generation": generation}
     (args.out / "transformers.json").write_text(json.dumps(result, indent=1))
     (args.out / "transformers.md").write_text(table(rows, generation))
     print(table(rows, generation))
