@@ -150,6 +150,7 @@ from attention_timing import (
     new_case_result,
     run_case,
 )
+from provenance import measured_build
 
 SCHEMA = "stridedfa.bench_attention/1"
 
@@ -228,7 +229,8 @@ def collect_env(torch, sfa, sfa_error):
         "torch_cuda": torch.version.cuda,
         "torch_cudnn_version": torch.backends.cudnn.version(),
         "driver": driver_version(),
-        "git": git_info(),
+        "git": git_info(),  # the checkout it was launched from; the measured wheel's own: measured_build
+        "measured_build": measured_build(sfa) if sfa is not None else None,
         "env_vars": {k: v for k, v in os.environ.items()
                      if k.startswith(("STRIDEDFA", "CUDNN", "CUDA_VISIBLE", "PYTORCH_CUDA",
                                       "TORCH_CUDNN"))},

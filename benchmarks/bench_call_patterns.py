@@ -32,7 +32,8 @@ import statistics
 import sys
 import time
 
-from bench_host_overhead import measured_build, sleep_cycles_for  # shared with the host benchmark
+from bench_host_overhead import sleep_cycles_for  # shared with the host benchmark
+from provenance import measured_build
 
 
 def log(*args):

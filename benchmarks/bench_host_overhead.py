@@ -76,6 +76,8 @@ from pathlib import Path
 
 # The one DLPack producer without an adapter, shared with the GPU tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from provenance import measured_build  # noqa: E402
+
 from helpers.producers import Producer  # noqa: E402
 
 SHAPE = (1, 4, 64, 64)
@@ -144,16 +146,6 @@ def remaining_costs(results, targets):
             why = why.split(" (")[0]
         lines.append(f"{name}: {us[row] - us[minus]:.2f} µs per call is {row} - {minus}: {why}.")
     return lines
-
-
-def measured_build(sfa):
-    """The measured wheel's own provenance (written into it by its build), not the checkout the
-    benchmark was launched from; that one too when STRIDEDFA_COMMIT names it."""
-    build = sfa.info().get("build", {})
-    facts = {"commit": build.get("commit"), "dirty": build.get("dirty")}
-    if os.environ.get("STRIDEDFA_COMMIT"):
-        facts["launched_from_commit"] = os.environ["STRIDEDFA_COMMIT"]
-    return facts
 
 
 def log(*args):

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from provenance import provenance
 
+import stridedfa
 import stridedfa.torch as st
 
 H_Q, H_KV, D, BLOCK = 32, 8, 128, 16
@@ -137,7 +139,8 @@ def main():
                 rows.append({"batch": batch, "cache_length": length, "error": f"{type(error).__name__}: {error}"[:200]})
             torch.cuda.empty_cache()
     wide = [r for r in rows if "share_of_ceiling" in r and r["batch"] >= 32]
-    result = {"config": {"h_q": H_Q, "h_kv": H_KV, "d": D, "block_size": BLOCK, "dtype": "bfloat16",
+    result = {"provenance": provenance(stridedfa),
+              "config": {"h_q": H_Q, "h_kv": H_KV, "d": D, "block_size": BLOCK, "dtype": "bfloat16",
                          "device": torch.cuda.get_device_name()},
               "rows": rows,
               "target >= 60% of the copy ceiling at batch >= 32": bool(wide) and all(

@@ -35,6 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from provenance import provenance  # noqa: E402
+
 import stridedfa  # noqa: E402
 import stridedfa.transformers  # noqa: E402,F401  (registers "stridedfa")
 from helpers import hf_models  # noqa: E402
@@ -217,11 +219,8 @@ def main():
     names = [n for n in args.models.split(",") if n in hf_models.available()]
     rows = train_rows(names, args.quick)
     generation = generation_rows(["llama"]) if args.generate else []
-    build_info = stridedfa.info().get("build", {})  # the measured wheel's own commit, not the checkout's
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "transformers": transformers.__version__, "stridedfa_commit": build_info.get("commit"),
-              "stridedfa_dirty": build_info.get("dirty"),
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "training": rows,
+              "transformers": transformers.__version__, "provenance": provenance(stridedfa), "training": rows,
               "generation": generation}
     (args.out / "transformers.json").write_text(json.dumps(result, indent=1))
     (args.out / "transformers.md").write_text(table(rows, generation))

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from provenance import provenance
 
+import stridedfa
 import stridedfa.torch as st
 
 
@@ -147,7 +149,8 @@ def main():
     # the ideal is the fully computed padded batch's time scaled by that share
     useful = sum(n * (n + 1) / 2 for n in lengths) / (b * s_max * (s_max + 1) / 2)
     ideal = rows["stridedfa_padded_full"] * useful
-    result = {"config": {"heads": h, "dim": d, "tokens": total, "documents": b, "longest": s_max,
+    result = {"provenance": provenance(stridedfa),
+              "config": {"heads": h, "dim": d, "tokens": total, "documents": b, "longest": s_max,
                          "padding_share": 1 - total / (b * s_max), "useful_flop_share": useful,
                          "dtype": "bfloat16", "causal": True, "device": torch.cuda.get_device_name()},
               "ms_per_step": rows,
