@@ -172,13 +172,15 @@ def test_left_padded_cache_cuts_each_row_into_padding_keys_and_tail(monkeypatch)
 
 
 def _reference(q, k, v, *, scale, causal, causal_alignment, window, softcap, seqlens_q=None, seqlens_kv=None,
-               alibi_slopes=None, return_lse=False, **_):
-    """stridedfa.torch.attention's arguments, computed by the float64 reference (on the CPU), with
-    the core's refusal of ALiBi aligned per sequence (bottom-right with padding lengths)."""
+               alibi_slopes=None, dropout_p=0.0, return_lse=False, **_):
+    """stridedfa.torch.attention's arguments, computed by the float64 reference (on the CPU), after
+    the core's own verdict on the call (helpers.core_check: what it refuses on a GPU, it refuses)."""
+    from helpers.core_check import check_forward
     from helpers.torch_ref import _attention
 
-    if alibi_slopes is not None and causal_alignment == "bottom_right" and (seqlens_q, seqlens_kv) != (None, None):
-        raise stridedfa.UnsupportedError("ALiBi with bottom-right alignment and padding lengths")
+    check_forward(q, k, v, scale=scale, causal=causal, causal_alignment=causal_alignment, window=window,
+                  softcap=softcap, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, alibi_slopes=alibi_slopes,
+                  dropout_p=dropout_p)
 
     out, lse = _attention(q.double(), k.double(), v.double(), scale, causal, causal_alignment, window, seqlens_q,
                           seqlens_kv, softcap, None, None, None if alibi_slopes is None else alibi_slopes.double())
@@ -275,8 +277,13 @@ def test_alibi_aligned_per_sequence_when_queries_and_keys_differ(monkeypatch, ca
 
 
 def _reference_varlen(q, k, v, cu_q, cu_kv, max_q=None, max_kv=None, *, return_lse=False, **options):
-    """stridedfa.torch.varlen_attention by the float64 reference, sequence by sequence (on the CPU):
-    tokens in no sequence, and sequences without keys, get out = 0 and lse = -inf."""
+    """stridedfa.torch.varlen_attention by the float64 reference, sequence by sequence (on the CPU),
+    after the core's verdict on the call: tokens in no sequence, and sequences without keys, get
+    out = 0 and lse = -inf."""
+    from helpers.core_check import check_forward
+
+    check_forward(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=max_q, max_seqlen_kv=max_kv,
+                  **{name: value for name, value in options.items() if name != "deterministic"})
     cq, ckv = cu_q.tolist(), cu_kv.tolist()
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))

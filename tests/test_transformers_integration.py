@@ -21,6 +21,7 @@ from transformers import masking_utils as mu  # noqa: E402
 
 import stridedfa.transformers as sft  # noqa: E402
 from helpers import hf_models  # noqa: E402
+from helpers.core_check import check_forward  # noqa: E402
 from helpers.torch_ref import _attention, default_scale  # noqa: E402
 from stridedfa._hf_masks import StridedMask, stridedfa_mask  # noqa: E402
 
@@ -49,7 +50,9 @@ class ReferenceKernels:
     def attention(self, q, k, v, *, scale=None, causal=False, causal_alignment="top_left", window=None,
                   softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, dropout_p=0.0, **_):
         self.dropout.append(dropout_p)  # recorded, not applied: the reference has no random mask
-        assert bias is None or bias.shape[-1] == 1 or bias.stride(-1) == 1, "cuDNN reads a bias keys-contiguous"
+        check_forward(q, k, v, scale=scale, causal=causal, causal_alignment=causal_alignment, window=window,
+                      softcap=softcap, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks, bias=bias,
+                      dropout_p=dropout_p)  # what the core refuses on a GPU, it refuses here
         if bias is not None and bias.shape[-2] == 1 and q.shape[2] > 1:  # the keys' padding alone
             self.paths.append("masked")
         else:
@@ -61,6 +64,9 @@ class ReferenceKernels:
                causal_alignment="top_left", window=None, softcap=None, sinks=None, dropout_p=0.0, **_):
         self.paths.append("varlen")
         self.dropout.append(dropout_p)
+        check_forward(q, k, v, scale=scale, causal=causal, causal_alignment=causal_alignment, window=window,
+                      softcap=softcap, sinks=sinks, dropout_p=dropout_p, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+                      max_seqlen_q=max_q, max_seqlen_kv=max_kv)
         cq, ckv = cu_q.tolist(), cu_kv.tolist()
         pieces = []
         for i in range(len(cq) - 1):
@@ -88,8 +94,10 @@ class ReferenceKernels:
 
 @pytest.fixture
 def kernels(monkeypatch):
-    """Run the integration's own code on the CPU with the reference in place of cuDNN."""
+    """Run the integration's own code on the CPU with the reference in place of cuDNN. A fallback
+    raises (the core refusing a call that a GPU run would refuse), unless a test asks otherwise."""
     reference = ReferenceKernels()
+    monkeypatch.setitem(sft._settings, "fallback", "raise")
     monkeypatch.setattr(sft._st, "attention", reference.attention)
     monkeypatch.setattr(sft, "varlen_attention", reference.varlen)
     monkeypatch.setattr(sft, "_cannot_run", lambda query, kwargs: None if not kwargs.get("output_attentions")
@@ -294,7 +302,8 @@ def test_greedy_generation_matches_transformers(kernels, name, cache, padding):
         assert "bias" not in kernels.paths, kernels.paths
 
 
-def test_output_attentions_falls_back_by_name(kernels):
+def test_output_attentions_falls_back_by_name(kernels, monkeypatch):
+    monkeypatch.setitem(sft._settings, "fallback", "warn")
     sft._warned.clear()
     ours, baseline = _pair("llama")
     ids, _ = hf_models.batch("causal", "none")
