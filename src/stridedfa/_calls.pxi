@@ -47,13 +47,28 @@ def _operands():
 cdef int64_t window_bound(object bound, const char* side) except -2:
     if bound is None:
         return -1  # SdpaOptions::kUnbounded
-    if isinstance(bound, bool) or not isinstance(bound, int):
+    # A Python or NumPy integer (JAX callers pass NumPy's); never a bool, whatever its kind.
+    if isinstance(bound, bool) or type(bound).__name__ == "bool_" or not hasattr(type(bound), "__index__"):
         raise TypeError(f"window {side.decode()} bound must be an int >= 0 or None, got {bound!r}")
+    bound = bound.__index__()
     if bound < 0:
-        raise ValueError(f"window {side.decode()} bound must be >= 0 (None: unbounded), got {bound}")
+        raise ValueError(f"window {side.decode()} bound must be >= 0 (None: unbounded; FlashAttention's -1 is "
+                         f"None here), got {bound}")
     if bound >= 2**31 - 1:
         raise ValueError(f"window {side.decode()} bound must be below 2**31 - 1 tokens (None: unbounded), got {bound}")
     return bound
+
+
+def _window_bounds(window):
+    """The one parse of ``window=(left, right)`` (None sides unbounded): (left, right) as ints, -1
+    for an unbounded side, or (-1, -1) for None. parse_options and the adapters (the torch
+    operators' two ints, JAX's static options) all read it here."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right) of token counts (each an int "
+                        f"or None), got {window!r}")
+    return window_bound(window[0], b"left"), window_bound(window[1], b"right")
 
 
 cdef int parse_options(object scale, object causal, object causal_alignment, object window,
@@ -73,14 +88,7 @@ cdef int parse_options(object scale, object causal, object causal_alignment, obj
         options.alignment = CausalAlignment.bottom_right
     else:
         raise ValueError(f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}")
-    if window is None:
-        options.window_left = options.window_right = -1
-    else:
-        if not isinstance(window, (tuple, list)) or len(window) != 2:
-            raise TypeError(f"window must be None or a pair (left, right) of token counts (each an int "
-                            f"or None), got {window!r}")
-        options.window_left = window_bound(window[0], b"left")
-        options.window_right = window_bound(window[1], b"right")
+    options.window_left, options.window_right = _window_bounds(window)
     options.deterministic = bool(deterministic)
     if softcap is None:
         options.softcap = 0.0

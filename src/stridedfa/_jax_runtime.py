@@ -125,22 +125,10 @@ def _rng_state(key):
 
 
 def _window(window):
+    """window as JAX's static options hold it: (left, right) with None unbounded (the core's parse)."""
     if window is None:
         return None
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"window must be None or a pair (left, right) of token counts (each an int or None), "
-                        f"got {window!r}")
-    bounds = []
-    for side, bound in zip(("left", "right"), window):
-        if bound is not None:
-            if isinstance(bound, (bool, np.bool_)) or not isinstance(bound, (int, np.integer)):
-                raise TypeError(f"window {side} bound must be a Python int >= 0 or None (it is compiled into "
-                                f"the call), got {bound!r}")
-            if bound < 0:
-                raise ValueError(f"window {side} bound must be >= 0 (None: unbounded), got {bound}")
-            bound = int(bound)
-        bounds.append(bound)
-    return tuple(bounds)
+    return tuple(None if bound < 0 else bound for bound in _core._window_bounds(window))
 
 
 def _options(layout, scale, causal, causal_alignment, window=None, deterministic=False, padded=False,
