@@ -32,7 +32,8 @@ from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buff
                              graph_cache, jax_array_view, jax_backward_handler, jax_forward_handler,  # no-cython-lint
                              jax_block_table_view, jax_forward_inference_handler, jax_lengths_view,  # no-cython-lint
                              jax_per_head_view,  # no-cython-lint
-                             jax_rng_state_view, jax_stats_view, jax_thd_stats_view,  # no-cython-lint
+                             jax_rng_state_view, jax_scores_view, jax_slopes_view,  # no-cython-lint
+                             jax_stats_view, jax_thd_stats_view,  # no-cython-lint
                              kBlockTable, kCuSeqlensQ, kNumSlots, kOperands,  # no-cython-lint
                              libraries_loaded, OperandInfo, OperandKind, own_workspace_allocations,  # no-cython-lint
                              pool_stats, PoolStats, prepare_backward, prepare_forward, PreparedCall,  # no-cython-lint
@@ -59,4 +60,4 @@ include "_generic_calls.pxi"     # the framework-free path: outputs as DeviceBuf
 include "_cupy_calls.pxi"        # stridedfa.cupy's calls: CuPy's allocator through hooks
 include "_jax_ffi.pxi"           # XLA FFI targets and JAX's trace-time validation
 include "_diagnostics.pxi"       # cache and pool counters, versions, devices, intake inspection
-include "_test_hooks.pxi"        # pieces of the above for tests and benchmarks
+include "_test_hooks.pxi"        # pieces of the above for tests and benchmarks (validation and keys without a GPU)

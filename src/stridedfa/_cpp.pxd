@@ -229,6 +229,12 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
     TensorView jax_rng_state_view "stridedfa::jax_ffi::rng_state_view"(
         const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
         uintptr_t data) except +raise_core_error
+    TensorView jax_scores_view "stridedfa::jax_ffi::scores_view"(
+        const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch, DLDataType dtype,
+        int device, uintptr_t data) except +raise_core_error
+    TensorView jax_slopes_view "stridedfa::jax_ffi::slopes_view"(
+        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
+        uintptr_t data) except +raise_core_error
     void* jax_forward_handler "stridedfa::jax_ffi::forward_handler"()
     void* jax_forward_inference_handler "stridedfa::jax_ffi::forward_inference_handler"()
     void* jax_backward_handler "stridedfa::jax_ffi::backward_handler"()

@@ -5,18 +5,6 @@
 # device addresses) and runs the core's validator on them, so a JAX call is refused before
 # anything is compiled or launched exactly when the handler would refuse it.
 
-cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
-    # The score bias' view. Declared here only to keep the bias change inside the JAX files; it
-    # belongs with the other jax_ffi declarations in _cpp.pxd.
-    TensorView jax_scores_view "stridedfa::jax_ffi::scores_view"(
-        const char* name, const int64_t* dims, int64_t rank, int64_t mapped, int64_t batch, DLDataType dtype,
-        int device, uintptr_t data) except +raise_core_error
-    # The ALiBi slopes' view, declared here for the same reason.
-    TensorView jax_slopes_view "stridedfa::jax_ffi::slopes_view"(
-        const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int device,
-        uintptr_t data) except +raise_core_error
-
-
 def _jax_ffi_targets():
     """``{target name: PyCapsule of its XLA_FFI_Handler}`` for ``jax.ffi.register_ffi_target``
     (platform "CUDA", typed FFI api_version 1)."""

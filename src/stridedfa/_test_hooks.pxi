@@ -133,3 +133,65 @@ def _cupy_allocate_gradients(q, k, v, hooks):
         return cupy_gradients((q, k, v), hooks, None, &bwd)
     finally:
         release(owned, 3)
+
+
+def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None, sinks=None,
+                      bias=None, alibi_slopes=None, dropout_p=0.0, rng_state=None, scale=None, causal=False,
+                      causal_alignment="top_left",
+                      window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
+                      max_seqlen_kv=None, block_table=None):
+    """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
+    the pointers are never dereferenced). Returns what validation established, or raises."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
+                                    rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options,
+               stream, None, VALIDATE)
+
+
+def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None, *,
+                       seqlens_q=None, seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
+                       alibi_slopes=None, dropout_p=0.0, rng_state=None,
+                       scale=None, causal=False,
+                       causal_alignment="top_left", window=None, softcap=None, deterministic=False,
+                       cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None):
+    """Intake and validation of a backward call, nothing else (see _validate_forward)."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
+    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
+    return run(True, slots, options, stream, None, VALIDATE)
+
+
+def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, causal_alignment="top_left",
+                       window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
+                       alibi_slopes=None, dropout_p=0.0, rng_state=None, sm_version=90,
+                       cudnn_version=91900, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
+                       max_seqlen_kv=None, block_table=None):
+    """The graph-cache key a forward call would use on a device with these facts (validates
+    first; needs no GPU). Calls with equal keys share one cuDNN graph; () when cuDNN has nothing
+    to compute (every row masked)."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
+    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
+                                    rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options,
+               None, None, KEY, sm_version, cudnn_version)
+
+
+def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
+                        causal=False, causal_alignment="top_left", window=None, softcap=None, seqlens_q=None,
+                        seqlens_kv=None, sinks=None, grad_sinks=None, bias=None, grad_bias=None,
+                        alibi_slopes=None, dropout_p=0.0, rng_state=None,
+                        deterministic=False, sm_version=90,
+                        cudnn_version=91900, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
+                        max_seqlen_kv=None):
+    """The graph-cache key of a backward call (see _forward_graph_key)."""
+    cdef SdpaOptions options
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
+    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
+                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
+    return run(True, slots, options, None, None, KEY, sm_version, cudnn_version)
