@@ -38,6 +38,11 @@ autograd. Contenders, all in one process and one run:
 * ``torch_compile_stridedfa`` / ``torch_compile_sdpa_cudnn``: a ``torch.compile``'d (default mode)
   function calling ``stridedfa.torch.attention`` / ``F.scaled_dot_product_attention``: the
   registered operator as compiled graphs call it
+* ``stridedfa_torch_train_step`` / ``torch_sdpa_cudnn_train_step``: forward and backward of the
+  same call through autograd (``.backward(grad_out)``, the inputs' gradients dropped each time): an
+  attention's share of a host-bound training step
+* ``diagnostic_backward_c_call`` / ``diagnostic_torch_cudnn_backward_op``: the backward's one C
+  call (``_core._backward_alloc``) and torch's cuDNN backward operator alone -- a breakdown
 * ``core_execute_floor`` the core's C++ ``execute`` of the prepared call, repeated in a C++ loop:
   the floor no Python entry point can beat.
 
@@ -93,6 +98,7 @@ TARGETS = [
     ("stridedfa_dispatch_other_producer", "torch_sdpa_cudnn", 1.0),
     ("stridedfa_torch_autograd", "torch_sdpa_cudnn_autograd", 1.0),
     ("torch_compile_stridedfa", "torch_compile_sdpa_cudnn", 1.0),
+    ("stridedfa_torch_train_step", "torch_sdpa_cudnn_train_step", 1.0),
     ("stridedfa_torch", "core_execute_floor", 1.25),
 ]
 
@@ -109,6 +115,11 @@ REMAINING_COSTS = {
                                  "a Python torch.autograd.Function (its node, ctx and saved tensors); torch's "
                                  "own SDPA records a C++ node (torch_sdpa_cudnn_autograd - torch_sdpa_cudnn "
                                  "= {torch_autograd_cost:.2f} µs)"),
+    "stridedfa_torch_train_step": ("stridedfa_torch_train_step", "torch_sdpa_cudnn_train_step",
+                                   "the backward's C call (diagnostic_backward_c_call - "
+                                   "diagnostic_torch_cudnn_backward_op = {backward_call_cost:.2f} µs: intake of six "
+                                   "operands, three gradients and the workspace from torch's allocator, the plan and "
+                                   "key, cuDNN's execute) and the Python Function's forward and backward around it"),
     "stridedfa_cupy": ("stridedfa_cupy", "stridedfa_generic",
                        "CuPy's Python-level attributes read per array (data, shape, strides, dtype: "
                        "stridedfa_generic_cupy - stridedfa_generic = {cupy_intake_cost:.2f} µs for q, k, v, out) "
@@ -132,6 +143,8 @@ def remaining_costs(results, targets):
         known["cupy_intake_cost"] = us["stridedfa_generic_cupy"] - us["stridedfa_generic"]
     if "stridedfa_cupy" in us and "stridedfa_generic" in us:
         known["cupy_adapter_cost"] = us["stridedfa_cupy"] - us["stridedfa_generic"]
+    if "diagnostic_backward_c_call" in us and "diagnostic_torch_cudnn_backward_op" in us:
+        known["backward_call_cost"] = us["diagnostic_backward_c_call"] - us["diagnostic_torch_cudnn_backward_op"]
     lines = []
     for key, t in targets.items():
         name = key.split("_vs_")[0]
@@ -187,6 +200,13 @@ def contenders(torch, sfa):
                 yield
         return ctx
 
+    grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def train_step(function):
+        with torch.enable_grad():
+            qg.grad = kg.grad = vg.grad = None
+            function(qg, kg, vg).backward(grad_out)
+
     compiled_sdpa = torch.compile(lambda q, k, v: sdpa(q, k, v))
     compiled_ours = torch.compile(lambda q, k, v: attention(q, k, v))
     plan = [
@@ -206,7 +226,12 @@ def contenders(torch, sfa):
         ("diagnostic_forward_alloc", lambda: forward_alloc(q, k, v, None, False, "top_left", False), null, 1),
         ("diagnostic_torch_empty_like", lambda: empty_like(out), null, 1),
         ("diagnostic_framework_allocation", lambda: allocate_like(q, out_shape, out_strides), null, 1),
+        # A training step's attention, forward and backward through autograd (gradients dropped
+        # each time, so no accumulation kernel), and the backward's C calls alone.
+        ("torch_sdpa_cudnn_train_step", lambda: train_step(sdpa), cudnn, 1),
+        ("stridedfa_torch_train_step", lambda: train_step(attention), null, 1),
     ]
+    plan += backward_calls(torch, sfa, q, k, v)
     try:
         import cupy
 
@@ -225,6 +250,38 @@ def contenders(torch, sfa):
     except Exception as exc:  # noqa: BLE001  (CuPy or its adapter missing: say so in the results)
         plan.append(("stridedfa_cupy", exc, null, 1))
     return plan, (q, k, v, out)
+
+
+def backward_calls(torch, sfa, q, k, v):
+    """The backward's one C call (stridedfa._core._backward_alloc, what the torch adapter's autograd
+    backward makes) and torch's cuDNN backward operator, each on its forward's out and statistics:
+    a breakdown of the training step, not contenders. torch's operator signature is that of torch
+    2.11; where it differs, the row records the error."""
+    from stridedfa._torch_ops import _contiguous
+
+    b, h, s, d = SHAPE
+    scale = d ** -0.5
+    grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    try:
+        out, lse = sfa._core._forward_alloc(q, k, v, scale, False, "top_left", True, True, None, None, None, None,
+                                            None, None, None, 0.0, None)
+        backward = sfa._core._backward_alloc
+        rows.append(("diagnostic_backward_c_call", lambda: backward(
+            q, k, v, out, lse, grad_out, scale, False, "top_left", _contiguous, True, None, None, None, None, None,
+            False, None, False, None, 0.0, None), contextlib.nullcontext, 1))
+    except Exception as exc:  # noqa: BLE001  (recorded as the row's error)
+        rows.append(("diagnostic_backward_c_call", exc, contextlib.nullcontext, 1))
+    try:
+        aten = torch.ops.aten
+        res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False, scale=scale)
+        t_out, t_lse, seed, offset = res[0], res[1], res[6], res[7]
+        rows.append(("diagnostic_torch_cudnn_backward_op", lambda: aten._scaled_dot_product_cudnn_attention_backward(
+            grad_out, q, k, v, t_out, t_lse, seed, offset, None, None, None, s, s, 0.0, False, scale=scale),
+            contextlib.nullcontext, 1))
+    except Exception as exc:  # noqa: BLE001
+        rows.append(("diagnostic_torch_cudnn_backward_op", exc, contextlib.nullcontext, 1))
+    return rows
 
 
 def sleep_cycles_for(torch, ms):
