@@ -24,7 +24,10 @@ ALiBi); ALiBi aligned per sequence runs each sequence back to front (the core ta
 padding lengths only top-left). With a ``block_table``, ALiBi and the LSE in
 ``flash_attn_with_kvcache``, and every ``flash_attn_varlen_func`` call, run on a dense copy of
 each sequence's pages. ``num_splits`` is a scheduling hint that cuDNN's kernels do not take and
-is ignored.
+is ignored. The LSE is the log-sum-exp of the scores as defined (-inf for a row that sees no key,
+where FlashAttention returns +inf); with causal ALiBi FlashAttention's kernel adds slope * j
+instead of subtracting slope * |i + L_k - L_q - j| (the same softmax), so its LSE is ours plus
+slope * (i + L_k - L_q).
 """
 
 from __future__ import annotations
