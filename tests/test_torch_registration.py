@@ -104,26 +104,27 @@ def test_cpu_tensors_get_a_layout_error_not_an_allocation():
         sfa_torch.attention(x, x, x)
 
 
-def _block(entry, x, w_qkv, w_o, h=4, d=64):
+def _block(entry, x, w_qkv, w_o, h=4, d=64, window=None):
     b, s, _ = x.shape
     qkv = (x @ w_qkv).view(b, s, 3, h, d)
     if entry == "packed":
-        out = sfa_torch.packed_attention(qkv, 2, causal=True)
+        out = sfa_torch.packed_attention(qkv, 2, causal=True, window=window)
     else:
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-        out = sfa_torch.attention(q, k, v, causal=True).transpose(1, 2)
+        out = sfa_torch.attention(q, k, v, causal=True, window=window).transpose(1, 2)
     return out.reshape(b, s, h * d) @ w_o
 
 
+@pytest.mark.parametrize("window", [None, (16, 0)])
 @pytest.mark.parametrize("entry", ["packed", "views"])
-def test_block_traces_fullgraph_with_backward_and_no_recompile(entry):
+def test_block_traces_fullgraph_with_backward_and_no_recompile(entry, window):
     """Dynamo + AOTAutograd trace the block (forward and backward) on meta tensors in one graph;
     a second call with equal shapes and strides reuses it."""
     import torch._dynamo.testing
 
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(lambda *a: _block(entry, *a), fullgraph=True, backend=counter)
+    compiled = torch.compile(lambda *a: _block(entry, *a, window=window), fullgraph=True, backend=counter)
     args = [torch.empty(2, 64, 256, **META, requires_grad=True),
             torch.empty(256, 768, **META, requires_grad=True),
             torch.empty(256, 256, **META, requires_grad=True)]

@@ -390,8 +390,26 @@ def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, st
 
 
 def _bounds(window) -> tuple[int, int]:
-    """window=(left, right) as the operators' two ints, -1 for an unbounded side (the core's parse)."""
-    return _core._window_bounds(window)
+    """window=(left, right) or None as the operators' two ints, -1 for an unbounded side. The
+    core's parse (_core._window_bounds) with its messages, restated in Python because
+    torch.compile traces this code and cannot call into the compiled module."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right) of token counts (each an int or None), "
+                        f"got {window!r}")
+    bounds = []
+    for side, bound in zip(("left", "right"), window):
+        if bound is None:
+            bounds.append(-1)
+            continue
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise TypeError(f"window {side} bound must be an int >= 0 or None, got {bound!r}")
+        if bound < 0:
+            raise ValueError(f"window {side} bound must be >= 0 (None: unbounded; FlashAttention's -1 is None "
+                             f"here), got {bound}")
+        bounds.append(bound)
+    return bounds[0], bounds[1]
 
 
 def _window(left: int, right: int):

@@ -118,6 +118,6 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if _plain_eager(q, k_cache, v_cache):  # one C call, the core parses the window itself
         return _forward_alloc(q, k_cache, v_cache, scale, bool(causal), causal_alignment, False, False, window, softcap,
                               None, seqlens, block_table=block_table)[0]
-    left, right = _bounds(window) if window is not None else (-1, -1)
+    left, right = _bounds(window)
     return paged_forward(q, k_cache, v_cache, block_table, seqlens, scale, bool(causal), causal_alignment, left,
                          right, softcap)

@@ -245,7 +245,7 @@ def _option_tuple(like, max_seqlen_q, max_seqlen_kv, scale, causal, causal_align
                   dropout_p, deterministic) -> tuple:
     """The operators' 12 options (_OPTIONS' order) from the entry points' keywords; dropout's
     Philox state drawn on like's device."""
-    left, right = _bounds(window) if window is not None else (-1, -1)
+    left, right = _bounds(window)
     rng_state = _draw_rng_state(like, dropout_p) if dropout_p > 0 else None
     return (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment, left, right, softcap,
             sinks, float(dropout_p), rng_state, bool(deterministic))

@@ -138,7 +138,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         out, lse = _forward_alloc(q, k, v, scale, causal, causal_alignment, return_lse, False, window, softcap,
                                   seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, dropout_p, rng_state)
         return (out, lse) if return_lse else out
-    left, right = (-1, -1) if window is None else _bounds(window)
+    left, right = _bounds(window)
     opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
             bias, alibi_slopes, float(dropout_p), rng_state)
     if needs_grad and bias is not None:
@@ -199,7 +199,7 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     """
     causal = _causal(causal, is_causal)
     dim = _check_packed(packed, dim, layout, q)
-    left, right = (-1, -1) if window is None else _bounds(window)
+    left, right = _bounds(window)
     rng_state = _draw_rng_state(packed, dropout_p) if dropout_p else None
     opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
             bias, alibi_slopes, float(dropout_p), rng_state)
