@@ -249,8 +249,6 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     (_torch_varlen.cut_rows), and attended on the variable-length path with the packed queries,
     each row's queries aligned to the end of its keys. Costs that copy of the sequences' pages."""
     batch = cu_seqlens_q.shape[0] - 1
-    _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
-    _check_index("cu_seqlens_k", cu_seqlens_k, batch + 1, q)
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
         raise LayoutError(f"block_table must be an int32 (batch = {batch}, blocks per sequence) tensor; got "
                           f"{block_table.dtype} {tuple(block_table.shape)}")
@@ -259,11 +257,12 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     if max_seqlen_k is not None and int(max_seqlen_k) > 0:  # tables sized for the longest context
         blocks = min(blocks, -(-int(max_seqlen_k) // page))
     capacity = blocks * page
-    table = block_table[:, :blocks].long().clamp(0, min(k_cache.shape[0], v_cache.shape[0]) - 1)
-    keys, values = (_pad_head_dim(cache[table].flatten(1, 2)) for cache in (k_cache, v_cache))  # (b, capacity, ...)
-    if alibi_slopes is not None:
+    keys, values = (_pad_head_dim(t) for t in _gathered_pages(k_cache, v_cache, block_table[:, :blocks]))
+    if alibi_slopes is not None:  # (it checks the cu_seqlens)
         return _varlen_with_alibi(q, None, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, capacity, alibi_slopes,
                                   return_lse, opts, padded_kv=(keys, values))
+    _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q)
+    _check_index("cu_seqlens_k", cu_seqlens_k, batch + 1, q)
     cu_k = cu_seqlens_k.long()
     cu_kv_rows = cut_rows(torch.zeros_like(cu_k[1:]), (cu_k[1:] - cu_k[:-1]).clamp(0, capacity), capacity)
     cu_q = cu_seqlens_q.long()
@@ -352,6 +351,14 @@ def _positions(start, length: int, seqlen_ro: int):
     return (start.long()[:, None] + torch.arange(length, device=start.device)).clamp(max=seqlen_ro - 1)
 
 
+def _gathered_pages(k_cache, v_cache, block_table):
+    """Each sequence's pages of (num_blocks, page_block_size, nheads_k, headdim) caches as dense
+    (batch, blocks * page_block_size, nheads_k, headdim) copies; ids outside the caches clamped into
+    them (the caller's contract; nothing outside is read)."""
+    table = block_table.long().clamp(0, min(k_cache.shape[0], v_cache.shape[0]) - 1)
+    return tuple(cache[table].flatten(1, 2) for cache in (k_cache, v_cache))
+
+
 def _paged_gathered(q, k_cache, v_cache, k, v, block_table, cache_seqlens, alibi_slopes, return_lse, opts):
     """A paged cache with what the paged kernels do not take (ALiBi, the LSE): the new keys and
     values appended into their pages as the paged path appends them, then each sequence's pages
@@ -365,8 +372,7 @@ def _paged_gathered(q, k_cache, v_cache, k, v, block_table, cache_seqlens, alibi
         _append(k_cache.transpose(1, 2), k.transpose(1, 2), slots)
         _append(v_cache.transpose(1, 2), v.transpose(1, 2), slots)
         lengths = cache_seqlens + k.shape[1]
-    table = block_table.long().clamp(0, min(k_cache.shape[0], v_cache.shape[0]) - 1)
-    keys, values = (cache[table].flatten(1, 2) for cache in (k_cache, v_cache))
+    keys, values = _gathered_pages(k_cache, v_cache, block_table)
     return _cache_attend(q, keys, values, lengths.clamp(max=capacity).to(torch.int32), alibi_slopes, return_lse,
                          opts)
 
