@@ -138,6 +138,13 @@ class FrontendGraph final : public BuiltGraph {
     if (!status.is_good()) throw BackendError("cuDNN execute: " + status.get_message());
   }
 
+  std::vector<uint8_t> serialize() const override {
+    std::vector<uint8_t> plan;
+    // The plan alone: a loaded graph is executed by UID, never rebuilt from its structure.
+    check(graph_->serialize(plan, false), "could not serialize the plan");
+    return plan;
+  }
+
  private:
   std::shared_ptr<fe::graph::Graph> graph_;
 };
@@ -322,6 +329,14 @@ void add_backward(fe::graph::Graph& graph, const GraphSpec& spec) {
   mark_output(graph, dv, spec, kGradV);
 }
 
+// A built or loaded graph with what execute needs of it.
+std::shared_ptr<const BuiltGraph> finished(const std::shared_ptr<fe::graph::Graph>& graph) {
+  auto built = std::make_shared<FrontendGraph>(graph);
+  built->workspace_bytes = graph->get_workspace_size();
+  for (int64_t uid : graph->get_variant_pack_uids_sorted()) built->operand_order.push_back(int(uid - 1));
+  return built;
+}
+
 }  // namespace
 
 std::shared_ptr<const BuiltGraph> build_graph(const GraphSpec& spec, void* cudnn_handle) {
@@ -338,10 +353,22 @@ std::shared_ptr<const BuiltGraph> build_graph(const GraphSpec& spec, void* cudnn
     check(graph->check_support(handle), "supports no engine for this configuration");
     check(graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "could not build a plan");
 
-    auto built = std::make_shared<FrontendGraph>(graph);
-    built->workspace_bytes = graph->get_workspace_size();
-    for (int64_t uid : graph->get_variant_pack_uids_sorted()) built->operand_order.push_back(int(uid - 1));
-    return built;
+    return finished(graph);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw BackendError(std::string("cudnn-frontend: ") + e.what());
+  }
+}
+
+std::shared_ptr<const BuiltGraph> load_graph(const std::vector<uint8_t>& plan, void* cudnn_handle) {
+  try {
+    auto graph = std::make_shared<fe::graph::Graph>();
+    // No warm-up: it captures a throwaway CUDA graph, which must not happen inside a caller's capture.
+    check(graph->deserialize(static_cast<cudnnHandle_t>(cudnn_handle), plan, /*enforce_precompiled=*/true,
+                             /*run_warmup=*/false),
+          "could not load a persisted plan");
+    return finished(graph);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

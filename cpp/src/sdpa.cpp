@@ -288,11 +288,12 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   }
   if (!call.graph) {
     last.length = 0;  // until the lookup below succeeds
+    const std::vector<int64_t> full_key(key, key + length);
     call.graph = graph_cache().get_or_build(
-        std::vector<int64_t>(key, key + length),
+        full_key,
         [&] {
           DeviceGuard guard(spec.device);
-          return build_graph(spec, cudnn_handle_for(spec.device, 0));
+          return load_or_build_graph(spec, full_key, cudnn_handle_for(spec.device, 0));
         },
         &last.ticket);
     std::memcpy(last.key, key, sizeof(int64_t) * size_t(length));

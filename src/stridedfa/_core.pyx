@@ -15,10 +15,11 @@ from cpython.exc cimport PyErr_Occurred  # no-cython-lint
 from cpython.pycapsule cimport (PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New,  # no-cython-lint
                                 PyCapsule_SetName)  # no-cython-lint
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject  # no-cython-lint
-from libc.stdint cimport int32_t, int64_t, uintptr_t  # no-cython-lint
+from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t  # no-cython-lint
 from libc.stdlib cimport free, malloc  # no-cython-lint
 from libc.string cimport memcpy, memset, strncpy  # no-cython-lint
 from libcpp cimport bool as cbool  # no-cython-lint
+from libcpp.optional cimport optional  # no-cython-lint
 from libcpp.string cimport string  # no-cython-lint
 from libcpp.vector cimport vector  # no-cython-lint
 
@@ -36,6 +37,7 @@ from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buff
                              jax_stats_view, jax_thd_stats_view,  # no-cython-lint
                              kBlockTable, kCuSeqlensQ, kNumSlots, kOperands,  # no-cython-lint
                              libraries_loaded, OperandInfo, OperandKind, own_workspace_allocations,  # no-cython-lint
+                             plan_store, PlanStore, PlanStoreStats,  # no-cython-lint
                              pool_stats, PoolStats, prepare_backward, prepare_forward, PreparedCall,  # no-cython-lint
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint
                              set_error_translator, set_libraries, Slot, stream_wait_stream,  # no-cython-lint

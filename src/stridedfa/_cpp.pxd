@@ -4,8 +4,9 @@
 # Functions that can throw are declared `except +raise_core_error`: Cython catches the C++
 # exception and calls the translator that _core registers at import (_errors.pxi), which raises
 # the stridedfa exception of the same kind (LayoutError, UnsupportedError, BackendError).
-from libc.stdint cimport int8_t, int32_t, int64_t, uintptr_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uintptr_t
 from libcpp cimport bool as cbool
+from libcpp.optional cimport optional
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
@@ -194,6 +195,24 @@ cdef extern from "stridedfa/graph_cache.hpp" namespace "stridedfa" nogil:
         void set_capacity(size_t capacity)
 
     GraphCache& graph_cache()
+
+
+cdef extern from "stridedfa/plan_store.hpp" namespace "stridedfa" nogil:
+    cdef cppclass PlanStoreStats:
+        int64_t loads, load_rejections, saves, save_failures, evictions
+
+    cdef cppclass PlanStore:
+        PlanStore(string directory, int64_t max_bytes)
+        cbool enabled()
+        const string& directory()
+        int64_t max_bytes()
+        optional[vector[uint8_t]] load(const vector[int64_t]& key, const string& context)
+        cbool save(const vector[int64_t]& key, const string& context, const vector[uint8_t]& payload)
+        int64_t clear()
+        void usage(int64_t* files, int64_t* nbytes)
+        PlanStoreStats stats()
+
+    PlanStore& plan_store()
 
 
 cdef extern from "stridedfa/cudnn_graphs.hpp" namespace "stridedfa" nogil:

@@ -11,6 +11,15 @@ def cache_info():
     (mapped now, all devices), pool_used_bytes (handed out now) and pool_retain_bytes (what each
     device's pool keeps mapped across synchronisations at most, from
     ``STRIDEDFA_POOL_RETAIN_BYTES``, default 512 MiB).
+
+    ``persistent`` describes the persisted execution plans, which a new process loads instead of
+    building a graph again (a miss that loads a plan still counts as a build, and its time as
+    build time): directory (``STRIDEDFA_CACHE_DIR``, else ``$XDG_CACHE_HOME/stridedfa/plans``, else
+    ``~/.cache/stridedfa/plans``; None when ``STRIDEDFA_PERSISTENT_CACHE=0``), max_bytes (the
+    bound on its plan files, ``STRIDEDFA_CACHE_MAX_BYTES``, default 1 GiB), files and bytes (now
+    in it), and this process's loads, load_rejections (files found but not trusted: truncated,
+    corrupt, written for another key, cuDNN, GPU or driver -- removed and built again), saves,
+    save_failures (the directory could not be written; calls go on without) and evictions.
     """
     cdef CacheStats s = graph_cache().stats()
     cdef PoolStats p = pool_stats()
@@ -18,7 +27,17 @@ def cache_info():
             "build_failures": s.build_failures, "evictions": s.evictions, "size": s.size,
             "maxsize": s.capacity, "build_seconds": s.build_seconds,
             "pool_reserved_bytes": p.reserved_bytes, "pool_used_bytes": p.used_bytes,
-            "pool_retain_bytes": p.retain_bytes}
+            "pool_retain_bytes": p.retain_bytes, "persistent": store_info(plan_store())}
+
+
+cdef dict store_info(PlanStore& store):
+    cdef PlanStoreStats s = store.stats()
+    cdef int64_t files = 0, nbytes = 0
+    store.usage(&files, &nbytes)
+    return {"directory": store.directory().decode() if store.enabled() else None,
+            "max_bytes": store.max_bytes(), "files": files, "bytes": nbytes, "loads": s.loads,
+            "load_rejections": s.load_rejections, "saves": s.saves, "save_failures": s.save_failures,
+            "evictions": s.evictions}
 
 
 def _own_workspace_allocations():
@@ -27,11 +46,14 @@ def _own_workspace_allocations():
     return own_workspace_allocations()
 
 
-def cache_clear():
+def cache_clear(persistent=False):
     """Drops every cached graph, resets the counters and gives the unused memory of stridedfa's
-    pools back to the driver."""
+    pools back to the driver. With ``persistent=True`` also removes every persisted plan from
+    the directory ``cache_info()["persistent"]`` names (other processes then build again)."""
     graph_cache().clear()
     trim_pools()
+    if persistent:
+        plan_store().clear()
 
 
 def _set_cache_capacity(size_t capacity):

@@ -195,3 +195,47 @@ def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, 
     slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
                            sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
     return run(True, slots, options, None, None, KEY, sm_version, cudnn_version)
+
+
+# A plan store of its own directory per call (the process-wide one is plan_store(), configured from
+# the environment): the file format, trust and eviction rules without cuDNN or a GPU.
+
+def _plan_store_save(str directory, int64_t max_bytes, key, str context, bytes payload):
+    """Saves `payload` under (key, context) in `directory`; returns (saved, that store's counters)."""
+    cdef PlanStore* store = new PlanStore(directory.encode(), max_bytes)
+    cdef vector[int64_t] c_key = key
+    cdef vector[uint8_t] c_payload = payload
+    cdef string c_context = context.encode()
+    cdef cbool saved
+    try:
+        with nogil:
+            saved = store.save(c_key, c_context, c_payload)
+        return saved, store_info(store[0])
+    finally:
+        del store
+
+
+def _plan_store_load(str directory, key, str context):
+    """The payload stored under (key, context) in `directory`, or None; and that store's counters."""
+    cdef PlanStore* store = new PlanStore(directory.encode(), 0)
+    cdef vector[int64_t] c_key = key
+    cdef string c_context = context.encode()
+    cdef optional[vector[uint8_t]] payload
+    try:
+        with nogil:
+            payload = store.load(c_key, c_context)
+        data = None
+        if payload.has_value():
+            data = bytes(payload.value()) if payload.value().size() else b""
+        return data, store_info(store[0])
+    finally:
+        del store
+
+
+def _plan_store_clear(str directory):
+    """Removes the plan files (and leftover temporary files) of `directory`; returns how many."""
+    cdef PlanStore* store = new PlanStore(directory.encode(), 0)
+    try:
+        return store.clear()
+    finally:
+        del store

@@ -55,6 +55,9 @@ class BuiltGraph {
   virtual ~BuiltGraph() = default;
   // Launch with pointers in operand_order, on the stream bound to `cudnn_handle`.
   virtual void execute(void* cudnn_handle, void* const* ptrs, void* workspace) const = 0;
+  // The execution plan as bytes load_graph takes back (in a process with the same cuDNN, GPU and
+  // graph-building code: see plan_store.hpp). Throws UnsupportedError / BackendError.
+  virtual std::vector<uint8_t> serialize() const = 0;
 
   int64_t workspace_bytes = 0;
   // The operands in cuDNN's sorted-UID order; kRngOffsetTensor stands for rng_state's second value,
@@ -65,6 +68,16 @@ class BuiltGraph {
 // Builds and plans the graph on the current device. Throws UnsupportedError with cuDNN's reason
 // when no engine supports it, BackendError when cuDNN fails.
 std::shared_ptr<const BuiltGraph> build_graph(const GraphSpec& spec, void* cudnn_handle);
+
+// The graph whose plan `plan` holds (BuiltGraph::serialize), on the current device, without a
+// build. Throws UnsupportedError / BackendError when cuDNN cannot load it.
+std::shared_ptr<const BuiltGraph> load_graph(const std::vector<uint8_t>& plan, void* cudnn_handle);
+
+// The graph of `spec` (whose graph-cache key is `key`): loaded from the persisted plans
+// (plan_store()) when a plan for it and this process's cuDNN, GPU and driver is there, else built
+// and then saved there. A plan that cannot be saved or loaded only costs a build.
+std::shared_ptr<const BuiltGraph> load_or_build_graph(const GraphSpec& spec, const std::vector<int64_t>& key,
+                                                      void* cudnn_handle);
 
 // Sets cudnn-frontend's libcudnn handle; must run before any other frontend call.
 void set_frontend_cudnn_library(void* dl_handle);

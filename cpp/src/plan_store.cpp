@@ -1,0 +1,268 @@
+#include "stridedfa/plan_store.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+namespace stridedfa {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A plan file: kMagic, then three u64 (context bytes, key entries, payload bytes), the context, the
+// key (int64 each), the payload, and an FNV-1a checksum (u64) of everything before it. Native byte
+// order: a file written on another architecture fails the checksum and is rebuilt.
+constexpr char kMagic[8] = {'S', 'F', 'A', 'P', 'L', 'A', 'N', '1'};
+constexpr const char* kSuffix = ".plan";
+constexpr uint64_t kMaxFileBytes = uint64_t(1) << 32;  // anything larger is not one of ours
+
+uint64_t fnv1a(const uint8_t* data, size_t n, uint64_t h = 0xCBF29CE484222325ull) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ data[i]) * 0x100000001B3ull;
+  return h;
+}
+
+void put_u64(std::vector<uint8_t>& out, uint64_t v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof v);
+}
+
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+std::vector<uint8_t> encode(const std::vector<int64_t>& key, const std::string& context,
+                            const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out(kMagic, kMagic + sizeof kMagic);
+  put_u64(out, context.size());
+  put_u64(out, key.size());
+  put_u64(out, payload.size());
+  out.insert(out.end(), context.begin(), context.end());
+  const auto* k = reinterpret_cast<const uint8_t*>(key.data());
+  out.insert(out.end(), k, k + key.size() * sizeof(int64_t));
+  out.insert(out.end(), payload.begin(), payload.end());
+  put_u64(out, fnv1a(out.data(), out.size()));
+  return out;
+}
+
+// The payload of a whole, intact file of this key and context; nothing otherwise.
+std::optional<std::vector<uint8_t>> decode(const std::vector<uint8_t>& file, const std::vector<int64_t>& key,
+                                           const std::string& context) {
+  constexpr size_t kHeader = sizeof kMagic + 3 * sizeof(uint64_t);
+  if (file.size() < kHeader + sizeof(uint64_t) || std::memcmp(file.data(), kMagic, sizeof kMagic) != 0) return {};
+  const uint64_t n_context = get_u64(file.data() + 8), n_key = get_u64(file.data() + 16);
+  const uint64_t n_payload = get_u64(file.data() + 24);
+  // Each length is bounded before they are added, so a corrupt header cannot overflow the sum.
+  if (n_context > kMaxFileBytes || n_key > kMaxFileBytes || n_payload > kMaxFileBytes) return {};
+  if (file.size() != kHeader + n_context + n_key * sizeof(int64_t) + n_payload + sizeof(uint64_t)) return {};
+  const size_t body = file.size() - sizeof(uint64_t);
+  if (fnv1a(file.data(), body) != get_u64(file.data() + body)) return {};
+  const uint8_t* p = file.data() + kHeader;
+  if (n_context != context.size() || std::memcmp(p, context.data(), context.size()) != 0) return {};
+  p += n_context;
+  if (n_key != key.size() || std::memcmp(p, key.data(), key.size() * sizeof(int64_t)) != 0) return {};
+  p += n_key * sizeof(int64_t);
+  return std::vector<uint8_t>(p, p + n_payload);
+}
+
+bool read_file(const fs::path& path, std::vector<uint8_t>* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size < 0 || uint64_t(size) > kMaxFileBytes) return false;
+  in.seekg(0);
+  out->resize(size_t(size));
+  return bool(in.read(reinterpret_cast<char*>(out->data()), size));
+}
+
+bool is_plan_file(const fs::directory_entry& entry) {
+  std::error_code ec;
+  return entry.is_regular_file(ec) && entry.path().extension() == kSuffix;
+}
+
+bool is_temporary_file(const fs::directory_entry& entry) {
+  return entry.path().filename().string().find(".plan.tmp.") != std::string::npos;
+}
+
+std::string default_directory() {
+  if (const char* off = std::getenv("STRIDEDFA_PERSISTENT_CACHE")) {
+    if (std::strcmp(off, "0") == 0) return "";
+  }
+  if (const char* dir = std::getenv("STRIDEDFA_CACHE_DIR")) {
+    if (*dir) return dir;
+  }
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME")) {
+    if (*xdg) return (fs::path(xdg) / "stridedfa" / "plans").string();
+  }
+  if (const char* home = std::getenv("HOME")) {
+    if (*home) return (fs::path(home) / ".cache" / "stridedfa" / "plans").string();
+  }
+  return "";  // nowhere to keep plans: builds as before
+}
+
+}  // namespace
+
+PlanStore::PlanStore(std::string directory, int64_t max_bytes)
+    : directory_(std::move(directory)), max_bytes_(std::max<int64_t>(max_bytes, 0)) {}
+
+std::string PlanStore::path_of(const std::vector<int64_t>& key, const std::string& context) const {
+  // The name is a hash of key and context; the file itself holds both, so a collision is caught.
+  uint64_t h = fnv1a(reinterpret_cast<const uint8_t*>(key.data()), key.size() * sizeof(int64_t));
+  h = fnv1a(reinterpret_cast<const uint8_t*>(context.data()), context.size(), h);
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx%s", static_cast<unsigned long long>(h), kSuffix);
+  return (fs::path(directory_) / name).string();
+}
+
+std::optional<std::vector<uint8_t>> PlanStore::load(const std::vector<int64_t>& key, const std::string& context) {
+  if (!enabled()) return {};
+  const fs::path path = path_of(key, context);
+  std::vector<uint8_t> file;
+  try {
+    if (!read_file(path, &file)) return {};  // not stored (or removed meanwhile)
+    std::optional<std::vector<uint8_t>> payload = decode(file, key, context);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!payload) {
+      ++stats_.load_rejections;
+      std::error_code ec;
+      fs::remove(path, ec);
+      return {};
+    }
+    ++stats_.loads;
+    std::error_code ec;  // a load makes the file recent: eviction goes by last use
+    fs::last_write_time(path, fs::file_time_type::clock::now(), ec);
+    return payload;
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
+bool PlanStore::save(const std::vector<int64_t>& key, const std::string& context, const std::vector<uint8_t>& payload) {
+  if (!enabled()) return false;
+  static std::atomic<uint64_t> counter{0};
+  bool saved = false;
+  try {
+    const fs::path path = path_of(key, context);
+    std::error_code ec;
+    fs::create_directories(directory_, ec);
+    // A temporary name no other writer uses (pid and a per-process count), renamed over the plan's
+    // name once complete: readers see the old file, the new one, or none -- never a part.
+    const fs::path temporary = path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    const std::vector<uint8_t> file = encode(key, context, payload);
+    {
+      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(file.data()), std::streamsize(file.size()));
+      out.close();
+      saved = bool(out);
+    }
+    if (saved) {
+      fs::rename(temporary, path, ec);
+      saved = !ec;
+    }
+    if (!saved) fs::remove(temporary, ec);
+    if (saved && max_bytes_ > 0) evict_beyond_bound(path.string());
+  } catch (const std::exception&) {
+    saved = false;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++(saved ? stats_.saves : stats_.save_failures);
+  return saved;
+}
+
+void PlanStore::reject(const std::vector<int64_t>& key, const std::string& context) {
+  if (!enabled()) return;
+  std::error_code ec;
+  fs::remove(path_of(key, context), ec);
+  std::lock_guard<std::mutex> lock(mutex_);
+  --stats_.loads;
+  ++stats_.load_rejections;
+}
+
+void PlanStore::evict_beyond_bound(const std::string& keep) {
+  struct File {
+    fs::path path;
+    fs::file_time_type used;
+    int64_t bytes;
+  };
+  std::vector<File> files;
+  int64_t total = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
+    if (!is_plan_file(entry)) continue;
+    std::error_code e1, e2;
+    const auto bytes = int64_t(entry.file_size(e1));
+    const auto used = entry.last_write_time(e2);
+    if (e1 || e2) continue;  // removed meanwhile by another process
+    files.push_back({entry.path(), used, bytes});
+    total += bytes;
+  }
+  if (total <= max_bytes_) return;
+  std::sort(files.begin(), files.end(), [](const File& a, const File& b) { return a.used < b.used; });
+  int64_t evicted = 0;
+  // Least recently used first; the plan just written goes last (only if it alone is too large).
+  std::stable_partition(files.begin(), files.end(), [&](const File& f) { return f.path.string() != keep; });
+  for (const File& f : files) {
+    if (total <= max_bytes_) break;
+    if (fs::remove(f.path, ec)) ++evicted;
+    total -= f.bytes;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.evictions += evicted;
+}
+
+int64_t PlanStore::clear() {
+  if (!enabled()) return 0;
+  int64_t removed = 0;
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
+    if (is_plan_file(entry) || is_temporary_file(entry)) doomed.push_back(entry.path());
+  }
+  for (const fs::path& path : doomed) {
+    if (fs::remove(path, ec)) ++removed;
+  }
+  return removed;
+}
+
+void PlanStore::usage(int64_t* files, int64_t* bytes) const {
+  *files = *bytes = 0;
+  if (!enabled()) return;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
+    if (!is_plan_file(entry)) continue;
+    std::error_code size_error;
+    const auto size = entry.file_size(size_error);
+    if (size_error) continue;
+    ++*files;
+    *bytes += int64_t(size);
+  }
+}
+
+PlanStoreStats PlanStore::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+PlanStore& plan_store() {
+  static PlanStore* store = [] {
+    int64_t max_bytes = int64_t(1) << 30;
+    if (const char* env = std::getenv("STRIDEDFA_CACHE_MAX_BYTES")) {
+      char* end = nullptr;
+      const long long v = std::strtoll(env, &end, 10);
+      if (end != env && v >= 0) max_bytes = v;
+    }
+    return new PlanStore(default_directory(), max_bytes);  // never destroyed: used until exit
+  }();
+  return *store;
+}
+
+}  // namespace stridedfa
