@@ -13,6 +13,7 @@ anything runs.
     stridedfa.cupy.attention(q, k, v, causal=True)           # cupy.ndarray, CuPy's pool and stream
     stridedfa.jax.attention(q, k, v, causal=True)            # jax.Array; jit, grad, vmap
     stridedfa.info()                                         # what was found, or why not
+    stridedfa.warm_up([dict(q=..., k=..., causal=True)])     # graphs ready before the first call
 
 Importing stridedfa needs no GPU, no cuDNN and no framework; cuDNN and the CUDA runtime are loaded
 at the first GPU call.
@@ -23,6 +24,7 @@ from stridedfa._dispatch import attention, varlen_attention
 from stridedfa._errors import BackendError, LayoutError, StridedFAError, UnsupportedError
 from stridedfa._info import info
 from stridedfa._version import __version__
+from stridedfa._warm_up import length_buckets, warm_up
 
 __all__ = [
     "BackendError",
@@ -35,9 +37,11 @@ __all__ = [
     "cache_clear",
     "cache_info",
     "info",
+    "length_buckets",
     "sdpa_backward",
     "sdpa_forward",
     "varlen_attention",
+    "warm_up",
 ]
 
 

@@ -36,7 +36,8 @@ from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buff
                              jax_rng_state_view, jax_scores_view, jax_slopes_view,  # no-cython-lint
                              jax_stats_view, jax_thd_stats_view,  # no-cython-lint
                              kBlockTable, kCuSeqlensQ, kNumSlots, kOperands,  # no-cython-lint
-                             libraries_loaded, OperandInfo, OperandKind, own_workspace_allocations,  # no-cython-lint
+                             length_bucket, libraries_loaded, OperandInfo, OperandKind,  # no-cython-lint
+                             own_workspace_allocations,  # no-cython-lint
                              plan_store, PlanStore, PlanStoreStats,  # no-cython-lint
                              pool_stats, PoolStats, prepare_backward, prepare_forward, PreparedCall,  # no-cython-lint
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint
@@ -61,5 +62,6 @@ include "_buffer.pxi"            # DeviceBuffer: memory stridedfa owns and expor
 include "_generic_calls.pxi"     # the framework-free path: outputs as DeviceBuffers
 include "_cupy_calls.pxi"        # stridedfa.cupy's calls: CuPy's allocator through hooks
 include "_jax_ffi.pxi"           # XLA FFI targets and JAX's trace-time validation
+include "_warm_up_calls.pxi"     # graphs built (or loaded) ahead of the calls, from shapes
 include "_diagnostics.pxi"       # cache and pool counters, versions, devices, intake inspection
 include "_test_hooks.pxi"        # pieces of the above for tests and benchmarks (validation and keys without a GPU)

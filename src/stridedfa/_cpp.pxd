@@ -197,6 +197,10 @@ cdef extern from "stridedfa/graph_cache.hpp" namespace "stridedfa" nogil:
     GraphCache& graph_cache()
 
 
+cdef extern from "stridedfa/ragged.hpp" namespace "stridedfa" nogil:
+    int64_t length_bucket(int64_t n)
+
+
 cdef extern from "stridedfa/plan_store.hpp" namespace "stridedfa" nogil:
     cdef cppclass PlanStoreStats:
         int64_t loads, load_rejections, saves, save_failures, evictions

@@ -207,6 +207,29 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
                       f"are int32 (e.g. x.astype(jnp.int32))")
 
 
+cdef int shape_views(bint backward, int64_t layout, tuple shapes, object dtype, int device, TensorView** views,
+                     lengths, cu_seqlens, block_table, sinks, grad_sinks, bias, grad_bias, alibi_slopes,
+                     rng_state) except -1:
+    """Every view of a call on dense arrays of these shapes (see _jax_validate), as the handler
+    builds them, on `device`."""
+    jax_views(backward, layout, shapes, dtype, device, views, lengths)
+    if cu_seqlens is not None:
+        jax_length_views(cu_seqlens, kCuSeqlensQ, device, views, 0x6000000000)
+    if block_table is not None:
+        if backward:
+            raise UnsupportedError("a paged KV cache (block_table) has no backward: paged calls serve")
+        jax_block_table_view_of(block_table, device, views)
+    if sinks is not None:
+        jax_sink_views(backward, sinks, grad_sinks, device, views)
+    if bias is not None:
+        jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, device, views)
+    if alibi_slopes is not None:
+        jax_alibi_views(alibi_slopes, device, views)
+    if rng_state is not None:
+        jax_rng_views(rng_state, device, views)
+    return 0
+
+
 def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
                   causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
                   sinks=None, grad_sinks=True, bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0,
@@ -230,21 +253,8 @@ def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=N
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     slot_views(backward, &fwd, &bwd, views)
-    jax_views(backward, layout, shapes, dtype, 0, views, lengths)
-    if cu_seqlens is not None:
-        jax_length_views(cu_seqlens, kCuSeqlensQ, 0, views, 0x6000000000)
-    if block_table is not None:
-        if backward:
-            raise UnsupportedError("a paged KV cache (block_table) has no backward: paged calls serve")
-        jax_block_table_view_of(block_table, 0, views)
-    if sinks is not None:
-        jax_sink_views(backward, sinks, grad_sinks, 0, views)
-    if bias is not None:
-        jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
-    if alibi_slopes is not None:
-        jax_alibi_views(alibi_slopes, 0, views)
-    if rng_state is not None:
-        jax_rng_views(rng_state, 0, views)
+    shape_views(backward, layout, shapes, dtype, 0, views, lengths, cu_seqlens, block_table, sinks, grad_sinks, bias,
+                grad_bias, alibi_slopes, rng_state)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
         validate_options(options, problem)
@@ -273,13 +283,8 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     cdef int64_t cudnn = cudnn_version
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     slot_views(backward, &fwd, &bwd, views)
-    jax_views(backward, layout, shapes, dtype, 0, views)
-    if bias is not None:
-        jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, 0, views)
-    if alibi_slopes is not None:
-        jax_alibi_views(alibi_slopes, 0, views)
-    if rng_state is not None:
-        jax_rng_views(rng_state, 0, views)
+    shape_views(backward, layout, shapes, dtype, 0, views, None, None, None, None, False, bias, grad_bias, alibi_slopes,
+                rng_state)
     with nogil:
         if backward:
             key = backward_graph_key(bwd, options, sm, cudnn)
