@@ -246,5 +246,26 @@ def test_torch_refuses_a_bias_shared_over_rows_that_requires_grad_before_the_for
     q = torch.zeros(B, H, S_Q, 64, dtype=torch.bfloat16, requires_grad=True)
     kv = torch.zeros(B, H, S_KV, 64, dtype=torch.bfloat16)
     mask = torch.zeros(B, 1, 1, S_KV, dtype=torch.bfloat16, requires_grad=True)
-    with pytest.raises(stridedfa.UnsupportedError, match=r"bias: shape \(2, 1, 1, 48\) requires grad .*expand"):
+    with pytest.raises(stridedfa.UnsupportedError, match=rf"shared over query rows.*bias\.expand\(-1, -1, {S_Q}, -1\)"):
         sfa_torch.attention(q, kv, kv, bias=mask)
+
+
+@pytest.mark.parametrize("option", [{"softcap": 30.0}, {"alibi": True}])
+def test_torch_refuses_a_bias_gradient_the_backward_cannot_compute_before_the_forward(option):
+    """Every rule of the core's backward is asked before a training forward: the bias' gradient
+    under a score modifier is refused here on CPU tensors, which the forward itself would refuse
+    for their device -- so the backward's verdict came first."""
+    torch = pytest.importorskip("torch")
+    import stridedfa.torch as sfa_torch
+
+    q = torch.zeros(B, H, S_Q, 64, dtype=torch.bfloat16, requires_grad=True)
+    kv = torch.zeros(B, H, S_KV, 64, dtype=torch.bfloat16)
+    bias = torch.zeros(B, H, S_Q, S_KV, dtype=torch.bfloat16, requires_grad=True)
+    extra = {"alibi_slopes": torch.ones(H)} if option.pop("alibi", False) else option
+    with pytest.raises(stridedfa.UnsupportedError, match="bias' gradient with (a softcap|ALiBi)"):
+        sfa_torch.attention(q, kv, kv, bias=bias, **extra)
+    packed = torch.zeros(B, S_Q, 3, H, 64, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(stridedfa.UnsupportedError, match="bias' gradient with (a softcap|ALiBi)"):
+        sfa_torch.packed_attention(packed, 2, bias=bias[:, :, :, :S_Q], **extra)
+    with pytest.raises(stridedfa.LayoutError, match="CUDA device"):  # without the gradient: the forward's verdict
+        sfa_torch.attention(q, kv, kv, bias=bias.detach(), **extra)

@@ -143,16 +143,16 @@ def test_a_non_packed_bias_cut_to_one_row_and_key_is_refused_with_lse():
 
 
 def test_torch_refuses_before_the_forward_what_its_backward_could_not_run():
-    """stridedfa.torch checks, before anything runs, what the backward of a dropout step would
-    refuse: trainable sinks (cuDNN 9.19 gets their gradient wrong) and s_q = s_kv = 1."""
+    """stridedfa.torch asks the core, before anything runs, what the backward of a dropout step
+    would refuse: trainable sinks (cuDNN 9.19 gets their gradient wrong) and s_q = s_kv = 1."""
     torch = pytest.importorskip("torch")
     sfa_torch = pytest.importorskip("stridedfa.torch")
     q, k, v = (torch.zeros(1, 2, 1, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    with pytest.raises(stridedfa.UnsupportedError, match="s_q = s_kv = 1 cannot be differentiated"):
+    with pytest.raises(stridedfa.UnsupportedError, match="backward with s_q = s_kv = 1 .* and dropout"):
         sfa_torch.attention(q, k, v, dropout_p=0.1)
     q = torch.zeros(1, 2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
     sinks = torch.zeros(2, requires_grad=True)
-    with pytest.raises(stridedfa.UnsupportedError, match="sinks that require grad with dropout"):
+    with pytest.raises(stridedfa.UnsupportedError, match="sinks' gradient with dropout"):
         sfa_torch.attention(q, q, q, sinks=sinks, dropout_p=0.1)
     with pytest.raises(ValueError, match="dropout_p"):
         sfa_torch.attention(q, q, q, dropout_p=1.5)

@@ -169,7 +169,7 @@ def test_backward_graph_key_equals_other_callers():
 
 def test_vmapped_arrays_fold_into_batch():
     """Under jax.vmap the handler sees extra leading axes; row-major buffers let them fold into b."""
-    folded = _core._jax_validate(False, 0, ((3, B, S_Q, H_Q, D), (3, B, S_KV, H_KV, D), (3, B, S_KV, H_KV, D),
+    folded = _core._validate_shapes(False, 0, ((3, B, S_Q, H_Q, D), (3, B, S_KV, H_KV, D), (3, B, S_KV, H_KV, D),
                                             (3, B, S_Q, H_Q, D), (3, B, H_Q, S_Q)), "float16")
     assert (folded["b"], folded["h_q"], folded["h_kv"], folded["s_q"], folded["s_kv"]) == \
         (3 * B, H_Q, H_KV, S_Q, S_KV)
@@ -183,13 +183,13 @@ def test_vmapped_arrays_fold_into_batch():
 def test_core_validation_of_handler_views_is_typed():
     qs, kvs = (B, S_Q, H_Q, D), (B, S_KV, 3, D)
     with pytest.raises(stridedfa.LayoutError, match="heads"):
-        _core._jax_validate(False, 0, (qs, kvs, kvs, qs, (B, H_Q, S_Q)), "bfloat16")
+        _core._validate_shapes(False, 0, (qs, kvs, kvs, qs, (B, H_Q, S_Q)), "bfloat16")
     with pytest.raises(stridedfa.LayoutError, match="4 axes"):
-        _core._jax_validate(False, 0, ((S_Q, H_Q, D), kvs, kvs, qs, (B, H_Q, S_Q)), "bfloat16")
+        _core._validate_shapes(False, 0, ((S_Q, H_Q, D), kvs, kvs, qs, (B, H_Q, S_Q)), "bfloat16")
     with pytest.raises(stridedfa.LayoutError, match="layout"):
-        _core._jax_validate(False, 7, (qs, qs, qs, qs, (B, H_Q, S_Q)), "bfloat16")
+        _core._validate_shapes(False, 7, (qs, qs, qs, qs, (B, H_Q, S_Q)), "bfloat16")
     with pytest.raises(stridedfa.LayoutError, match="float16 or bfloat16"):
-        _core._jax_validate(False, 0, (qs, qs, qs, qs, (B, H_Q, S_Q)), "int8")
+        _core._validate_shapes(False, 0, (qs, qs, qs, qs, (B, H_Q, S_Q)), "int8")
 
 
 # --- The score bias: its views, validation and graph keys (no JAX needed) --------------------------
@@ -242,9 +242,10 @@ def test_bias_of_its_own_rank_validates(bias_shape, backward, grad_bias):
     shapes = JAX_BACKWARD if backward else JAX_FORWARD
     if grad_bias and (len(bias_shape) < 2 or bias_shape[-2] == 1):  # rows shared: cuDNN's dbias is wrong
         with pytest.raises(stridedfa.UnsupportedError, match="grad_bias: the gradient of a bias shared over query"):
-            _core._jax_validate(backward, 0, shapes, "bfloat16", bias=(bias_shape, "bfloat16"), grad_bias=True)
+            _core._validate_shapes(backward, 0, shapes, "bfloat16", bias=(bias_shape, "bfloat16"), grad_bias=True)
         return
-    problem = _core._jax_validate(backward, 0, shapes, "bfloat16", bias=(bias_shape, "bfloat16"), grad_bias=grad_bias)
+    problem = _core._validate_shapes(backward, 0, shapes, "bfloat16", bias=(bias_shape, "bfloat16"),
+                                     grad_bias=grad_bias)
     assert (problem["b"], problem["h_q"], problem["s_q"], problem["s_kv"]) == (B, H_Q, S_Q, S_KV)
 
 
@@ -260,7 +261,7 @@ def test_bias_of_its_own_rank_validates(bias_shape, backward, grad_bias):
 @pytest.mark.parametrize("backward", [False, True])
 def test_bad_bias_is_refused_by_the_core(bias, message, backward):
     with pytest.raises(stridedfa.LayoutError, match=message):
-        _core._jax_validate(backward, 0, JAX_BACKWARD if backward else JAX_FORWARD, "bfloat16", bias=bias)
+        _core._validate_shapes(backward, 0, JAX_BACKWARD if backward else JAX_FORWARD, "bfloat16", bias=bias)
 
 
 def _vmapped(calls, shapes):
@@ -275,7 +276,7 @@ def test_vmapped_bias_with_the_batch_axis_folds_into_the_batch(backward):
     shapes = JAX_BACKWARD if backward else JAX_FORWARD
     # (a bias shared over rows has no gradient: the backward would refuse its grad_bias)
     for bias_shape in [(B, H_Q, S_Q, S_KV)] + ([] if backward else [(B, 1, 1, S_KV)]):
-        problem = _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16",
+        problem = _core._validate_shapes(backward, 0, _vmapped(3, shapes), "bfloat16",
                                       bias=((3, *bias_shape), "bfloat16"))
         assert problem["b"] == 3 * B
         folded = tuple(None if s is None else (3 * B, *s[1:]) for s in shapes)
@@ -291,17 +292,17 @@ def test_vmapped_bias_shared_across_the_batch_is_refused(bias_shape, backward):
     shapes = JAX_BACKWARD if backward else JAX_FORWARD
     with pytest.raises(stridedfa.LayoutError, match=r"bias: under jax.vmap .* needs q's batch axis: give it shape "
                                                     r"\(2, heads of q or 1, seq of q or 1, seq of k\)"):
-        _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16", bias=((3, *bias_shape), "bfloat16"))
+        _core._validate_shapes(backward, 0, _vmapped(3, shapes), "bfloat16", bias=((3, *bias_shape), "bfloat16"))
 
 
 def test_vmapped_bias_of_one_batch_or_one_call_folds():
     """With a batch of 1, or a mapped axis of extent 1, a shared bias is still one stride."""
     one = tuple(None if s is None else (1, *s[1:]) for s in JAX_FORWARD)
-    assert _core._jax_validate(False, 0, _vmapped(3, one), "bfloat16", bias=((3, S_Q, S_KV), "bfloat16"))["b"] == 3
-    assert _core._jax_validate(False, 0, _vmapped(1, JAX_FORWARD), "bfloat16",
+    assert _core._validate_shapes(False, 0, _vmapped(3, one), "bfloat16", bias=((3, S_Q, S_KV), "bfloat16"))["b"] == 3
+    assert _core._validate_shapes(False, 0, _vmapped(1, JAX_FORWARD), "bfloat16",
                                bias=((1, S_Q, S_KV), "bfloat16"))["b"] == B
     with pytest.raises(stridedfa.LayoutError, match="besides jax.vmap's 1"):
-        _core._jax_validate(False, 0, _vmapped(3, JAX_FORWARD), "bfloat16", bias=((3,), "bfloat16"))
+        _core._validate_shapes(False, 0, _vmapped(3, JAX_FORWARD), "bfloat16", bias=((3,), "bfloat16"))
 
 
 # --- The ALiBi slopes: their views, validation and graph keys (no JAX needed) ----------------------
@@ -329,9 +330,9 @@ def test_alibi_graph_keys_equal_other_callers(options):
 @pytest.mark.parametrize("backward", [False, True])
 def test_alibi_slopes_validate(backward):
     shapes = JAX_BACKWARD if backward else JAX_FORWARD
-    problem = _core._jax_validate(backward, 0, shapes, "bfloat16", alibi_slopes=((H_Q,), "float32"))
+    problem = _core._validate_shapes(backward, 0, shapes, "bfloat16", alibi_slopes=((H_Q,), "float32"))
     assert (problem["b"], problem["h_q"], problem["s_q"], problem["s_kv"]) == (B, H_Q, S_Q, S_KV)
-    problem = _core._jax_validate(backward, 0, shapes, "bfloat16", sinks=((H_Q,), "float32"),
+    problem = _core._validate_shapes(backward, 0, shapes, "bfloat16", sinks=((H_Q,), "float32"),
                                   bias=((S_Q, S_KV), "bfloat16"), grad_bias=False,
                                   alibi_slopes=((H_Q,), "float32"))
     assert problem["h_q"] == H_Q
@@ -349,7 +350,7 @@ def test_alibi_slopes_validate(backward):
 @pytest.mark.parametrize("backward", [False, True])
 def test_bad_alibi_slopes_are_refused_by_the_core(slopes, message, backward):
     with pytest.raises(stridedfa.LayoutError, match=message):
-        _core._jax_validate(backward, 0, JAX_BACKWARD if backward else JAX_FORWARD, "bfloat16", alibi_slopes=slopes)
+        _core._validate_shapes(backward, 0, JAX_BACKWARD if backward else JAX_FORWARD, "bfloat16", alibi_slopes=slopes)
 
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -361,9 +362,9 @@ def test_vmapped_alibi_slopes_stay_one_set(backward):
     slopes = ((H_Q,), "float32")
     vmapped = _core._jax_graph_key(backward, 0, _vmapped(3, shapes), "bfloat16", alibi_slopes=slopes)
     assert vmapped == _core._jax_graph_key(backward, 0, folded, "bfloat16", alibi_slopes=slopes)
-    assert _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16", alibi_slopes=slopes)["b"] == 3 * B
+    assert _core._validate_shapes(backward, 0, _vmapped(3, shapes), "bfloat16", alibi_slopes=slopes)["b"] == 3 * B
     with pytest.raises(stridedfa.LayoutError, match=r"^alibi_slopes: expected shape \(heads of q,\)"):
-        _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16", alibi_slopes=((3, H_Q), "float32"))
+        _core._validate_shapes(backward, 0, _vmapped(3, shapes), "bfloat16", alibi_slopes=((3, H_Q), "float32"))
 
 
 def test_alibi_with_a_bias_gradient_is_refused_by_the_core():
@@ -414,7 +415,7 @@ def test_bad_rng_state_is_refused(state, backward):
     shapes = JAX_BACKWARD if backward else JAX_FORWARD
     with pytest.raises(stridedfa.LayoutError, match=r"^rng_state: expected the Philox seed and offset as a uint32 "
                                                      r"\(4,\) array .* or an int64 \(2,\) one, got "):
-        _core._jax_validate(backward, 0, shapes, "bfloat16", dropout_p=0.2, rng_state=state)
+        _core._validate_shapes(backward, 0, shapes, "bfloat16", dropout_p=0.2, rng_state=state)
 
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -423,11 +424,11 @@ def test_dropout_validation_through_the_handler_views(backward):
     jax.vmap's axes on q, k, v is the folded problem's."""
     shapes = JAX_BACKWARD if backward else JAX_FORWARD
     with pytest.raises(stridedfa.LayoutError, match="dropout_p > 0 needs rng_state"):
-        _core._jax_validate(backward, 0, shapes, "bfloat16", dropout_p=0.2)
+        _core._validate_shapes(backward, 0, shapes, "bfloat16", dropout_p=0.2)
     for p in (1.0, -0.1, float("nan")):
         with pytest.raises(ValueError, match=r"dropout_p must be a probability in \[0, 1\)"):
-            _core._jax_validate(backward, 0, shapes, "bfloat16", dropout_p=p, rng_state=JAX_STATE)
-    assert _core._jax_validate(backward, 0, _vmapped(3, shapes), "bfloat16", dropout_p=0.2,
+            _core._validate_shapes(backward, 0, shapes, "bfloat16", dropout_p=p, rng_state=JAX_STATE)
+    assert _core._validate_shapes(backward, 0, _vmapped(3, shapes), "bfloat16", dropout_p=0.2,
                                rng_state=JAX_STATE)["b"] == 3 * B
     folded = tuple(None if s is None else (3 * B, *s[1:]) for s in shapes)
     assert _core._jax_graph_key(backward, 0, _vmapped(3, shapes), "bfloat16", dropout_p=0.2, rng_state=JAX_STATE) \
@@ -436,22 +437,22 @@ def test_dropout_validation_through_the_handler_views(backward):
 
 def test_what_the_plan_refuses_with_dropout_is_refused_while_tracing():
     """Dropout with a bottom-right mask and padding lengths, and the s_q = s_kv = 1 backward, are
-    typed errors of _jax_validate (hence while tracing), not when XLA runs the call."""
+    typed errors of _validate_shapes (hence while tracing), not when XLA runs the call."""
     lengths = (((B,), "int32"), ((B,), "int32"))
     for backward in (False, True):
         shapes = JAX_BACKWARD if backward else JAX_FORWARD
         with pytest.raises(stridedfa.UnsupportedError, match="dropout with a bottom-right causal mask or window and "
                                                              "padding lengths"):
-            _core._jax_validate(backward, 0, shapes, "bfloat16", causal=True, causal_alignment="bottom_right",
+            _core._validate_shapes(backward, 0, shapes, "bfloat16", causal=True, causal_alignment="bottom_right",
                                 lengths=lengths, dropout_p=0.2, rng_state=JAX_STATE)
-        _core._jax_validate(backward, 0, shapes, "bfloat16", causal=True, lengths=lengths, dropout_p=0.2,
+        _core._validate_shapes(backward, 0, shapes, "bfloat16", causal=True, lengths=lengths, dropout_p=0.2,
                             rng_state=JAX_STATE)
     q, kv = (B, 1, H_Q, D), (B, 1, H_KV, D)
     single = (q, kv, kv, q, (B, H_Q, 1), q, q, kv, kv)
     with pytest.raises(stridedfa.UnsupportedError, match="s_q = s_kv = 1 .* and dropout is not supported"):
-        _core._jax_validate(True, 0, single, "bfloat16", dropout_p=0.2, rng_state=JAX_STATE)
-    _core._jax_validate(False, 0, single[:5], "bfloat16", dropout_p=0.2, rng_state=JAX_STATE)
-    _core._jax_validate(True, 0, single, "bfloat16")
+        _core._validate_shapes(True, 0, single, "bfloat16", dropout_p=0.2, rng_state=JAX_STATE)
+    _core._validate_shapes(False, 0, single[:5], "bfloat16", dropout_p=0.2, rng_state=JAX_STATE)
+    _core._validate_shapes(True, 0, single, "bfloat16")
 
 
 # --- With JAX (CPU backend) ---------------------------------------------------------------------
@@ -619,17 +620,16 @@ def test_bias_shapes_and_its_cotangent(sj, jax, layout, bias_shape):
 
 @pytest.mark.parametrize("bias_shape", [(2, 1, 1, 256), (256,), (8, 1, 256), (1, 1, 1, 256)], ids=str)
 def test_differentiating_a_bias_shared_along_a_seq_axis_is_refused(sj, jax, bias_shape):
-    """The core's grad_bias is not summed over a shared seq axis (seen on an H200, cuDNN 9.19):
-    differentiating such a bias is refused while tracing, with the broadcast that works; as a
-    constant it is fine, and so is the broadcast one differentiated."""
+    """cuDNN 9.19 computes the gradient of a bias shared over query rows wrongly (seen on an H200):
+    the core refuses differentiating one, while tracing the forward, naming the broadcast that
+    works; as a constant it is fine, and so is the broadcast one differentiated."""
     jnp = jax.numpy
     q, kv, bias = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64)), _spec(jax, bias_shape)
 
     def loss(q, k, v, bias):
         return sj.attention(q, k, v, bias=bias).astype(jnp.float32).sum()
 
-    with pytest.raises(stridedfa.UnsupportedError, match=r"bias: differentiating a bias shared along seq of "
-                                                         r".*jnp.broadcast_to\(bias, "):
+    with pytest.raises(stridedfa.UnsupportedError, match=r"shared over query rows.*jnp.broadcast_to\(bias, "):
         jax.eval_shape(jax.grad(loss, 3), q, kv, kv, bias)
     assert jax.eval_shape(jax.grad(loss, 0), q, kv, kv, bias).shape == q.shape
 
@@ -1491,12 +1491,12 @@ def test_handlers_decode_every_operand_and_attribute(sj):
 
 
 def test_what_the_plan_refuses_is_refused_while_tracing():
-    """_jax_validate plans the call as the handler would: a bias' gradient under a softcap, a band
+    """_validate_shapes plans the call as the handler would: a bias' gradient under a softcap, a band
     that cannot be shifted, are typed errors at trace time, not XLA runtime failures."""
     bias = ((S_Q, S_KV), "bfloat16")
     with pytest.raises(stridedfa.UnsupportedError, match="the bias' gradient with a softcap"):
-        _core._jax_validate(True, 0, JAX_BACKWARD, "bfloat16", softcap=30.0, bias=bias, grad_bias=True)
-    _core._jax_validate(True, 0, JAX_BACKWARD, "bfloat16", softcap=30.0, bias=bias, grad_bias=False)
+        _core._validate_shapes(True, 0, JAX_BACKWARD, "bfloat16", softcap=30.0, bias=bias, grad_bias=True)
+    _core._validate_shapes(True, 0, JAX_BACKWARD, "bfloat16", softcap=30.0, bias=bias, grad_bias=False)
     with pytest.raises(stridedfa.UnsupportedError, match="because the bias. gradient keeps every key"):
-        _core._jax_validate(True, 0, JAX_BACKWARD, "bfloat16", causal_alignment="bottom_right", window=(3, None),
+        _core._validate_shapes(True, 0, JAX_BACKWARD, "bfloat16", causal_alignment="bottom_right", window=(3, None),
                             bias=bias, grad_bias=True)

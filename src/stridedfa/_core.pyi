@@ -164,7 +164,7 @@ def _cupy_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, grad_out: Any, sc
 def _can_read(x: Any) -> bool: ...
 def _window_bounds(window: Window) -> tuple[int, int]: ...
 def _jax_ffi_targets() -> dict[str, object]: ...
-def _jax_validate(backward: bool, layout: int, shapes: tuple[Shape | None, ...], dtype: str | tuple[str, ...], *,
+def _validate_shapes(backward: bool, layout: int, shapes: tuple[Shape | None, ...], dtype: str | tuple[str, ...], *,
                   scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
                   window: Window = None, softcap: float | None = None, deterministic: bool = False,
                   lengths: tuple[tuple[Shape, str], ...] | None = None,
@@ -211,7 +211,7 @@ def _warm_up_shapes(backward: bool, layout: int, shapes: tuple[Any, ...], dtype:
                     window: Window = None, softcap: float | None = None, deterministic: bool = False,
                     lengths: Any = None, sinks: Any = None, bias: Any = None, grad_bias: bool = False,
                     alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None, cu_seqlens: Any = None,
-                    max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None, validate_only: bool = False,
-                    key_only: bool = False, sm_version: int = 90,
+                    max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None, key_only: bool = False,
+                    sm_version: int = 90,
                     cudnn_version: int = 91900) -> tuple[int, ...] | None: ...
 def _length_bucket(n: int) -> int: ...

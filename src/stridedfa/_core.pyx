@@ -62,6 +62,6 @@ include "_buffer.pxi"            # DeviceBuffer: memory stridedfa owns and expor
 include "_generic_calls.pxi"     # the framework-free path: outputs as DeviceBuffers
 include "_cupy_calls.pxi"        # stridedfa.cupy's calls: CuPy's allocator through hooks
 include "_jax_ffi.pxi"           # XLA FFI targets and JAX's trace-time validation
-include "_warm_up_calls.pxi"     # graphs built (or loaded) ahead of the calls, from shapes
+include "_shape_calls.pxi"       # calls described by shapes: JAX's and torch's checks, warm-up
 include "_diagnostics.pxi"       # cache and pool counters, versions, devices, intake inspection
 include "_test_hooks.pxi"        # pieces of the above for tests and benchmarks (validation and keys without a GPU)

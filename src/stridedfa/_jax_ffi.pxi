@@ -1,9 +1,9 @@
 # Included by _core.pyx: the XLA FFI side of the boundary, for stridedfa.jax.
 #
 # The handlers themselves live in C++ (cpp/src/jax_ffi.cpp) and only need to be handed to JAX as
-# PyCapsules. Trace-time validation builds the handlers' own TensorViews (same function, fake
-# device addresses) and runs the core's validator on them, so a JAX call is refused before
-# anything is compiled or launched exactly when the handler would refuse it.
+# PyCapsules. The helpers below build the handlers' own TensorViews from shapes (same functions, fake
+# device addresses); _shape_calls.pxi runs the core's validator on them, so a JAX call is refused
+# before anything is compiled or launched exactly when the handler would refuse it.
 
 def _jax_ffi_targets():
     """``{target name: PyCapsule of its XLA_FFI_Handler}`` for ``jax.ffi.register_ffi_target``
@@ -205,89 +205,3 @@ cdef DLDataType jax_lengths_dtype(str name, const char* operand) except *:
         return t
     raise LayoutError(f"{operand.decode()}: dtype {name} is not supported; sequence lengths, offsets and block ids "
                       f"are int32 (e.g. x.astype(jnp.int32))")
-
-
-cdef int shape_views(bint backward, int64_t layout, tuple shapes, object dtype, int device, TensorView** views,
-                     lengths, cu_seqlens, block_table, sinks, grad_sinks, bias, grad_bias, alibi_slopes,
-                     rng_state) except -1:
-    """Every view of a call on dense arrays of these shapes (see _jax_validate), as the handler
-    builds them, on `device`."""
-    jax_views(backward, layout, shapes, dtype, device, views, lengths)
-    if cu_seqlens is not None:
-        jax_length_views(cu_seqlens, kCuSeqlensQ, device, views, 0x6000000000)
-    if block_table is not None:
-        if backward:
-            raise UnsupportedError("a paged KV cache (block_table) has no backward: paged calls serve")
-        jax_block_table_view_of(block_table, device, views)
-    if sinks is not None:
-        jax_sink_views(backward, sinks, grad_sinks, device, views)
-    if bias is not None:
-        jax_bias_views(backward, bias, grad_bias, len(shapes[0]) - 4, device, views)
-    if alibi_slopes is not None:
-        jax_alibi_views(alibi_slopes, device, views)
-    if rng_state is not None:
-        jax_rng_views(rng_state, device, views)
-    return 0
-
-
-def _jax_validate(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
-                  causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
-                  sinks=None, grad_sinks=True, bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0,
-                  rng_state=None, cu_seqlens=None, max_seqlen_q=None, max_seqlen_kv=None, block_table=None):
-    """Runs the core's validation on the views the XLA handler would build for arrays of these shapes (slot order:
-    q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse may be None) in ``layout`` (0: bshd, 1:
-    bhsd, 2: thd), padding ``lengths`` as ((shape, dtype) of seqlens_q, of seqlens_kv), a variable-length call's
-    ``cu_seqlens`` likewise, a paged call's ``block_table``, ``sinks``, ``bias``, ``alibi_slopes`` and dropout's
-    ``rng_state`` each as (shape, dtype) when given (a backward's grad_sinks, with ``grad_sinks``, of the sinks',
-    its grad_bias, with ``grad_bias``, of the bias' shape; the slopes and rng_state have no gradient), and the
-    options' rules (``dropout_p`` > 0 needs ``rng_state``) -- then plans the call and describes its graph as the
-    handler would, so what the plan refuses (a bias' gradient cuDNN does not compute, a band it cannot shift, ...)
-    is refused while tracing, not when XLA runs it. Needs no GPU. Returns what validation established, or raises
-    LayoutError / UnsupportedError."""
-    cdef ForwardArgs fwd
-    cdef BackwardArgs bwd
-    cdef Problem problem
-    cdef SdpaOptions options
-    cdef vector[int64_t] key
-    cdef TensorView* views[kNumSlots]
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
-    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    slot_views(backward, &fwd, &bwd, views)
-    shape_views(backward, layout, shapes, dtype, 0, views, lengths, cu_seqlens, block_table, sinks, grad_sinks, bias,
-                grad_bias, alibi_slopes, rng_state)
-    with nogil:
-        problem = validate_backward(bwd) if backward else validate_forward(fwd)
-        validate_options(options, problem)
-        # cuDNN 9.26's rules for the statistics: JAX's lse is packed, which every version reads
-        if backward:
-            key = backward_graph_key(bwd, options, 90, 92600)
-        else:
-            key = forward_graph_key(fwd, options, 90, 92600)
-    return problem_dict(problem)
-
-
-def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, scale=None,
-                   causal=False, causal_alignment="top_left", window=None, softcap=None, deterministic=False,
-                   bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0, rng_state=None, sm_version=90,
-                   cudnn_version=91900):
-    """The graph-cache key of the handler's call for these shapes on device 0 (see
-    _forward_graph_key), with ``bias``, ``alibi_slopes`` and ``rng_state`` as (shape, dtype) when
-    given (and a backward's grad_bias with ``grad_bias``): equal keys mean JAX and other callers
-    share one cuDNN graph."""
-    cdef ForwardArgs fwd
-    cdef BackwardArgs bwd
-    cdef SdpaOptions options
-    cdef vector[int64_t] key
-    cdef TensorView* views[kNumSlots]
-    cdef int sm = sm_version
-    cdef int64_t cudnn = cudnn_version
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
-    slot_views(backward, &fwd, &bwd, views)
-    shape_views(backward, layout, shapes, dtype, 0, views, None, None, None, None, False, bias, grad_bias, alibi_slopes,
-                rng_state)
-    with nogil:
-        if backward:
-            key = backward_graph_key(bwd, options, sm, cudnn)
-        else:
-            key = forward_graph_key(fwd, options, sm, cudnn)
-    return tuple(key)

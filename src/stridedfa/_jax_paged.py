@@ -72,7 +72,7 @@ def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, *, layout: 
     s_q = q.shape[1] if layout == "bshd" else q.shape[2]
     seqlens_q = jnp.full((b,), s_q, jnp.int32)  # every query row is real; a constant XLA folds
     out_shape = (*q.shape[:3], v_cache.shape[3])
-    _core._jax_validate(False, _LAYOUTS[layout], (tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
+    _core._validate_shapes(False, _LAYOUTS[layout], (tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
                                                   out_shape, None),
                         (str(q.dtype), str(k_cache.dtype), str(v_cache.dtype), str(q.dtype), "float32"),
                         lengths=(((b,), "int32"), (tuple(cache_seqlens.shape), str(cache_seqlens.dtype))),

@@ -120,7 +120,7 @@ def _check_shapes(q, k, v, cu_q, cu_kv, rng_state, options: _VarlenOptions) -> N
             raise LayoutError(f"{name}: head_dim is {x.shape[2]}; cuDNN needs 16-byte aligned rows, so head_dim "
                               f"must be a multiple of 8 for {q.dtype} arrays")
     out_shape = (q.shape[0], q.shape[1], v.shape[2])
-    _core._jax_validate(False, _THD, (tuple(q.shape), tuple(k.shape), tuple(v.shape), out_shape,
+    _core._validate_shapes(False, _THD, (tuple(q.shape), tuple(k.shape), tuple(v.shape), out_shape,
                                       (q.shape[0], q.shape[1])),
                         (str(q.dtype), str(k.dtype), str(v.dtype), str(q.dtype), "float32"),
                         cu_seqlens=((tuple(cu_q.shape), str(cu_q.dtype)), (tuple(cu_kv.shape), str(cu_kv.dtype))),

@@ -5,6 +5,8 @@ this module registers torch.ops.stridedfa.attention_*; packed_attention's operat
 _torch_packed, paged and variable-length attention's in _torch_paged and _torch_varlen.
 """
 
+import functools
+
 import torch
 
 from stridedfa import _core, _layouts
@@ -316,6 +318,7 @@ class _EagerAttention(torch.autograd.Function):
 
 def _attention_forward_autograd(q, k, v, *args):
     if _requires_grad(q, k, v, args[_SINKS], args[_BIAS]):
+        _check_backward(q, k, v, args[:_N_OPTIONS])
         return _AttentionFunction.apply(q, k, v, *args)
     return _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
                            (q, k, v, *(args[i] for i in _TENSOR_OPTIONS)))
@@ -435,17 +438,6 @@ def _bias_gradient_like(bias, wanted, like):
     return bias.new_empty(bias.shape) if bias is not None and wanted else _no_lse(like)
 
 
-def _check_bias_gradient(bias, s_q: int) -> None:
-    """Before the forward: a bias that requires grad must have a row per query (cuDNN 9.19 computes
-    the gradient of one shared over rows wrongly; the core refuses it in the backward, too late
-    for a training step to fail cleanly)."""
-    if bias is not None and bias.requires_grad and s_q > 1 and (bias.dim() < 2 or bias.shape[-2] == 1):
-        raise UnsupportedError(
-            f"bias: shape {tuple(bias.shape)} requires grad but is shared over the {s_q} query rows; cuDNN "
-            f"9.19 computes the gradient of such a bias wrongly. Pass bias.expand(-1, -1, {s_q}, -1) (the same "
-            f"forward, no copy; torch sums the gradient back to your shape) or detach it (a constant mask).")
-
-
 def _draw_rng_state(like, dropout_p) -> torch.Tensor:
     """dropout's Philox seed and offset as an int64 (2,) tensor on like's device, drawn from torch's
     generator for that device as any random op draws (torch.manual_seed and the generator's state
@@ -456,18 +448,41 @@ def _draw_rng_state(like, dropout_p) -> torch.Tensor:
     return torch.randint(0, 1 << 62, (2,), dtype=torch.int64, device=like.device)
 
 
-def _check_dropout_gradient(sinks, dropout_p, s_q: int, s_kv: int) -> None:
-    """Before the forward, what the backward would refuse with dropout (too late for a training step
-    to fail cleanly): sinks that require grad (cuDNN 9.19 returns their gradient scaled by
-    1 - dropout_p) and s_q = s_kv = 1 (cuDNN's backward refuses it; only its generator knows the mask)."""
-    if dropout_p and s_q == 1 and s_kv == 1:
-        raise UnsupportedError(
-            "dropout with s_q = s_kv = 1 cannot be differentiated: cuDNN's backward refuses s_q = s_kv = 1, and the "
-            "dropped weights are known only to its generator. Use dropout_p=0 here.")
-    if dropout_p and sinks is not None and sinks.requires_grad:
-        raise UnsupportedError(
-            "sinks that require grad with dropout are not supported: cuDNN 9.19 returns the sinks' gradient "
-            "scaled by 1 - dropout_p. Use dropout_p=0 with trainable sinks, or detach them.")
+def _check_backward(q, k, v, opts) -> None:
+    """Before a training forward with a bias, dropout or sinks: the core's verdict on the backward
+    this step will need (its rules on the bias' gradient, dropout and sinks), from shapes alone, so
+    that a step whose backward would be refused fails before anything runs. q, k, v: (b, h, s, d).
+    Skipped for symbolic shapes (torch.compile with dynamic shapes): their backward is checked when
+    it runs."""
+    sinks, bias, dropout_p = opts[_SINKS], opts[_BIAS], opts[_DROPOUT]
+    if bias is None and sinks is None and not dropout_p:
+        return
+    shapes = (tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    if not all(type(n) is int for shape in shapes for n in shape):
+        return
+    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, deterministic, _, alibi, _, _ = opts
+    _backward_verdict(shapes, str(q.dtype).removeprefix("torch."), (scale, causal, alignment, left, right, softcap,
+                                                                    deterministic, float(dropout_p)),
+                      seqlens_q is not None or seqlens_kv is not None, sinks is not None and sinks.requires_grad,
+                      sinks is not None, None if bias is None else tuple(bias.shape),
+                      bias is not None and bias.requires_grad, alibi is not None)
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_verdict(shapes, dtype, options, lengths, grad_sinks, sinks, bias, grad_bias, alibi) -> None:
+    """_check_backward's core call, on dense (b, h, s, d) stand-ins (a success is cached: it
+    depends on nothing else)."""
+    q, k, v = shapes
+    out = (*q[:3], v[3])
+    scale, causal, alignment, left, right, softcap, deterministic, dropout_p = options
+    int32 = ((q[0],), "int32")
+    _core._validate_shapes(
+        True, 1, (q, k, v, out, q[:3], out, q, k, v), dtype, scale=scale, causal=causal,
+        causal_alignment=alignment, window=_window(left, right), softcap=softcap, deterministic=deterministic,
+        lengths=(int32, int32) if lengths else None, sinks=((q[1],), "float32") if sinks else None,
+        grad_sinks=grad_sinks, bias=(bias, dtype) if bias is not None else None, grad_bias=grad_bias,
+        alibi_slopes=((q[1],), "float32") if alibi else None, dropout_p=dropout_p,
+        rng_state=((2,), "int64") if dropout_p else None)
 
 
 def _no_lse(like):

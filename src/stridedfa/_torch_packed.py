@@ -10,6 +10,7 @@ from stridedfa import _core, _layouts
 from stridedfa._errors import LayoutError
 from stridedfa._torch_ops import (
     _BIAS,
+    _DROPOUT,
     _HAS_EXCHANGE_API,
     _N_OPTIONS,
     _OPTIONS,
@@ -18,6 +19,7 @@ from stridedfa._torch_ops import (
     _backward_kernel,
     _below_autograd,
     _bias_gradient_like,
+    _check_backward,
     _core_backward,
     _core_forward,
     _define,
@@ -159,6 +161,7 @@ class _PackedAttentionFunction(torch.autograd.Function):
 def _packed_forward_autograd(packed, dim, layout, q, *args):
     op_args = (packed, dim, layout, q, *args)
     if _requires_grad(packed, q, args[_SINKS], args[_BIAS]):
+        _check_packed_backward(packed, dim, layout, q, args[:_N_OPTIONS])
         return _PackedAttentionFunction.apply(False, *op_args)
     return _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
                            (packed, q, *(args[i] for i in _TENSOR_OPTIONS)))
@@ -190,6 +193,14 @@ def _check_packed(packed, dim, layout, q) -> int:
     if q is not None and q.dim() != 4:
         raise LayoutError(f"q must be 4-D in layout {layout!r}; got shape {tuple(q.shape)}")
     return dim
+
+
+def _check_packed_backward(packed, dim, layout, q, opts) -> None:
+    """_check_backward for a packed call: its q, k, v views in (b, h, s, d)."""
+    if opts[_BIAS] is not None or opts[_SINKS] is not None or opts[_DROPOUT]:
+        perm = _to_logical(layout)
+        q_l, k_l, v_l = (t.permute(perm) for t in _unpack(packed, dim, q))
+        _check_backward(q_l, k_l, v_l, opts)
 
 
 def _unpack(packed, dim, q):

@@ -63,7 +63,7 @@ def warm_up(configs: Iterable[Mapping[str, Any]], *, device: int = 0) -> dict[st
     configs = list(configs)
     calls = [call for config in configs for call in _calls_of(config)]
     for backward, layout, shapes, dtype, options in calls:  # every configuration checked before any build
-        _core._warm_up_shapes(backward, layout, shapes, dtype, device, **options, validate_only=True)
+        _core._validate_shapes(backward, layout, shapes, dtype, **options)
     before = _core.cache_info()
     start = time.perf_counter()
     for backward, layout, shapes, dtype, options in calls:

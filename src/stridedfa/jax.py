@@ -233,7 +233,7 @@ def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths
                           f"dtype: pass bias.astype(q.dtype) (a boolean mask m becomes "
                           f"jnp.where(m, 0, -jnp.inf).astype(q.dtype))")
     out_shape = _out_shape(q_shape, v_shape[3])
-    _core._jax_validate(False, _LAYOUTS[options.layout],
+    _core._validate_shapes(False, _LAYOUTS[options.layout],
                         (q_shape, k_shape, v_shape, out_shape, _lse_shape(q_shape, options.layout)),
                         dtypes + (dtypes[0], "float32"), lengths=lengths or None, sinks=sinks[0] if sinks else None,
                         bias=bias[0] if bias else None, alibi_slopes=alibi_slopes[0] if alibi_slopes else None,
@@ -365,7 +365,7 @@ def _validator(backward: bool, options: _Options, first: int, lengths, sinks, bi
         else:
             shapes = (q, k, v, _out_shape(q, v[-1]), _lse_shape(q, options.layout))
             dtypes = (*(str(x.dtype) for x in args[:3]), str(args[0].dtype), "float32")
-        _core._jax_validate(backward, _LAYOUTS[options.layout], shapes, dtypes, lengths=lengths or None,
+        _core._validate_shapes(backward, _LAYOUTS[options.layout], shapes, dtypes, lengths=lengths or None,
                             sinks=sinks[0] if sinks else None, bias=bias[0] if bias else None,
                             alibi_slopes=slopes[0] if slopes else None, rng_state=rng[0] if rng else None,
                             **({"grad_bias": grad_bias, "grad_sinks": grad_sinks} if backward else {}),
@@ -420,30 +420,15 @@ def _forward_rule(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, option
     sinks_perturbed = bool(sinks) and sinks[0].perturbed
     q, k, v, lengths, sinks, bias, alibi_slopes, rng_state = jax.custom_derivatives.custom_vjp_primal_tree_values(
         (q, k, v, lengths, sinks, bias, alibi_slopes, rng_state))
-    if bias_perturbed:
-        _check_bias_gradient(q.shape, k.shape, tuple(bias[0].shape), options.layout)
+    # What the backward would refuse (a bias' gradient cuDNN does not compute, dropout where cuDNN's
+    # backward cannot run, ...) is refused now, before the forward is traced.
+    out_shape = _out_shape(tuple(q.shape), v.shape[-1])
+    _validate_backward(q.shape, k.shape, v.shape, out_shape, _lse_shape(tuple(q.shape), options.layout), str(q.dtype),
+                       options, lengths, sinks, sinks_perturbed, bias, bias_perturbed, alibi_slopes, rng_state)
     out, lse = _forward_call(q, k, v, lengths, sinks, options, with_lse=True, bias=bias, alibi_slopes=alibi_slopes,
                              rng_state=rng_state)
     return (out, lse), (q, k, v, lengths, sinks, sinks if sinks_perturbed else (), bias,
                         bias if bias_perturbed else (), alibi_slopes, rng_state, out, lse)
-
-
-def _check_bias_gradient(q_shape, k_shape, bias_shape, layout) -> None:
-    """Refuses to differentiate a bias shared along a seq axis (extent 1 where s_q or s_kv is not).
-
-    A stopgap until the core refuses or handles it: on cuDNN 9.19 (H200) stridedfa's grad_bias of
-    such a bias is not summed over that axis, and dq came out wrong with it
-    (tests/gpu/test_jax.py). Batch and heads may be shared."""
-    s_q, s_kv = _logical(q_shape[-4:], layout)[2], _logical(k_shape[-4:], layout)[2]
-    axes = (1,) * (4 - len(bias_shape)) + bias_shape
-    for axis, name, extent in ((2, "seq of q", s_q), (3, "seq of k", s_kv)):
-        if axes[axis] == 1 and extent != 1:
-            full = (*axes[:2], s_q, s_kv)
-            raise UnsupportedError(
-                f"bias: differentiating a bias shared along {name} (shape {bias_shape}) is not supported yet: "
-                f"its gradient would not be summed over that axis. Broadcast it first, e.g. "
-                f"jnp.broadcast_to(bias, {full}) (JAX then sums the gradient), or, for a constant mask, "
-                f"jax.lax.stop_gradient(bias)")
 
 
 def _attention_fwd(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, options: _Options):
@@ -451,18 +436,26 @@ def _attention_fwd(q, k, v, lengths, sinks, bias, alibi_slopes, rng_state, optio
     return out, residuals
 
 
+def _validate_backward(q_shape, k_shape, v_shape, out_shape, lse_shape, dtype: str, options: _Options, lengths, sinks,
+                       grad_sinks, bias, grad_bias, alibi_slopes, rng_state) -> None:
+    """The core's validation of the backward's views (the handler's), with its gradients of the
+    sinks and the bias when wanted."""
+    shapes = (q_shape, k_shape, v_shape, out_shape, lse_shape, out_shape, q_shape, k_shape, v_shape)
+    _core._validate_shapes(True, _LAYOUTS[options.layout], tuple(map(tuple, shapes)), dtype,
+                           lengths=_described(lengths) or None,
+                           sinks=_described(sinks)[0] if sinks else None, grad_sinks=bool(grad_sinks),
+                           bias=_described(bias)[0] if bias else None, grad_bias=bool(grad_bias),
+                           alibi_slopes=_described(alibi_slopes)[0] if alibi_slopes else None,
+                           rng_state=_described(rng_state)[0] if rng_state else None, **options.core_options())
+
+
 def _attention_bwd(options: _Options, residuals, grad_out):
     q, k, v, lengths, sinks, sinks_wanted, bias, bias_wanted, alibi_slopes, rng_state, out, lse = residuals
     if isinstance(grad_out, jax.custom_derivatives.SymbolicZero):  # only lse was used (it has no gradient)
         grad_out = jnp.zeros(out.shape, out.dtype)
     grad_out = grad_out.astype(out.dtype)
-    shapes = (q.shape, k.shape, v.shape, out.shape, lse.shape, grad_out.shape, q.shape, k.shape, v.shape)
-    _core._jax_validate(True, _LAYOUTS[options.layout], tuple(map(tuple, shapes)), str(q.dtype),
-                        lengths=_described(lengths) or None,
-                        sinks=_described(sinks)[0] if sinks else None, grad_sinks=bool(sinks_wanted),
-                        bias=_described(bias)[0] if bias else None, grad_bias=bool(bias_wanted),
-                        alibi_slopes=_described(alibi_slopes)[0] if alibi_slopes else None,
-                        rng_state=_described(rng_state)[0] if rng_state else None, **options.core_options())
+    _validate_backward(q.shape, k.shape, v.shape, out.shape, lse.shape, str(q.dtype), options, lengths, sinks,
+                       sinks_wanted, bias, bias_wanted, alibi_slopes, rng_state)
     attributes = options.attributes(_optional_operands(lengths, sinks, bias, grad_bias=bool(bias_wanted),
                                                        alibi_slopes=alibi_slopes, rng_state=rng_state,
                                                        grad_sinks=bool(sinks_wanted)))

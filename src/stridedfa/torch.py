@@ -30,8 +30,7 @@ from stridedfa._torch_ops import (
     _attention_inference_basic,
     _bounds,
     _causal,
-    _check_bias_gradient,
-    _check_dropout_gradient,
+    _check_backward,
     _draw_rng_state,
     _eager_attention,
     _forward_alloc,
@@ -40,6 +39,7 @@ from stridedfa._torch_ops import (
 )
 from stridedfa._torch_packed import (
     _check_packed,
+    _check_packed_backward,
     _eager_packed_attention,
     _packed_attention_forward,
     _packed_forward_impl,
@@ -141,11 +141,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     left, right = _bounds(window)
     opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
             bias, alibi_slopes, float(dropout_p), rng_state)
-    if needs_grad and bias is not None:
-        _check_bias_gradient(bias, q.shape[2])
-    if needs_grad and dropout_p:
-        _check_dropout_gradient(sinks, dropout_p, q.shape[2], k.shape[2])
     if needs_grad and _plain_eager(q, k, v):
+        _check_backward(q, k, v, opts)  # the operator's Autograd kernel checks the other paths
         return _eager_attention(q, k, v, sinks, bias, opts, return_lse)
     if needs_grad or return_lse:
         out, lse = _attention_forward(q, k, v, *opts, True)
@@ -206,14 +203,9 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad)
                                               or (sinks is not None and sinks.requires_grad)
                                               or (bias is not None and bias.requires_grad))
-    if needs_grad and bias is not None:
-        _check_bias_gradient(bias, (q if q is not None else packed.select(dim, 0)).shape[layout.index("s")])
-    if needs_grad and dropout_p:
-        seq = layout.index("s")
-        _check_dropout_gradient(sinks, dropout_p, (q if q is not None else packed.select(dim, 0)).shape[seq],
-                                packed.select(dim, 1).shape[seq])
     if _plain_eager(packed, packed, packed if q is None else q):
         if needs_grad:
+            _check_packed_backward(packed, dim, layout, q, opts)
             out, lse = _eager_packed_attention(True, packed, dim, layout, q, *opts, True)
         else:
             out, lse = _packed_forward_impl(packed, dim, layout, q, *opts, return_lse)
