@@ -561,7 +561,7 @@ BAD_CALLS = [
     ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 4, 64), ("bfloat16",) * 3, {}, stridedfa.LayoutError,
      r"v: axis 2 \(heads\) is 4"),
     ((2, 128, 8, 60), (2, 256, 2, 60), (2, 256, 2, 64), ("float16",) * 3, {}, stridedfa.LayoutError,
-     "multiple of 8"),
+     r"stride is head_dim \(60\), which must then be a multiple of 8"),
     ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16",) * 3, {"layout": "sbhd"}, ValueError,
      "layout must be"),
     ((2, 128, 8, 64), (2, 256, 2, 64), (2, 256, 2, 64), ("bfloat16",) * 3, {"causal_alignment": "center"},

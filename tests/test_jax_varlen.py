@@ -84,7 +84,8 @@ def test_vmap_runs_each_packed_batch(sj, jax):
     ({"cu_q": ((6,), "float32")}, stridedfa.LayoutError, r"^cu_seqlens_q: dtype float32 is not supported"),
     ({"cu_kv": ((7,), "int32")}, stridedfa.LayoutError, "cu_seqlens_q has 6 entries but cu_seqlens_kv 7"),
     ({"v": ((400, 3, 64), "bfloat16")}, stridedfa.LayoutError, "k and v must share heads"),
-    ({"q": ((300, 8, 60), "bfloat16")}, stridedfa.LayoutError, "multiple of 8"),
+    ({"q": ((300, 8, 60), "bfloat16"), "k": ((400, 2, 60), "bfloat16")}, stridedfa.LayoutError,
+     r"stride is head_dim \(60\), which must then be a multiple of 8"),
 ])
 def test_bad_calls_are_refused_while_tracing(sj, jax, change, error, match):
     names = ("q", "k", "v", "cu_q", "cu_kv")

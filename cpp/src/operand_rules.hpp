@@ -355,6 +355,11 @@ class Validator {
           << " bytes, not a multiple of " << kAlignment << " bytes; cuDNN's vector loads would read misaligned "
           << "data (wrong results on Hopper). Pad that axis to a multiple of " << kAlignment / item
           << " elements or pass a contiguous copy.";
+        if (t.ndim == 4 && stride == t.dims[3]) {  // what a dense tensor (every JAX array) with such a head_dim has
+          s << " In a dense tensor that stride is head_dim (" << t.dims[3] << "), which must then be a multiple of "
+            << kAlignment / item << ": pad it with zeros (padded q and k leave the scores unchanged; slice the "
+            << "output of a padded v back).";
+        }
         throw LayoutError(s.str());
       }
     }

@@ -12,7 +12,6 @@ from __future__ import annotations
 from stridedfa import _core
 from stridedfa._errors import LayoutError
 from stridedfa._jax_runtime import (
-    _DTYPES,
     _FORWARD_INFERENCE,
     _LAYOUTS,
     _WITH_LENGTHS,
@@ -64,10 +63,6 @@ def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, *, layout: 
             axes = ("(batch, seq, heads, head_dim)" if layout == "bshd" else "(batch, heads, seq, head_dim)") \
                 if name == "q" else _cache_axes(layout)
             raise LayoutError(f"{name}: expected 4 axes {axes} for layout {layout!r}, got shape {tuple(x.shape)}")
-    for name, x in (("q/k_cache", q), ("v_cache", v_cache)):
-        if str(q.dtype) in _DTYPES and x.shape[3] % 8 != 0:
-            raise LayoutError(f"{name}: head_dim is {x.shape[3]}; cuDNN needs 16-byte aligned rows, so head_dim "
-                              f"must be a multiple of 8 for {q.dtype} arrays")
     b = q.shape[0]
     s_q = q.shape[1] if layout == "bshd" else q.shape[2]
     seqlens_q = jnp.full((b,), s_q, jnp.int32)  # every query row is real; a constant XLA folds

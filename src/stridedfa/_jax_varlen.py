@@ -20,7 +20,6 @@ from stridedfa import _core
 from stridedfa._errors import LayoutError
 from stridedfa._jax_runtime import (
     _BACKWARD,
-    _DTYPES,
     _FORWARD,
     _check_devices,
     _ensure_runtime,
@@ -115,10 +114,6 @@ def _check_shapes(q, k, v, cu_q, cu_kv, rng_state, options: _VarlenOptions) -> N
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 3:
             raise LayoutError(f"{name}: expected (tokens, heads, head_dim), got shape {tuple(x.shape)}")
-    for name, x in (("q/k", q), ("v", v)):
-        if str(q.dtype) in _DTYPES and x.shape[2] % 8 != 0:
-            raise LayoutError(f"{name}: head_dim is {x.shape[2]}; cuDNN needs 16-byte aligned rows, so head_dim "
-                              f"must be a multiple of 8 for {q.dtype} arrays")
     out_shape = (q.shape[0], q.shape[1], v.shape[2])
     _core._validate_shapes(False, _THD, (tuple(q.shape), tuple(k.shape), tuple(v.shape), out_shape,
                                       (q.shape[0], q.shape[1])),

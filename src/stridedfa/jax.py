@@ -222,12 +222,6 @@ def _check_problem(q_shape, k_shape, v_shape, dtypes, options: _Options, lengths
         if len(shape) != 4:
             raise LayoutError(f"{name}: expected 4 axes {_axes(options.layout)} for layout "
                               f"{options.layout!r}, got shape {shape}")
-    # JAX arrays are dense, so the core's 16-byte stride rule fails exactly when a head_dim is not
-    # a multiple of 8 elements: said here in the caller's terms. Every other rule is the core's.
-    for name, shape in (("q/k", q_shape), ("v", v_shape)):
-        if dtypes[0] in _DTYPES and shape[3] % 8 != 0:
-            raise LayoutError(f"{name}: head_dim (axis 3) is {shape[3]}; cuDNN needs 16-byte aligned rows, so "
-                              f"head_dim must be a multiple of 8 for {dtypes[0]} arrays")
     if bias and dtypes[0] in _DTYPES and bias[0][1] != dtypes[0]:
         raise LayoutError(f"bias: dtype {bias[0][1]} is not q's dtype {dtypes[0]}; a score bias has the attention "
                           f"dtype: pass bias.astype(q.dtype) (a boolean mask m becomes "
