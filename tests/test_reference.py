@@ -315,3 +315,34 @@ def test_property_matches_naive(b, h_kv, group, s_q, s_kv, d_qk, d_v, causal,
                                atol=1e-12)
     # Rows of P sum to one: with v == 1 the output is exactly ones.
     np.testing.assert_allclose(ones[:, :, empty:], 1.0, rtol=1e-13)
+
+
+@pytest.mark.parametrize("causal, alignment, window", [(False, "top_left", None), (True, "top_left", None),
+                                                        (True, "bottom_right", None), (False, "top_left", (3, 2))])
+def test_backward_from_stats_is_the_backward_given_the_forwards_out_and_lse(causal, alignment, window):
+    r = np.random.default_rng(7)
+    q, k, v = r.standard_normal((2, 4, 7, 8)), r.standard_normal((2, 2, 9, 8)), r.standard_normal((2, 2, 9, 5))
+    dout = r.standard_normal((2, 4, 7, 5))
+    options = {"causal": causal, "causal_alignment": alignment, "window": window, "dtype": np.float64}
+    out, lse = reference.sdpa_forward(q, k, v, **options)
+    want = reference.sdpa_backward(q, k, v, dout, **options)
+    got = reference.sdpa_backward_from_stats(q, k, v, out, dout, lse, **options)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(a, b, atol=1e-12, err_msg=name)
+
+
+def test_backward_from_stats_splits_over_blocks_of_keys():
+    """Given the whole problem's out and lse, each block of keys gives its share: dq sums over the
+    blocks, dk and dv are the blocks' rows (what attention over a sharded sequence relies on)."""
+    r = np.random.default_rng(8)
+    q, k, v = r.standard_normal((1, 2, 6, 8)), r.standard_normal((1, 2, 10, 8)), r.standard_normal((1, 2, 10, 8))
+    dout = r.standard_normal((1, 2, 6, 8))
+    out, lse = reference.sdpa_forward(q, k, v, dtype=np.float64)
+    dq, dk, dv = reference.sdpa_backward(q, k, v, dout, dtype=np.float64)
+    parts = [reference.sdpa_backward_from_stats(q, k[:, :, cut], v[:, :, cut], out, dout, lse, dtype=np.float64)
+             for cut in (slice(0, 3), slice(3, 10))]
+    np.testing.assert_allclose(parts[0][0] + parts[1][0], dq, atol=1e-12)
+    np.testing.assert_allclose(np.concatenate([p[1] for p in parts], 2), dk, atol=1e-12)
+    np.testing.assert_allclose(np.concatenate([p[2] for p in parts], 2), dv, atol=1e-12)
+    with pytest.raises(ValueError, match="lse shape"):
+        reference.sdpa_backward_from_stats(q, k, v, out, dout, lse[:, :1], dtype=np.float64)

@@ -84,7 +84,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["sdpa_forward", "sdpa_backward", "visible_mask"]
+__all__ = ["sdpa_forward", "sdpa_backward", "sdpa_backward_from_stats", "visible_mask"]
 
 _ALIGNMENTS = ("top_left", "bottom_right")
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -451,3 +451,54 @@ def sdpa_backward(q: Any, k: Any, v: Any, grad_out: Any, *,
         full = ds.reshape(b, h_kv * g, s_q, s_kv)
         extra["dbias"] = np.ascontiguousarray(_sum_to(full, np.shape(bias)))
     return (*grads, extra)
+
+
+def sdpa_backward_from_stats(q: Any, k: Any, v: Any, out: Any, grad_out: Any,
+                             lse: Any, *, scale: float | None = None,
+                             causal: bool = False,
+                             causal_alignment: str = "top_left",
+                             window: Any = None,
+                             dtype: Any = np.float32) -> tuple:
+    """The backward a fused kernel computes: ``(dq, dk, dv)`` from the
+    forward's ``out`` (b, h_q, s_q, d_v) and ``lse`` (b, h_q, s_q) as given,
+    not recomputed::
+
+        P = exp(scale * q @ k^T + mask - lse)    D = rowsum(grad_out * out)
+        dS = P * (grad_out @ v^T - D)            dv = P^T @ grad_out
+        dq = scale * dS @ k                      dk = scale * dS^T @ q
+
+    With this block's own out and lse it equals :func:`sdpa_backward`; with
+    the out and lse of a larger problem whose keys this block is one part of
+    (attention over a sequence split across devices) it gives this block's
+    share of that problem's gradients -- dq summed over the blocks, dk and dv
+    per block. Rows with lse = -inf see no key here and get P = 0. Plain,
+    causal and windowed masks (no padding lengths, softcap, sinks, bias,
+    ALiBi or dropout).
+    """
+    pb = _prepare(q, k, v, scale=scale, causal=causal,
+                  causal_alignment=causal_alignment, dtype=dtype,
+                  window=window, seqlens_q=None, seqlens_kv=None,
+                  softcap=None, sinks=None, bias=None, alibi_slopes=None,
+                  dropout_mask=None, dropout_p=0.0)
+    b, h_kv, g, s_q, d_qk = pb.q.shape
+    d_v = pb.v.shape[-1]
+    dt = pb.q.dtype
+    shapes = {"out": (b, h_kv * g, s_q, d_v), "grad_out": (b, h_kv * g, s_q, d_v), "lse": (b, h_kv * g, s_q)}
+    given = {"out": out, "grad_out": grad_out, "lse": lse}
+    o, do, m = (np.ascontiguousarray(given[n], dtype=dt) for n in ("out", "grad_out", "lse"))
+    for name, x in zip(("out", "grad_out", "lse"), (o, do, m)):
+        if x.shape != shapes[name]:
+            raise ValueError(f"{name} shape {x.shape} must be {shapes[name]}")
+    o, do = o.reshape(b, h_kv, g, s_q, d_v), do.reshape(b, h_kv, g, s_q, d_v)
+    m = m.reshape(b, h_kv, g, s_q, 1)
+    s = (pb.q @ pb.k.swapaxes(-1, -2)) * pb.scale
+    if pb.seen is not None:
+        s = np.where(pb.seen, s, -np.inf)
+    with np.errstate(invalid="ignore"):  # -inf - (-inf) in rows that see no key anywhere
+        p = np.where(np.isneginf(m) | np.isneginf(s), 0, np.exp(s - np.where(np.isneginf(m), 0, m)))
+    ds = p * (do @ pb.v.swapaxes(-1, -2) - (do * o).sum(axis=-1, keepdims=True))
+    dq = (ds @ pb.k) * pb.scale
+    dk = (ds.swapaxes(-1, -2) @ pb.q).sum(axis=2) * pb.scale
+    dv = (p.swapaxes(-1, -2) @ do).sum(axis=2)
+    return (np.ascontiguousarray(dq.reshape(b, h_kv * g, s_q, d_qk)),
+            np.ascontiguousarray(dk), np.ascontiguousarray(dv))

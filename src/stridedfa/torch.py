@@ -1,14 +1,17 @@
 """The torch adapter: stridedfa attention as torch operators.
 
-Five entry points, usable under ``torch.compile(fullgraph=True)`` and CUDA graph capture and, all
-but the paged one, differentiable:
+The entry points, differentiable (all but the paged one) and, all but the context-parallel one
+(whose ring is torch.distributed's eager P2P), usable under ``torch.compile(fullgraph=True)`` and
+CUDA graph capture:
 
 - :func:`attention` takes q, k, v with any valid strides (e.g. views of one packed projection);
 - :func:`packed_attention` takes the packed projection itself plus the axis along which q/k/v (or
   k/v) interleave, and writes the backward's dQ/dK/dV straight into one packed gradient buffer;
 - :func:`varlen_attention` takes sequences packed along one token axis (THD) with cu_seqlens, and
   :func:`varlen_packed_attention` their fused (total, 3, h, d) projection;
-- :func:`attention_with_kvcache` attends over a paged KV cache (forward only, for serving).
+- :func:`attention_with_kvcache` attends over a paged KV cache (forward only, for serving);
+- :func:`context_parallel_attention` attends over a sequence sharded across the ranks of a
+  torch.distributed group (ring attention; :func:`shard_sequence` / :func:`unshard_sequence`).
 
 They are backed by registered operators (``torch.ops.stridedfa.*``, see ``torch.library``) whose
 fake implementations give exactly the strides the real kernels produce (``stridedfa._layouts``).
@@ -20,6 +23,9 @@ C call (DLPack C exchange API, torch >= 2.10).
 """
 
 import torch
+
+# The ring of context-parallel attention (torch.distributed, over this module's kernels).
+from stridedfa._torch_context_parallel import context_parallel_attention, shard_sequence, unshard_sequence
 
 # The operators behind attention, their fake and autograd kernels, and the helpers every operator
 # shares, live in _torch_ops (importing it registers torch.ops.stridedfa); packed, paged-KV and
@@ -47,7 +53,8 @@ from stridedfa._torch_packed import (
 from stridedfa._torch_paged import attention_with_kvcache
 from stridedfa._torch_varlen import varlen_attention, varlen_packed_attention
 
-__all__ = ["attention", "attention_with_kvcache", "packed_attention", "varlen_attention", "varlen_packed_attention"]
+__all__ = ["attention", "attention_with_kvcache", "context_parallel_attention", "packed_attention", "shard_sequence",
+           "unshard_sequence", "varlen_attention", "varlen_packed_attention"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,

@@ -1,0 +1,277 @@
+"""Context parallelism: attention over a sequence sharded across the ranks of a torch.distributed
+process group (ring attention), built on stridedfa's forward and backward with their softmax
+statistics.
+
+Each rank holds its shard of q, k and v along the sequence axis. The k/v shards travel once around
+the ring (batched isend/irecv to the next rank, overlapped with the block the rank computes
+meanwhile); each rank attends its queries to every k/v shard in turn and merges the partial
+outputs by their log-sum-exp:
+
+    lse = logaddexp(lse_a, lse_b)        out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)
+
+The backward runs the same ring: each block's gradients come from the kernel's backward given the
+*merged* out and lse (exact: a block's share of the full problem's gradients), dq accumulates on
+the rank, dk and dv accumulate in buffers that travel with their k/v shard and come home after the
+last step.
+
+Causal attention is load-balanced: the sequence is cut into 2W chunks and rank r holds chunks r and
+2W-1-r (``shard_sequence``), so that each step's work is half a local block on every rank: at step
+0 the local block is causal; the k/v shard of a lower rank is seen whole by the local queries'
+first half of keys only (its head chunk); that of a higher rank by the local tail queries only.
+
+CUDA tensors run stridedfa's cuDNN kernels; CPU tensors (the gloo backend) run the NumPy reference
+(stridedfa.reference) in float64, for tests and debugging at small sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from stridedfa._errors import LayoutError
+
+__all__ = ["context_parallel_attention", "shard_sequence", "unshard_sequence"]
+
+
+# --- Sharding -------------------------------------------------------------------------------------
+
+def shard_sequence(x: torch.Tensor, group=None, *, dim: int = 2, load_balanced: bool = True) -> torch.Tensor:
+    """This rank's shard of a full-sequence tensor, along axis ``dim`` (2: the seq axis of a
+    (b, h, s, d) tensor). With ``load_balanced`` (what causal attention needs for even work) the
+    sequence is cut into 2W equal chunks and rank r gets chunks r and 2W-1-r, concatenated; else
+    chunk r of W. The sequence length must divide into those chunks."""
+    world, rank = _world(group)
+    chunks = 2 * world if load_balanced else world
+    if x.shape[dim] % chunks:
+        raise LayoutError(f"shard_sequence: the sequence ({x.shape[dim]} along dim {dim}) must divide into {chunks} "
+                          f"equal chunks for {world} ranks{' (load-balanced: two per rank)' if load_balanced else ''}")
+    parts = x.chunk(chunks, dim)
+    if not load_balanced:
+        return parts[rank]
+    return torch.cat([parts[rank], parts[chunks - 1 - rank]], dim)
+
+
+def unshard_sequence(x: torch.Tensor, group=None, *, dim: int = 2, load_balanced: bool = True) -> torch.Tensor:
+    """The full-sequence tensor from every rank's shard (``shard_sequence``'s inverse): an
+    all-gather, then the chunks put back in sequence order."""
+    world, _ = _world(group)
+    gathered = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(gathered, x.contiguous(), group=group)
+    if not load_balanced:
+        return torch.cat(gathered, dim)
+    heads = [shard.chunk(2, dim)[0] for shard in gathered]
+    tails = [shard.chunk(2, dim)[1] for shard in gathered]
+    return torch.cat(heads + tails[::-1], dim)
+
+
+# --- The kernels a block runs on -------------------------------------------------------------------
+
+def _cudnn_forward(q, k, v, causal, scale):
+    from stridedfa.torch import attention  # stridedfa.torch imports this module
+    with torch.no_grad():
+        return attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+
+
+def _cudnn_backward(q, k, v, out, lse, grad_out, causal, scale):
+    from stridedfa._torch_ops import _attention_backward
+    dq, dk, dv, _, _ = _attention_backward(q, k, v, out, lse.contiguous(), grad_out, scale, causal, "top_left",
+                                           -1, -1, None, None, None, None, False, None, None, 0.0, None, False)
+    return dq, dk, dv
+
+
+def _numpy(t: torch.Tensor):
+    return t.detach().to(torch.float64).numpy()
+
+
+def _reference_forward(q, k, v, causal, scale):
+    from stridedfa import reference  # NumPy: imported only where CPU tensors need it
+
+    out, lse = reference.sdpa_forward(_numpy(q), _numpy(k), _numpy(v), scale=scale, causal=causal, dtype="float64")
+    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(_accumulator(q))
+
+
+def _reference_backward(q, k, v, out, lse, grad_out, causal, scale):
+    from stridedfa import reference
+
+    grads = reference.sdpa_backward_from_stats(_numpy(q), _numpy(k), _numpy(v), _numpy(out), _numpy(grad_out),
+                                               _numpy(lse), scale=scale, causal=causal, dtype="float64")
+    return tuple(torch.from_numpy(g).to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+
+def _accumulator(q: torch.Tensor) -> torch.dtype:
+    """What partial results are merged in: float32 for half-precision inputs (float64 stays)."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def _kernels(q: torch.Tensor):
+    return (_cudnn_forward, _cudnn_backward) if q.is_cuda else (_reference_forward, _reference_backward)
+
+
+# --- The ring ---------------------------------------------------------------------------------------
+
+def _world(group) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("context parallel attention needs an initialised torch.distributed process group "
+                           "(torch.distributed.init_process_group)")
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+class _Ring:
+    """Sends tensors to the next rank and receives the same shapes from the previous one, batched
+    and asynchronous: start() returns at once, wait() gives what arrived."""
+
+    def __init__(self, group):
+        self.group = group
+        world, rank = _world(group)
+        self.next = dist.get_global_rank(group, (rank + 1) % world) if group is not None else (rank + 1) % world
+        self.prev = dist.get_global_rank(group, (rank - 1) % world) if group is not None else (rank - 1) % world
+        self.pending: list = []
+        self.received: list[torch.Tensor] = []
+
+    def start(self, tensors: list[torch.Tensor]) -> None:
+        self.received = [torch.empty_like(t) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in self.received]
+        self.pending = dist.batch_isend_irecv(ops)
+
+    def wait(self) -> list[torch.Tensor]:
+        for request in self.pending:
+            request.wait()
+        self.pending = []
+        return self.received
+
+
+def _blocks(step: int, rank: int, world: int, causal: bool, load_balanced: bool, s: int):
+    """Which part of the local queries attends to which part of the k/v shard held at `step` (that
+    of rank (rank - step) mod world), and whether causally: (q rows, kv rows, causal) as slices of
+    the local sequence, or None when the shard is wholly in the local queries' future."""
+    source = (rank - step) % world
+    every = slice(0, s)
+    if not causal:
+        return every, every, False
+    if source == rank:
+        return every, every, True
+    if not load_balanced:
+        return (every, every, False) if source < rank else None
+    half = slice(0, s // 2)
+    tail = slice(s // 2, s)
+    return (every, half, False) if source < rank else (tail, every, False)
+
+
+def _merge(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> None:
+    """out, lse (the accumulators) <- the log-sum-exp merge with a block's (out_b, lse_b)."""
+    new = torch.logaddexp(lse, lse_b)
+    finite = torch.isfinite(new)
+    safe = torch.where(finite, new, torch.zeros_like(new))
+    keep = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(new)).unsqueeze(-1)
+    take = torch.where(finite, torch.exp(lse_b - safe), torch.zeros_like(new)).unsqueeze(-1)
+    out.mul_(keep).add_(out_b.to(out.dtype) * take)
+    lse.copy_(new)
+
+
+def _ring_forward(q, k, v, group, causal, scale, load_balanced):
+    world, rank = _world(group)
+    forward, _ = _kernels(q)
+    b, h_q, s, _ = q.shape
+    out = torch.zeros((b, h_q, s, v.shape[3]), dtype=_accumulator(q), device=q.device)
+    lse = torch.full((b, h_q, s), -math.inf, dtype=_accumulator(q), device=q.device)
+    ring = _Ring(group)
+    shard = [k, v]
+    for step in range(world):
+        if step < world - 1:
+            ring.start([t.contiguous() for t in shard])
+        block = _blocks(step, rank, world, causal, load_balanced, s)
+        if block is not None:
+            rows, keys, block_causal = block
+            out_b, lse_b = forward(q[:, :, rows], shard[0][:, :, keys], shard[1][:, :, keys], block_causal, scale)
+            _merge(out[:, :, rows], lse[:, :, rows], out_b, lse_b)
+        if step < world - 1:
+            shard = ring.wait()
+    return out.to(q.dtype), lse
+
+
+def _ring_backward(q, k, v, out, lse, grad_out, group, causal, scale, load_balanced):
+    world, rank = _world(group)
+    _, backward = _kernels(q)
+    s = q.shape[2]
+    grad_q = torch.zeros(q.shape, dtype=_accumulator(q), device=q.device)
+    # The gradients of the k/v shard held at each step travel with it and arrive home at the end.
+    grad_kv = [torch.zeros(t.shape, dtype=_accumulator(q), device=t.device) for t in (k, v)]
+    shards, gradients = _Ring(group), _Ring(group)
+    shard = [k, v]
+    for step in range(world):
+        if step < world - 1:
+            shards.start([t.contiguous() for t in shard])
+        block = _blocks(step, rank, world, causal, load_balanced, s)
+        if block is not None:
+            rows, keys, block_causal = block
+            dq, dk, dv = backward(q[:, :, rows], shard[0][:, :, keys], shard[1][:, :, keys], out[:, :, rows],
+                                  lse[:, :, rows], grad_out[:, :, rows], block_causal, scale)
+        if step > 0:
+            grad_kv = gradients.wait()  # this shard's gradients from the ranks it visited before
+        if block is not None:
+            grad_q[:, :, rows] += dq
+            grad_kv[0][:, :, keys] += dk
+            grad_kv[1][:, :, keys] += dv
+        if world > 1:
+            gradients.start(grad_kv)
+        if step < world - 1:
+            shard = shards.wait()
+    if world > 1:
+        grad_kv = gradients.wait()  # the local shard's own gradients, home after the last step
+    return grad_q.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype)
+
+
+class _ContextParallelAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, group, causal, scale, load_balanced):
+        out, lse = _ring_forward(q, k, v, group, causal, scale, load_balanced)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (group, causal, scale, load_balanced)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = _ring_backward(q, k, v, out, lse, grad_out.contiguous(), *ctx.options)
+        return (*grads, None, None, None, None)
+
+
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
+                               causal: bool = False, scale: float | None = None, load_balanced: bool = True,
+                               return_lse: bool = False):
+    """Attention over a sequence sharded across the ranks of ``group`` (default: the world),
+    differentiable: ``softmax(scale * q @ k^T + mask) @ v`` over the whole sequence, each rank
+    holding and receiving its own shard of the result.
+
+    Args:
+        q: (batch, h_q, s_local, d_qk), this rank's shard of the queries (``shard_sequence``);
+            any valid strides, as for :func:`stridedfa.torch.attention`.
+        k, v: (batch, h_kv, s_local, d), the shards of the keys and values at the same positions
+            (h_q a multiple of h_kv: GQA and MQA).
+        group: the torch.distributed process group (NCCL for CUDA tensors; gloo runs CPU tensors
+            on the NumPy reference, for tests).
+        causal: causal attention over the whole sequence (query i sees keys j <= i).
+        scale: defaults to ``1 / sqrt(d_qk)``.
+        load_balanced: the shards are ``shard_sequence(..., load_balanced=True)``'s (chunks r and
+            2W-1-r of 2W): causal work is then even across ranks. False: rank r holds chunk r of W.
+        return_lse: also return this rank's float32 (batch, h_q, s_local) log-sum-exp.
+
+    Returns:
+        out (batch, h_q, s_local, d_v) in q's dtype, or (out, lse).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise LayoutError(f"{name}: expected (batch, heads, seq, head_dim), got shape {tuple(t.shape)}")
+    if not q.shape[2] == k.shape[2] == v.shape[2]:
+        raise LayoutError(f"q, k and v must be shards of one sequence at the same positions: seq extents "
+                          f"{q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
+    if causal and load_balanced and q.shape[2] % 2:
+        raise LayoutError(f"a load-balanced causal shard holds two equal chunks: its seq extent {q.shape[2]} must be "
+                          f"even (shard_sequence cuts it so)")
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    out, lse = _ContextParallelAttention.apply(q, k, v, group, bool(causal), scale, bool(load_balanced))
+    return (out, lse) if return_lse else out

@@ -1,0 +1,50 @@
+"""One rank of a GPU context-parallel run (NCCL, one GPU per rank): the same problem on every rank
+(seeded), sharded; context_parallel_attention forward and backward; the gathered results written by
+rank 0 for tests/gpu/test_context_parallel.py to compare with one stridedfa call on the whole
+sequence."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+CASES = [  # (causal, load_balanced, b, h_q, h_kv, s_total, d)
+    (True, True, 2, 8, 2, 2048, 128),
+    (False, True, 1, 4, 4, 1024, 64),
+    (True, False, 2, 4, 1, 1024, 64),
+]
+
+
+def problem(case, device):
+    causal, balanced, b, h_q, h_kv, s, d = case
+    g = torch.Generator(device="cpu").manual_seed(1000 + CASES.index(case))
+    make = lambda h: torch.randn(b, s, h, d, generator=g).to(device, torch.bfloat16).transpose(1, 2)  # noqa: E731
+    return make(h_q), make(h_kv), make(h_kv), make(h_q)
+
+
+def run(rank: int, world: int, store: str, out_dir: str) -> None:
+    from stridedfa.torch import context_parallel_attention, shard_sequence, unshard_sequence
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", rank))
+    try:
+        results = []
+        for case in CASES:
+            causal, balanced = case[0], case[1]
+            q, k, v, dout = problem(case, f"cuda:{rank}")
+            shards = [shard_sequence(t, load_balanced=balanced).detach().requires_grad_() for t in (q, k, v)]
+            out, lse = context_parallel_attention(*shards, causal=causal, load_balanced=balanced, return_lse=True)
+            out.backward(shard_sequence(dout, load_balanced=balanced))
+            gathered = [unshard_sequence(t, load_balanced=balanced).cpu()
+                        for t in (out.detach(), lse.unsqueeze(-1), *(s.grad for s in shards))]
+            results.append(gathered)
+        if rank == 0:
+            torch.save(results, os.path.join(out_dir, f"world{world}.pt"))
+    finally:
+        dist.destroy_process_group()

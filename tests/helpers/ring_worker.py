@@ -1,0 +1,58 @@
+"""One rank of a CPU context-parallel run (gloo): shards a full problem, runs
+stridedfa.torch.context_parallel_attention forward and backward, gathers the results and writes
+them for the test to compare with the full-sequence reference. Spawned by
+tests/test_context_parallel.py; the kernels are stridedfa.reference's (CPU tensors)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+CASES = [  # (causal, load_balanced, h_q, h_kv, s, d)
+    (False, True, 4, 2, 24, 8),
+    (True, True, 4, 4, 24, 8),
+    (True, True, 6, 2, 48, 16),
+    (True, False, 4, 1, 24, 8),
+    (False, False, 2, 2, 12, 8),
+]
+
+
+def problem(case, world):
+    """The full q, k, v and grad_out of a case (the same on every rank: seeded)."""
+    causal, balanced, h_q, h_kv, s, d = case
+    s = s * world  # every rank holds s / world... scaled so each world size gets whole chunks
+    g = torch.Generator().manual_seed(hash(case) % (1 << 31))
+    q = torch.randn(2, h_q, s, d, generator=g, dtype=torch.float64)
+    k = torch.randn(2, h_kv, s, d, generator=g, dtype=torch.float64)
+    v = torch.randn(2, h_kv, s, d + 4, generator=g, dtype=torch.float64)
+    dout = torch.randn(2, h_q, s, d + 4, generator=g, dtype=torch.float64)
+    return q, k, v, dout
+
+
+def run(rank: int, world: int, store: str, out_dir: str) -> None:
+    from stridedfa.torch import context_parallel_attention, shard_sequence, unshard_sequence
+
+    # A ring that sends without a matching receive must fail the test, not hang it.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        results = []
+        for case in CASES:
+            causal, balanced = case[0], case[1]
+            q, k, v, dout = problem(case, world)
+            shard = [shard_sequence(t, load_balanced=balanced).requires_grad_() for t in (q, k, v)]
+            # the queries as a non-contiguous view, as a model's (b, s, h, d) projection gives them
+            q_view = shard[0].detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+            out, lse = context_parallel_attention(q_view, shard[1], shard[2], causal=causal, load_balanced=balanced,
+                                                  return_lse=True)
+            out.backward(shard_sequence(dout, load_balanced=balanced))
+            gathered = [unshard_sequence(t, load_balanced=balanced) for t in (out, lse.unsqueeze(-1), q_view.grad,
+                                                                              shard[1].grad, shard[2].grad)]
+            results.append([t.detach() for t in gathered])
+        if rank == 0:
+            torch.save(results, os.path.join(out_dir, f"world{world}.pt"))
+    finally:
+        dist.destroy_process_group()
