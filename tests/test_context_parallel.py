@@ -18,7 +18,8 @@ from stridedfa import reference  # noqa: E402
 
 
 def _reference(case, world):
-    q, k, v, dout = (t.numpy() for t in ring_worker.problem(case, world))
+    make = ring_worker.packed_problem if case is ring_worker.PACKED else lambda w: ring_worker.problem(case, w)
+    q, k, v, dout = (t.numpy() for t in make(world))
     out, lse = reference.sdpa_forward(q, k, v, causal=case[0], dtype=np.float64)
     grads = reference.sdpa_backward(q, k, v, dout, causal=case[0], dtype=np.float64)
     return out, lse, grads
@@ -28,6 +29,12 @@ def _reference(case, world):
 def test_gathered_results_equal_the_full_sequence(tmp_path, world):
     mp.spawn(ring_worker.run, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
     results = torch.load(tmp_path / f"world{world}.pt")
+    out, lse, grad_packed = results.pop()
+    ref_out, ref_lse, ref_grads = _reference(ring_worker.PACKED, world)
+    np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-10)
+    np.testing.assert_allclose(lse[..., 0].numpy(), ref_lse, atol=1e-10)
+    np.testing.assert_allclose(grad_packed.numpy(), np.stack([g.transpose(0, 2, 1, 3) for g in ref_grads], 2),
+                               atol=1e-10, err_msg="the packed projection's gradient")
     for case, (out, lse, dq, dk, dv) in zip(ring_worker.CASES, results):
         ref_out, ref_lse, (ref_dq, ref_dk, ref_dv) = _reference(case, world)
         for name, got, want in (("out", out, ref_out), ("lse", lse[..., 0], ref_lse), ("dq", dq, ref_dq),

@@ -11,7 +11,7 @@ import os
 import torch
 import torch.distributed as dist
 
-CASES = [  # (causal, load_balanced, h_q, h_kv, s, d)
+CASES = [  # (causal, load_balanced, h_q, h_kv, s per rank, d)
     (False, True, 4, 2, 24, 8),
     (True, True, 4, 4, 24, 8),
     (True, True, 6, 2, 48, 16),
@@ -23,13 +23,37 @@ CASES = [  # (causal, load_balanced, h_q, h_kv, s, d)
 def problem(case, world):
     """The full q, k, v and grad_out of a case (the same on every rank: seeded)."""
     causal, balanced, h_q, h_kv, s, d = case
-    s = s * world  # every rank holds s / world... scaled so each world size gets whole chunks
+    s = s * world  # the whole sequence: each rank holds s, whole chunks at every world size
     g = torch.Generator().manual_seed(hash(case) % (1 << 31))
     q = torch.randn(2, h_q, s, d, generator=g, dtype=torch.float64)
     k = torch.randn(2, h_kv, s, d, generator=g, dtype=torch.float64)
     v = torch.randn(2, h_kv, s, d + 4, generator=g, dtype=torch.float64)
     dout = torch.randn(2, h_q, s, d + 4, generator=g, dtype=torch.float64)
     return q, k, v, dout
+
+
+PACKED = (True, True, 4, 4, 16, 8)  # a causal case whose q, k, v are views of one (b, s, 3, h, d) projection
+
+
+def packed_problem(world):
+    """PACKED's q, k, v and grad_out, with one head_dim for all three (they share a projection)."""
+    q, k, v, dout = problem(PACKED, world)
+    d = q.shape[-1]
+    return q, k, v[..., :d], dout[..., :d]
+
+
+def packed_case(world):
+    """q, k, v as views of one packed projection sharded along its seq axis: the gradient reaches
+    the packed shard through the views. Returns out, lse and the packed gradient, gathered."""
+    from stridedfa.torch import context_parallel_attention, shard_sequence, unshard_sequence
+
+    q, k, v, dout = packed_problem(world)
+    packed = torch.stack([t.transpose(1, 2) for t in (q, k, v)], 2)  # (b, s, 3, h, d)
+    shard = shard_sequence(packed, dim=1).requires_grad_()
+    views = [shard[:, :, i].transpose(1, 2) for i in range(3)]
+    out, lse = context_parallel_attention(*views, causal=True, return_lse=True)
+    out.backward(shard_sequence(dout, load_balanced=True))
+    return [unshard_sequence(out.detach()), unshard_sequence(lse.unsqueeze(-1)), unshard_sequence(shard.grad, dim=1)]
 
 
 def run(rank: int, world: int, store: str, out_dir: str) -> None:
@@ -52,6 +76,7 @@ def run(rank: int, world: int, store: str, out_dir: str) -> None:
             gathered = [unshard_sequence(t, load_balanced=balanced) for t in (out, lse.unsqueeze(-1), q_view.grad,
                                                                               shard[1].grad, shard[2].grad)]
             results.append([t.detach() for t in gathered])
+        results.append(packed_case(world))
         if rank == 0:
             torch.save(results, os.path.join(out_dir, f"world{world}.pt"))
     finally:
