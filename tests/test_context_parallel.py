@@ -20,8 +20,9 @@ from stridedfa import reference  # noqa: E402
 def _reference(case, world):
     make = ring_worker.packed_problem if case is ring_worker.PACKED else lambda w: ring_worker.problem(case, w)
     q, k, v, dout = (t.numpy() for t in make(world))
-    out, lse = reference.sdpa_forward(q, k, v, causal=case[0], dtype=np.float64)
-    grads = reference.sdpa_backward(q, k, v, dout, causal=case[0], dtype=np.float64)
+    options = {"causal": case[0], "window": case[6], "dtype": np.float64}
+    out, lse = reference.sdpa_forward(q, k, v, **options)
+    grads = reference.sdpa_backward(q, k, v, dout, **options)
     return out, lse, grads
 
 

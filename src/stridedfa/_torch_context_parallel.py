@@ -68,16 +68,17 @@ def unshard_sequence(x: torch.Tensor, group=None, *, dim: int = 2, load_balanced
 
 # --- The kernels a block runs on -------------------------------------------------------------------
 
-def _cudnn_forward(q, k, v, causal, scale):
+def _cudnn_forward(q, k, v, causal, window, scale):
     from stridedfa.torch import attention  # stridedfa.torch imports this module
     with torch.no_grad():
-        return attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+        return attention(q, k, v, causal=causal, window=window, scale=scale, return_lse=True)
 
 
-def _cudnn_backward(q, k, v, out, lse, grad_out, causal, scale):
-    from stridedfa._torch_ops import _attention_backward
+def _cudnn_backward(q, k, v, out, lse, grad_out, causal, window, scale):
+    from stridedfa._torch_ops import _attention_backward, _bounds
+    left, right = _bounds(window)
     dq, dk, dv, _, _ = _attention_backward(q, k, v, out, lse.contiguous(), grad_out, scale, causal, "top_left",
-                                           -1, -1, None, None, None, None, False, None, None, 0.0, None, False)
+                                           left, right, None, None, None, None, False, None, None, 0.0, None, False)
     return dq, dk, dv
 
 
@@ -85,18 +86,20 @@ def _numpy(t: torch.Tensor):
     return t.detach().to(torch.float64).numpy()
 
 
-def _reference_forward(q, k, v, causal, scale):
+def _reference_forward(q, k, v, causal, window, scale):
     from stridedfa import reference  # NumPy: imported only where CPU tensors need it
 
-    out, lse = reference.sdpa_forward(_numpy(q), _numpy(k), _numpy(v), scale=scale, causal=causal, dtype="float64")
+    out, lse = reference.sdpa_forward(_numpy(q), _numpy(k), _numpy(v), scale=scale, causal=causal, window=window,
+                                      dtype="float64")
     return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(_accumulator(q))
 
 
-def _reference_backward(q, k, v, out, lse, grad_out, causal, scale):
+def _reference_backward(q, k, v, out, lse, grad_out, causal, window, scale):
     from stridedfa import reference
 
     grads = reference.sdpa_backward_from_stats(_numpy(q), _numpy(k), _numpy(v), _numpy(out), _numpy(grad_out),
-                                               _numpy(lse), scale=scale, causal=causal, dtype="float64")
+                                               _numpy(lse), scale=scale, causal=causal, window=window,
+                                               dtype="float64")
     return tuple(torch.from_numpy(g).to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
@@ -143,21 +146,54 @@ class _Ring:
         return self.received
 
 
-def _blocks(step: int, rank: int, world: int, causal: bool, load_balanced: bool, s: int):
-    """Which part of the local queries attends to which part of the k/v shard held at `step` (that
-    of rank (rank - step) mod world), and whether causally: (q rows, kv rows, causal) as slices of
-    the local sequence, or None when the shard is wholly in the local queries' future."""
+def _chunks(rank: int, world: int, load_balanced: bool) -> list[int]:
+    """The indices, in sequence order of chunks, of the chunks a rank's shard holds."""
+    return [rank, 2 * world - 1 - rank] if load_balanced else [rank]
+
+
+def _blocks(step: int, rank: int, world: int, causal: bool, window, load_balanced: bool, s: int) -> list[tuple]:
+    """What the local queries compute with the k/v shard held at `step` (that of rank
+    (rank - step) mod world): a list of (q rows, kv rows, causal, window) -- slices of the local
+    sequence and the options of one kernel call, top-left aligned -- empty when no local query
+    sees any of that shard's keys."""
     source = (rank - step) % world
     every = slice(0, s)
-    if not causal:
-        return every, every, False
-    if source == rank:
-        return every, every, True
-    if not load_balanced:
-        return (every, every, False) if source < rank else None
-    half = slice(0, s // 2)
-    tail = slice(s // 2, s)
-    return (every, half, False) if source < rank else (tail, every, False)
+    if window is None:  # whole chunks seen or not: at most one call per step
+        if not causal:
+            return [(every, every, False, None)]
+        if source == rank:
+            return [(every, every, True, None)]
+        if not load_balanced:
+            return [(every, every, False, None)] if source < rank else []
+        half, tail = slice(0, s // 2), slice(s // 2, s)
+        return [(every, half, False, None)] if source < rank else [(tail, every, False, None)]
+    return _window_blocks(_chunks(rank, world, load_balanced), _chunks(source, world, load_balanced),
+                          s // (2 if load_balanced else 1), causal, window)
+
+
+def _window_blocks(q_chunks, kv_chunks, size: int, causal: bool, window) -> list[tuple]:
+    """The calls of a windowed step, one per pair of a local query chunk and a held key chunk
+    whose band meets: query i sees key j (positions in the whole sequence) iff
+    i - left <= j <= i + right (right capped at 0 when causal). Each pair's band is a top-left window
+    on a slice of the pair: the rows from b0 and the keys from a0, chosen so both bounds are >= 0."""
+    left, right = window
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    blocks = []
+    for qi, qc in enumerate(q_chunks):
+        for ki, kc in enumerate(kv_chunks):
+            shift = (qc - kc) * size  # key j of the chunk is position j + kc * size; query i likewise
+            a0 = max(0, shift - left) if shift >= 0 and left is not None else 0
+            b0 = max(0, -shift - right) if shift < 0 and right is not None else 0
+            e = b0 - a0 + shift
+            new_left = None if left is None else left - e
+            new_right = None if right is None else right + e
+            if a0 >= size or b0 >= size:
+                continue  # the band misses this pair
+            rows = slice(qi * size + b0, (qi + 1) * size)
+            keys = slice(ki * size + a0, (ki + 1) * size)
+            blocks.append((rows, keys, False, (new_left, new_right)))
+    return blocks
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> None:
@@ -171,7 +207,7 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b: tor
     lse.copy_(new)
 
 
-def _ring_forward(q, k, v, group, causal, scale, load_balanced):
+def _ring_forward(q, k, v, group, causal, window, scale, load_balanced):
     world, rank = _world(group)
     forward, _ = _kernels(q)
     b, h_q, s, _ = q.shape
@@ -182,17 +218,16 @@ def _ring_forward(q, k, v, group, causal, scale, load_balanced):
     for step in range(world):
         if step < world - 1:
             ring.start([t.contiguous() for t in shard])
-        block = _blocks(step, rank, world, causal, load_balanced, s)
-        if block is not None:
-            rows, keys, block_causal = block
-            out_b, lse_b = forward(q[:, :, rows], shard[0][:, :, keys], shard[1][:, :, keys], block_causal, scale)
+        for rows, keys, block_causal, block_window in _blocks(step, rank, world, causal, window, load_balanced, s):
+            out_b, lse_b = forward(q[:, :, rows], shard[0][:, :, keys], shard[1][:, :, keys], block_causal,
+                                   block_window, scale)
             _merge(out[:, :, rows], lse[:, :, rows], out_b, lse_b)
         if step < world - 1:
             shard = ring.wait()
     return out.to(q.dtype), lse
 
 
-def _ring_backward(q, k, v, out, lse, grad_out, group, causal, scale, load_balanced):
+def _ring_backward(q, k, v, out, lse, grad_out, group, causal, window, scale, load_balanced):
     world, rank = _world(group)
     _, backward = _kernels(q)
     s = q.shape[2]
@@ -204,14 +239,13 @@ def _ring_backward(q, k, v, out, lse, grad_out, group, causal, scale, load_balan
     for step in range(world):
         if step < world - 1:
             shards.start([t.contiguous() for t in shard])
-        block = _blocks(step, rank, world, causal, load_balanced, s)
-        if block is not None:
-            rows, keys, block_causal = block
-            dq, dk, dv = backward(q[:, :, rows], shard[0][:, :, keys], shard[1][:, :, keys], out[:, :, rows],
-                                  lse[:, :, rows], grad_out[:, :, rows], block_causal, scale)
+        blocks = [(rows, keys, backward(q[:, :, rows], shard[0][:, :, keys], shard[1][:, :, keys], out[:, :, rows],
+                                        lse[:, :, rows], grad_out[:, :, rows], block_causal, block_window, scale))
+                  for rows, keys, block_causal, block_window in _blocks(step, rank, world, causal, window,
+                                                                         load_balanced, s)]
         if step > 0:
             grad_kv = gradients.wait()  # this shard's gradients from the ranks it visited before
-        if block is not None:
+        for rows, keys, (dq, dk, dv) in blocks:
             grad_q[:, :, rows] += dq
             grad_kv[0][:, :, keys] += dk
             grad_kv[1][:, :, keys] += dv
@@ -224,12 +258,21 @@ def _ring_backward(q, k, v, out, lse, grad_out, group, causal, scale, load_balan
     return grad_q.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype)
 
 
+def _window(window):
+    """(left, right) with None for unbounded sides, or None: the one parse (stridedfa._core)."""
+    if window is None:
+        return None
+    from stridedfa import _core
+    left, right = _core._window_bounds(window)
+    return (None if left < 0 else left, None if right < 0 else right)
+
+
 class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, scale, load_balanced):
-        out, lse = _ring_forward(q, k, v, group, causal, scale, load_balanced)
+    def forward(ctx, q, k, v, group, causal, window, scale, load_balanced):
+        out, lse = _ring_forward(q, k, v, group, causal, window, scale, load_balanced)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (group, causal, scale, load_balanced)
+        ctx.options = (group, causal, window, scale, load_balanced)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -237,12 +280,12 @@ class _ContextParallelAttention(torch.autograd.Function):
     def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         grads = _ring_backward(q, k, v, out, lse, grad_out.contiguous(), *ctx.options)
-        return (*grads, None, None, None, None)
+        return (*grads, None, None, None, None, None)
 
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
-                               causal: bool = False, scale: float | None = None, load_balanced: bool = True,
-                               return_lse: bool = False):
+                               causal: bool = False, window: tuple[int | None, int | None] | None = None,
+                               scale: float | None = None, load_balanced: bool = True, return_lse: bool = False):
     """Attention over a sequence sharded across the ranks of ``group`` (default: the world),
     differentiable: ``softmax(scale * q @ k^T + mask) @ v`` over the whole sequence, each rank
     holding and receiving its own shard of the result.
@@ -255,6 +298,10 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         group: the torch.distributed process group (NCCL for CUDA tensors; gloo runs CPU tensors
             on the NumPy reference, for tests).
         causal: causal attention over the whole sequence (query i sees keys j <= i).
+        window: ``(left, right)`` sliding window over the whole sequence, as in
+            :func:`stridedfa.torch.attention` (top-left: query i sees keys i - left .. i + right;
+            None on a side: unbounded; ``causal`` caps right at 0). Steps whose shards lie wholly
+            outside every local query's window compute nothing.
         scale: defaults to ``1 / sqrt(d_qk)``.
         load_balanced: the shards are ``shard_sequence(..., load_balanced=True)``'s (chunks r and
             2W-1-r of 2W): causal work is then even across ranks. False: rank r holds chunk r of W.
@@ -273,5 +320,6 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise LayoutError(f"a load-balanced causal shard holds two equal chunks: its seq extent {q.shape[2]} must be "
                           f"even (shard_sequence cuts it so)")
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    out, lse = _ContextParallelAttention.apply(q, k, v, group, bool(causal), scale, bool(load_balanced))
+    window = _window(window)
+    out, lse = _ContextParallelAttention.apply(q, k, v, group, bool(causal), window, scale, bool(load_balanced))
     return (out, lse) if return_lse else out

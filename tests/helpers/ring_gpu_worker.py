@@ -11,15 +11,17 @@ import os
 import torch
 import torch.distributed as dist
 
-CASES = [  # (causal, load_balanced, b, h_q, h_kv, s_total, d)
-    (True, True, 2, 8, 2, 2048, 128),
-    (False, True, 1, 4, 4, 1024, 64),
-    (True, False, 2, 4, 1, 1024, 64),
+CASES = [  # (causal, load_balanced, b, h_q, h_kv, s_total, d, window)
+    (True, True, 2, 8, 2, 2048, 128, None),
+    (False, True, 1, 4, 4, 1024, 64, None),
+    (True, False, 2, 4, 1, 1024, 64, None),
+    (True, True, 1, 8, 2, 2048, 64, (100, 0)),
+    (False, True, 1, 4, 4, 1024, 64, (300, 50)),
 ]
 
 
 def problem(case, device):
-    causal, balanced, b, h_q, h_kv, s, d = case
+    causal, balanced, b, h_q, h_kv, s, d, _ = case
     g = torch.Generator(device="cpu").manual_seed(1000 + CASES.index(case))
     make = lambda h: torch.randn(b, s, h, d, generator=g).to(device, torch.bfloat16).transpose(1, 2)  # noqa: E731
     return make(h_q), make(h_kv), make(h_kv), make(h_q)
@@ -36,10 +38,11 @@ def run(rank: int, world: int, store: str, out_dir: str) -> None:
     try:
         results = []
         for case in CASES:
-            causal, balanced = case[0], case[1]
+            causal, balanced, window = case[0], case[1], case[7]
             q, k, v, dout = problem(case, f"cuda:{rank}")
             shards = [shard_sequence(t, load_balanced=balanced).detach().requires_grad_() for t in (q, k, v)]
-            out, lse = context_parallel_attention(*shards, causal=causal, load_balanced=balanced, return_lse=True)
+            out, lse = context_parallel_attention(*shards, causal=causal, window=window, load_balanced=balanced,
+                                                  return_lse=True)
             out.backward(shard_sequence(dout, load_balanced=balanced))
             gathered = [unshard_sequence(t, load_balanced=balanced).cpu()
                         for t in (out.detach(), lse.unsqueeze(-1), *(s.grad for s in shards))]
