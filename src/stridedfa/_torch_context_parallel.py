@@ -26,6 +26,7 @@ CUDA tensors run stridedfa's cuDNN kernels; CPU tensors (the gloo backend) run t
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -68,17 +69,19 @@ def unshard_sequence(x: torch.Tensor, group=None, *, dim: int = 2, load_balanced
 
 # --- The kernels a block runs on -------------------------------------------------------------------
 
-def _cudnn_forward(q, k, v, causal, window, scale):
+def _cudnn_forward(q, k, v, causal, window, lengths, scale):
     from stridedfa.torch import attention  # stridedfa.torch imports this module
     with torch.no_grad():
-        return attention(q, k, v, causal=causal, window=window, scale=scale, return_lse=True)
+        return attention(q, k, v, causal=causal, window=window, seqlens_q=lengths[0], seqlens_kv=lengths[1],
+                         scale=scale, return_lse=True)
 
 
-def _cudnn_backward(q, k, v, out, lse, grad_out, causal, window, scale):
+def _cudnn_backward(q, k, v, out, lse, grad_out, causal, window, lengths, scale):
     from stridedfa._torch_ops import _attention_backward, _bounds
     left, right = _bounds(window)
     dq, dk, dv, _, _ = _attention_backward(q, k, v, out, lse.contiguous(), grad_out, scale, causal, "top_left",
-                                           left, right, None, None, None, None, False, None, None, 0.0, None, False)
+                                           left, right, None, lengths[0], lengths[1], None, False, None, None, 0.0,
+                                           None, False)
     return dq, dk, dv
 
 
@@ -86,20 +89,26 @@ def _numpy(t: torch.Tensor):
     return t.detach().to(torch.float64).numpy()
 
 
-def _reference_forward(q, k, v, causal, window, scale):
+def _lengths_numpy(lengths):
+    return [None if t is None else t.numpy() for t in lengths]
+
+
+def _reference_forward(q, k, v, causal, window, lengths, scale):
     from stridedfa import reference  # NumPy: imported only where CPU tensors need it
 
+    seqlens_q, seqlens_kv = _lengths_numpy(lengths)
     out, lse = reference.sdpa_forward(_numpy(q), _numpy(k), _numpy(v), scale=scale, causal=causal, window=window,
-                                      dtype="float64")
+                                      seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, dtype="float64")
     return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(_accumulator(q))
 
 
-def _reference_backward(q, k, v, out, lse, grad_out, causal, window, scale):
+def _reference_backward(q, k, v, out, lse, grad_out, causal, window, lengths, scale):
     from stridedfa import reference
 
+    seqlens_q, seqlens_kv = _lengths_numpy(lengths)
     grads = reference.sdpa_backward_from_stats(_numpy(q), _numpy(k), _numpy(v), _numpy(out), _numpy(grad_out),
                                                _numpy(lse), scale=scale, causal=causal, window=window,
-                                               dtype="float64")
+                                               seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, dtype="float64")
     return tuple(torch.from_numpy(g).to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
@@ -151,31 +160,44 @@ def _chunks(rank: int, world: int, load_balanced: bool) -> list[int]:
     return [rank, 2 * world - 1 - rank] if load_balanced else [rank]
 
 
-def _blocks(step: int, rank: int, world: int, causal: bool, window, load_balanced: bool, s: int) -> list[tuple]:
+class _Block(NamedTuple):
+    """One kernel call of a step: local query rows and held key rows (slices of the shards), its
+    options (top-left), and where those rows start in the whole sequence (for padding lengths;
+    None where the rows span both chunks of a load-balanced shard, which happens only without)."""
+
+    rows: slice
+    keys: slice
+    causal: bool
+    window: tuple | None
+    q_start: int | None = None
+    kv_start: int | None = None
+
+
+def _blocks(step: int, rank: int, world: int, causal: bool, window, padded: bool, load_balanced: bool,
+            s: int) -> list[_Block]:
     """What the local queries compute with the k/v shard held at `step` (that of rank
-    (rank - step) mod world): a list of (q rows, kv rows, causal, window) -- slices of the local
-    sequence and the options of one kernel call, top-left aligned -- empty when no local query
-    sees any of that shard's keys."""
+    (rank - step) mod world): the kernel calls, none when no local query sees any of its keys."""
     source = (rank - step) % world
     every = slice(0, s)
-    if window is None:  # whole chunks seen or not: at most one call per step
+    if window is None and not padded:  # whole chunks seen or not: at most one call per step
         if not causal:
-            return [(every, every, False, None)]
+            return [_Block(every, every, False, None)]
         if source == rank:
-            return [(every, every, True, None)]
+            return [_Block(every, every, True, None)]
         if not load_balanced:
-            return [(every, every, False, None)] if source < rank else []
+            return [_Block(every, every, False, None)] if source < rank else []
         half, tail = slice(0, s // 2), slice(s // 2, s)
-        return [(every, half, False, None)] if source < rank else [(tail, every, False, None)]
-    return _window_blocks(_chunks(rank, world, load_balanced), _chunks(source, world, load_balanced),
-                          s // (2 if load_balanced else 1), causal, window)
+        return [_Block(every, half, False, None)] if source < rank else [_Block(tail, every, False, None)]
+    return _chunk_pair_blocks(_chunks(rank, world, load_balanced), _chunks(source, world, load_balanced),
+                              s // (2 if load_balanced else 1), causal, window or (None, None))
 
 
-def _window_blocks(q_chunks, kv_chunks, size: int, causal: bool, window) -> list[tuple]:
-    """The calls of a windowed step, one per pair of a local query chunk and a held key chunk
-    whose band meets: query i sees key j (positions in the whole sequence) iff
-    i - left <= j <= i + right (right capped at 0 when causal). Each pair's band is a top-left window
-    on a slice of the pair: the rows from b0 and the keys from a0, chosen so both bounds are >= 0."""
+def _chunk_pair_blocks(q_chunks, kv_chunks, size: int, causal: bool, window) -> list[_Block]:
+    """The calls of a step with a window or padding lengths, one per pair of a local query chunk
+    and a held key chunk whose band meets: query i sees key j (positions in the whole sequence)
+    iff i - left <= j <= i + right (right capped at 0 when causal). Each pair's band is a top-left
+    window on a slice of the pair: the rows from b0 and the keys from a0, chosen so both bounds are
+    >= 0 (stridedfa's windows are)."""
     left, right = window
     if causal:
         right = 0 if right is None else min(right, 0)
@@ -185,15 +207,23 @@ def _window_blocks(q_chunks, kv_chunks, size: int, causal: bool, window) -> list
             shift = (qc - kc) * size  # key j of the chunk is position j + kc * size; query i likewise
             a0 = max(0, shift - left) if shift >= 0 and left is not None else 0
             b0 = max(0, -shift - right) if shift < 0 and right is not None else 0
-            e = b0 - a0 + shift
-            new_left = None if left is None else left - e
-            new_right = None if right is None else right + e
             if a0 >= size or b0 >= size:
                 continue  # the band misses this pair
-            rows = slice(qi * size + b0, (qi + 1) * size)
-            keys = slice(ki * size + a0, (ki + 1) * size)
-            blocks.append((rows, keys, False, (new_left, new_right)))
+            e = b0 - a0 + shift
+            band = (None if left is None else left - e, None if right is None else right + e)
+            blocks.append(_Block(slice(qi * size + b0, (qi + 1) * size), slice(ki * size + a0, (ki + 1) * size),
+                                 False, band, qc * size + b0, kc * size + a0))
     return blocks
+
+
+def _block_lengths(block: _Block, seqlens_q, seqlens_kv):
+    """A block's own padding lengths: each sequence's valid rows and keys within it (device ops,
+    no host synchronisation)."""
+    def within(lengths, start, rows):
+        if lengths is None:
+            return None
+        return (lengths - start).clamp(0, rows.stop - rows.start).to(torch.int32)
+    return within(seqlens_q, block.q_start, block.rows), within(seqlens_kv, block.kv_start, block.keys)
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> None:
@@ -207,7 +237,7 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b: tor
     lse.copy_(new)
 
 
-def _ring_forward(q, k, v, group, causal, window, scale, load_balanced):
+def _ring_forward(q, k, v, group, causal, window, seqlens, scale, load_balanced):
     world, rank = _world(group)
     forward, _ = _kernels(q)
     b, h_q, s, _ = q.shape
@@ -218,16 +248,17 @@ def _ring_forward(q, k, v, group, causal, window, scale, load_balanced):
     for step in range(world):
         if step < world - 1:
             ring.start([t.contiguous() for t in shard])
-        for rows, keys, block_causal, block_window in _blocks(step, rank, world, causal, window, load_balanced, s):
-            out_b, lse_b = forward(q[:, :, rows], shard[0][:, :, keys], shard[1][:, :, keys], block_causal,
-                                   block_window, scale)
+        for block in _blocks(step, rank, world, causal, window, seqlens != (None, None), load_balanced, s):
+            rows, keys = block.rows, block.keys
+            out_b, lse_b = forward(q[:, :, rows], shard[0][:, :, keys], shard[1][:, :, keys], block.causal,
+                                   block.window, _block_lengths(block, *seqlens), scale)
             _merge(out[:, :, rows], lse[:, :, rows], out_b, lse_b)
         if step < world - 1:
             shard = ring.wait()
     return out.to(q.dtype), lse
 
 
-def _ring_backward(q, k, v, out, lse, grad_out, group, causal, window, scale, load_balanced):
+def _ring_backward(q, k, v, out, lse, grad_out, group, causal, window, seqlens, scale, load_balanced):
     world, rank = _world(group)
     _, backward = _kernels(q)
     s = q.shape[2]
@@ -239,10 +270,10 @@ def _ring_backward(q, k, v, out, lse, grad_out, group, causal, window, scale, lo
     for step in range(world):
         if step < world - 1:
             shards.start([t.contiguous() for t in shard])
-        blocks = [(rows, keys, backward(q[:, :, rows], shard[0][:, :, keys], shard[1][:, :, keys], out[:, :, rows],
-                                        lse[:, :, rows], grad_out[:, :, rows], block_causal, block_window, scale))
-                  for rows, keys, block_causal, block_window in _blocks(step, rank, world, causal, window,
-                                                                         load_balanced, s)]
+        blocks = [(b.rows, b.keys, backward(q[:, :, b.rows], shard[0][:, :, b.keys], shard[1][:, :, b.keys],
+                                            out[:, :, b.rows], lse[:, :, b.rows], grad_out[:, :, b.rows], b.causal,
+                                            b.window, _block_lengths(b, *seqlens), scale))
+                  for b in _blocks(step, rank, world, causal, window, seqlens != (None, None), load_balanced, s)]
         if step > 0:
             grad_kv = gradients.wait()  # this shard's gradients from the ranks it visited before
         for rows, keys, (dq, dk, dv) in blocks:
@@ -269,10 +300,11 @@ def _window(window):
 
 class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, window, scale, load_balanced):
-        out, lse = _ring_forward(q, k, v, group, causal, window, scale, load_balanced)
+    def forward(ctx, q, k, v, group, causal, window, seqlens_q, seqlens_kv, scale, load_balanced):
+        seqlens = (seqlens_q, seqlens_kv)
+        out, lse = _ring_forward(q, k, v, group, causal, window, seqlens, scale, load_balanced)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (group, causal, window, scale, load_balanced)
+        ctx.options = (group, causal, window, seqlens, scale, load_balanced)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -280,11 +312,12 @@ class _ContextParallelAttention(torch.autograd.Function):
     def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         grads = _ring_backward(q, k, v, out, lse, grad_out.contiguous(), *ctx.options)
-        return (*grads, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None)
 
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
                                causal: bool = False, window: tuple[int | None, int | None] | None = None,
+                               seqlens_q: torch.Tensor | None = None, seqlens_kv: torch.Tensor | None = None,
                                scale: float | None = None, load_balanced: bool = True, return_lse: bool = False):
     """Attention over a sequence sharded across the ranks of ``group`` (default: the world),
     differentiable: ``softmax(scale * q @ k^T + mask) @ v`` over the whole sequence, each rank
@@ -302,6 +335,10 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             :func:`stridedfa.torch.attention` (top-left: query i sees keys i - left .. i + right;
             None on a side: unbounded; ``causal`` caps right at 0). Steps whose shards lie wholly
             outside every local query's window compute nothing.
+        seqlens_q, seqlens_kv: int32 (batch,) tensors on q's device with each sequence's length in
+            the whole (right-padded) sequence, as in :func:`stridedfa.torch.attention` (one may be
+            omitted: full length); read on the device only. Padded rows get out = 0, lse = -inf,
+            zero gradients; keys past a length are not attended.
         scale: defaults to ``1 / sqrt(d_qk)``.
         load_balanced: the shards are ``shard_sequence(..., load_balanced=True)``'s (chunks r and
             2W-1-r of 2W): causal work is then even across ranks. False: rank r holds chunk r of W.
@@ -321,5 +358,11 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                           f"even (shard_sequence cuts it so)")
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     window = _window(window)
-    out, lse = _ContextParallelAttention.apply(q, k, v, group, bool(causal), window, scale, bool(load_balanced))
+    for name, lengths in (("seqlens_q", seqlens_q), ("seqlens_kv", seqlens_kv)):
+        if lengths is not None and (lengths.dim() != 1 or lengths.shape[0] != q.shape[0]
+                                    or lengths.is_floating_point()):
+            raise LayoutError(f"{name}: expected an integer (batch,) tensor of lengths, got {lengths.dtype} of shape "
+                              f"{tuple(lengths.shape)}")
+    out, lse = _ContextParallelAttention.apply(q, k, v, group, bool(causal), window, seqlens_q, seqlens_kv, scale,
+                                               bool(load_balanced))
     return (out, lse) if return_lse else out

@@ -457,7 +457,8 @@ def sdpa_backward_from_stats(q: Any, k: Any, v: Any, out: Any, grad_out: Any,
                              lse: Any, *, scale: float | None = None,
                              causal: bool = False,
                              causal_alignment: str = "top_left",
-                             window: Any = None,
+                             window: Any = None, seqlens_q: Any = None,
+                             seqlens_kv: Any = None,
                              dtype: Any = np.float32) -> tuple:
     """The backward a fused kernel computes: ``(dq, dk, dv)`` from the
     forward's ``out`` (b, h_q, s_q, d_v) and ``lse`` (b, h_q, s_q) as given,
@@ -472,12 +473,12 @@ def sdpa_backward_from_stats(q: Any, k: Any, v: Any, out: Any, grad_out: Any,
     (attention over a sequence split across devices) it gives this block's
     share of that problem's gradients -- dq summed over the blocks, dk and dv
     per block. Rows with lse = -inf see no key here and get P = 0. Plain,
-    causal and windowed masks (no padding lengths, softcap, sinks, bias,
+    causal and windowed masks with padding lengths (no softcap, sinks, bias,
     ALiBi or dropout).
     """
     pb = _prepare(q, k, v, scale=scale, causal=causal,
                   causal_alignment=causal_alignment, dtype=dtype,
-                  window=window, seqlens_q=None, seqlens_kv=None,
+                  window=window, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv,
                   softcap=None, sinks=None, bias=None, alibi_slopes=None,
                   dropout_mask=None, dropout_p=0.0)
     b, h_kv, g, s_q, d_qk = pb.q.shape

@@ -17,11 +17,19 @@ CASES = [  # (causal, load_balanced, b, h_q, h_kv, s_total, d, window)
     (True, False, 2, 4, 1, 1024, 64, None),
     (True, True, 1, 8, 2, 2048, 64, (100, 0)),
     (False, True, 1, 4, 4, 1024, 64, (300, 50)),
+    (True, True, 2, 4, 2, 1024, 64, None, "padded"),  # seqlens_q = seqlens_kv = lengths(case)
 ]
 
 
+def lengths(case, device):
+    """A padded case's per-sequence lengths in the whole sequence (one inside the first chunk)."""
+    if len(case) < 9:
+        return None
+    return torch.tensor([case[5] - 100, 37], dtype=torch.int32, device=device)
+
+
 def problem(case, device):
-    causal, balanced, b, h_q, h_kv, s, d, _ = case
+    causal, balanced, b, h_q, h_kv, s, d = case[:7]
     g = torch.Generator(device="cpu").manual_seed(1000 + CASES.index(case))
     make = lambda h: torch.randn(b, s, h, d, generator=g).to(device, torch.bfloat16).transpose(1, 2)  # noqa: E731
     return make(h_q), make(h_kv), make(h_kv), make(h_q)
@@ -41,8 +49,9 @@ def run(rank: int, world: int, store: str, out_dir: str) -> None:
             causal, balanced, window = case[0], case[1], case[7]
             q, k, v, dout = problem(case, f"cuda:{rank}")
             shards = [shard_sequence(t, load_balanced=balanced).detach().requires_grad_() for t in (q, k, v)]
-            out, lse = context_parallel_attention(*shards, causal=causal, window=window, load_balanced=balanced,
-                                                  return_lse=True)
+            seqlens = lengths(case, f"cuda:{rank}")
+            out, lse = context_parallel_attention(*shards, causal=causal, window=window, seqlens_q=seqlens,
+                                                  seqlens_kv=seqlens, load_balanced=balanced, return_lse=True)
             out.backward(shard_sequence(dout, load_balanced=balanced))
             gathered = [unshard_sequence(t, load_balanced=balanced).cpu()
                         for t in (out.detach(), lse.unsqueeze(-1), *(s.grad for s in shards))]

@@ -24,11 +24,25 @@ CASES = [  # (causal, load_balanced, h_q, h_kv, s per rank, d, window)
     (False, False, 2, 2, 12, 8, (None, 4)),
     (True, False, 2, 2, 12, 8, (13, 0)),
 ]
+PADDED = [  # (causal, load_balanced, h_q, h_kv, s per rank, d, window, which lengths)
+    (True, True, 4, 2, 24, 8, None, "both"),
+    (False, True, 2, 2, 16, 8, None, "kv"),
+    (True, False, 2, 1, 12, 8, (7, 0), "both"),
+    (False, True, 2, 2, 16, 8, (5, 9), "q"),
+]
+
+
+def lengths(case, world):
+    """Each sequence's length in the whole padded sequence: one mid-sequence, one inside the first
+    chunk, as the case's lengths (seqlens_q, seqlens_kv)."""
+    s = case[4] * world
+    t = torch.tensor([max(1, s - 5), min(s, 3)], dtype=torch.int32)
+    return (t if case[7] in ("both", "q") else None), (t if case[7] in ("both", "kv") else None)
 
 
 def problem(case, world):
     """The full q, k, v and grad_out of a case (the same on every rank: seeded)."""
-    causal, balanced, h_q, h_kv, s, d, _ = case
+    causal, balanced, h_q, h_kv, s, d = case[:6]
     s = s * world  # the whole sequence: each rank holds s, whole chunks at every world size
     g = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))  # hash(None) differs between processes
     q = torch.randn(2, h_q, s, d, generator=g, dtype=torch.float64)
@@ -82,6 +96,15 @@ def run(rank: int, world: int, store: str, out_dir: str) -> None:
             gathered = [unshard_sequence(t, load_balanced=balanced) for t in (out, lse.unsqueeze(-1), q_view.grad,
                                                                               shard[1].grad, shard[2].grad)]
             results.append([t.detach() for t in gathered])
+        for case in PADDED:
+            q, k, v, dout = problem(case, world)
+            seqlens_q, seqlens_kv = lengths(case, world)
+            shard = [shard_sequence(t, load_balanced=case[1]).requires_grad_() for t in (q, k, v)]
+            out, lse = context_parallel_attention(*shard, causal=case[0], window=case[6], seqlens_q=seqlens_q,
+                                                  seqlens_kv=seqlens_kv, load_balanced=case[1], return_lse=True)
+            out.backward(shard_sequence(dout, load_balanced=case[1]))
+            results.append([unshard_sequence(t, load_balanced=case[1]) for t in (out.detach(), lse.unsqueeze(-1),
+                                                                                 *(x.grad for x in shard))])
         results.append(packed_case(world))
         if rank == 0:
             torch.save(results, os.path.join(out_dir, f"world{world}.pt"))
