@@ -33,6 +33,9 @@ def _reference(case, world):
 def test_gathered_results_equal_the_full_sequence(tmp_path, world):
     mp.spawn(ring_worker.run, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
     results = torch.load(tmp_path / f"world{world}.pt")
+    if world == 2:  # torch.compile gives eager's numbers
+        out_diff, grad_diff = results.pop()
+        assert out_diff < 1e-12 and grad_diff < 1e-12, (out_diff, grad_diff)
     out, lse, grad_packed = results.pop()
     ref_out, ref_lse, ref_grads = _reference(ring_worker.PACKED, world)
     np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-10)

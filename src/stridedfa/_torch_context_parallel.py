@@ -20,7 +20,9 @@ Causal attention is load-balanced: the sequence is cut into 2W chunks and rank r
 first half of keys only (its head chunk); that of a higher rank by the local tail queries only.
 
 CUDA tensors run stridedfa's cuDNN kernels; CPU tensors (the gloo backend) run the NumPy reference
-(stridedfa.reference) in float64, for tests and debugging at small sizes.
+(stridedfa.reference) in float64, for tests and debugging at small sizes. Under torch.compile the
+ring's P2P calls are graph breaks (dynamo compiles P2P only with TORCHDYNAMO_ENABLE_P2P_COMPILATION=1),
+so fullgraph=True is not supported.
 """
 
 from __future__ import annotations

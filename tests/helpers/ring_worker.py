@@ -76,6 +76,26 @@ def packed_case(world):
     return [unshard_sequence(out.detach()), unshard_sequence(lse.unsqueeze(-1)), unshard_sequence(shard.grad, dim=1)]
 
 
+def compiled_case():
+    """The ring under torch.compile (default mode: dynamo breaks the graph at the ring's P2P calls,
+    which it compiles only with TORCHDYNAMO_ENABLE_P2P_COMPILATION=1) against eager: the largest
+    differences in out and in q's gradient."""
+    from stridedfa.torch import context_parallel_attention, shard_sequence
+
+    case = CASES[2]
+    q, k, v, dout = (shard_sequence(t) for t in problem(case, 2))
+
+    def step(attend):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = attend(*leaves, causal=True)
+        out.backward(dout)
+        return out.detach(), leaves[0].grad
+
+    eager = step(context_parallel_attention)
+    compiled = step(torch.compile(context_parallel_attention))
+    return [(a - b).abs().max() for a, b in zip(eager, compiled)]
+
+
 def run(rank: int, world: int, store: str, out_dir: str) -> None:
     from stridedfa.torch import context_parallel_attention, shard_sequence, unshard_sequence
 
@@ -106,6 +126,8 @@ def run(rank: int, world: int, store: str, out_dir: str) -> None:
             results.append([unshard_sequence(t, load_balanced=case[1]) for t in (out.detach(), lse.unsqueeze(-1),
                                                                                  *(x.grad for x in shard))])
         results.append(packed_case(world))
+        if world == 2:
+            results.append(compiled_case())
         if rank == 0:
             torch.save(results, os.path.join(out_dir, f"world{world}.pt"))
     finally:
