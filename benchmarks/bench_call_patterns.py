@@ -25,7 +25,6 @@ Usage: ``python benchmarks/bench_call_patterns.py --out DIR [--quick]``; writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -33,7 +32,7 @@ import sys
 import time
 
 from bench_host_overhead import sleep_cycles_for  # shared with the host benchmark
-from provenance import measured_build
+from provenance import measured_build, save
 
 
 def log(*args):
@@ -235,12 +234,7 @@ def main(argv=None):
             "train": train_rows(torch, sfa, repeats if args.quick else 15, steps=20,
                                 spin_cycles=sleep_cycles_for(torch, 60),
                                 profile_dir=args.out if args.profile else None)}
-    with open(os.path.join(args.out, "bench_call_patterns.json"), "w") as f:
-        json.dump(data, f, indent=1)
-    text = render_markdown(data)
-    with open(os.path.join(args.out, "bench_call_patterns.md"), "w") as f:
-        f.write(text)
-    print(text)
+    save(args.out, "bench_call_patterns", data, render_markdown(data), indent=1)
     return 0
 
 

@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    from provenance import provenance
+    from provenance import provenance, save
 
     import stridedfa
 
@@ -138,12 +138,7 @@ def main() -> None:
               "configs": {name: dict(zip(("b", "h_q", "h_kv", "s", "d", "causal", "training"), c))
                           for name, c in CONFIGS.items()},
               "rows": rows, "seconds": time.perf_counter() - started}
-    with open(os.path.join(args.out, "bench_cold_start.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    table = render(rows)
-    with open(os.path.join(args.out, "bench_cold_start.md"), "w") as f:
-        f.write(table)
-    print(table)
+    save(args.out, "bench_cold_start", result, render(rows))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -37,17 +36,10 @@ def flops(s: int, backward: bool) -> float:
 
 
 def timed(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    """Median seconds of `repeats` event-bracketed calls (bench_variants' timer)."""
+    from bench_variants import timed as timed_ms
+
+    return timed_ms(torch, fn, repeats) / 1e3
 
 
 def worker(rank: int, world: int, store: str, tokens: int, repeats: int, out: str) -> None:
@@ -106,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sys.path.insert(0, os.path.dirname(__file__))
-    from provenance import provenance
+    from provenance import provenance, save
 
     import stridedfa
 
@@ -136,8 +128,6 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     result = {"benchmark": "context_parallel", **provenance(stridedfa), "heads": [HEADS_Q, HEADS_KV],
               "head_dim": HEAD_DIM, "rows": rows}
-    with open(os.path.join(args.out, "bench_context_parallel.json"), "w") as f:
-        json.dump(result, f, indent=2)
     lines = ["| world | sequence | fwd TFLOP/s per GPU | fwd eff. | fwd+bwd TFLOP/s per GPU | fwd+bwd eff. |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -145,9 +135,7 @@ def main() -> None:
         lines.append(f"| {r['world']} | {r['sequence']} | {r['forward_tflops_per_gpu']:.0f} | "
                      f"{eff['forward_efficiency']} | {r['forward_backward_tflops_per_gpu']:.0f} | "
                      f"{eff['forward_backward_efficiency']} |")
-    with open(os.path.join(args.out, "bench_context_parallel.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    save(args.out, "bench_context_parallel", result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

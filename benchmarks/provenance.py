@@ -5,6 +5,7 @@ launched from -- that one too, as launched_from_commit, when STRIDEDFA_COMMIT na
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -21,3 +22,13 @@ def measured_build(sfa) -> dict:
 def provenance(sfa) -> dict:
     """measured_build plus the time of the run, as one JSON object."""
     return {**measured_build(sfa), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def save(out_dir: str, name: str, data: dict, table: str, indent: int = 2) -> None:
+    """``out_dir/name.json`` (the record) and ``out_dir/name.md`` (its table), and the table printed."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(data, f, indent=indent)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(table)
+    print(table)
