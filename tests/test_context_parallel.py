@@ -78,3 +78,17 @@ def test_a_call_without_a_process_group_says_so():
     q = torch.zeros(1, 2, 8, 8, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="init_process_group"):
         context_parallel_attention(q, q, q)
+
+
+def test_the_cudnn_block_calls_are_well_formed_operator_calls():
+    """What a GPU rank calls per block, on meta tensors (the operators' fake kernels): a windowed,
+    padded forward with statistics and a causal backward from given out and lse."""
+    from stridedfa import _torch_context_parallel as ring
+
+    q = torch.empty(2, 8, 64, 32, device="meta", dtype=torch.bfloat16)
+    kv = torch.empty(2, 2, 48, 32, device="meta", dtype=torch.bfloat16)
+    lengths = torch.empty(2, device="meta", dtype=torch.int32)
+    out, lse = ring._cudnn_forward(q, kv, kv, False, (5, None), (lengths, lengths), 0.1)
+    assert out.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    grads = ring._cudnn_backward(q, kv, kv, out, lse, out, True, None, (None, None), 0.1)
+    assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from stridedfa._errors import LayoutError
+from stridedfa._torch_ops import _attention_backward, _attention_forward, _bounds
 
 __all__ = ["context_parallel_attention", "shard_sequence", "unshard_sequence"]
 
@@ -71,15 +72,17 @@ def unshard_sequence(x: torch.Tensor, group=None, *, dim: int = 2, load_balanced
 
 # --- The kernels a block runs on -------------------------------------------------------------------
 
+# stridedfa's attention operators (_torch_ops), with the options of one block: the forward with its
+# statistics, and the backward from given out and lse.
+
 def _cudnn_forward(q, k, v, causal, window, lengths, scale):
-    from stridedfa.torch import attention  # stridedfa.torch imports this module
+    left, right = _bounds(window)
     with torch.no_grad():
-        return attention(q, k, v, causal=causal, window=window, seqlens_q=lengths[0], seqlens_kv=lengths[1],
-                         scale=scale, return_lse=True)
+        return _attention_forward(q, k, v, scale, causal, "top_left", left, right, None, lengths[0], lengths[1],
+                                  None, False, None, None, 0.0, None, True)
 
 
 def _cudnn_backward(q, k, v, out, lse, grad_out, causal, window, lengths, scale):
-    from stridedfa._torch_ops import _attention_backward, _bounds
     left, right = _bounds(window)
     dq, dk, dv, _, _ = _attention_backward(q, k, v, out, lse.contiguous(), grad_out, scale, causal, "top_left",
                                            left, right, None, lengths[0], lengths[1], None, False, None, None, 0.0,
