@@ -36,6 +36,9 @@ from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buff
                              jax_rng_state_view, jax_scores_view, jax_slopes_view,  # no-cython-lint
                              jax_stats_view, jax_thd_stats_view,  # no-cython-lint
                              kBlockTable, kCuSeqlensQ, kNumSlots, kOperands,  # no-cython-lint
+                             kWithAlibiSlopes, kWithBias, kWithBlockTable, kWithCuSeqlens,  # no-cython-lint
+                             kWithGradBias, kWithGradSinks, kWithLengths, kWithRngState,  # no-cython-lint
+                             kWithSinks, OptionalOperand,  # no-cython-lint
                              length_bucket, libraries_loaded, OperandInfo, OperandKind,  # no-cython-lint
                              own_workspace_allocations,  # no-cython-lint
                              plan_store, PlanStore, PlanStoreStats,  # no-cython-lint

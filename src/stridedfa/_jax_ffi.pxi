@@ -5,6 +5,14 @@
 # device addresses); _shape_calls.pxi runs the core's validator on them, so a JAX call is refused
 # before anything is compiled or launched exactly when the handler would refuse it.
 
+def _jax_optional_operands():
+    """The handlers' ``optional_operands`` bits (jax_ffi.hpp, OptionalOperand), by operand: the one
+    definition the JAX adapter reads."""
+    return {"lengths": kWithLengths, "sinks": kWithSinks, "bias": kWithBias, "grad_bias": kWithGradBias,
+            "alibi_slopes": kWithAlibiSlopes, "rng_state": kWithRngState, "grad_sinks": kWithGradSinks,
+            "cu_seqlens": kWithCuSeqlens, "block_table": kWithBlockTable}
+
+
 def _jax_ffi_targets():
     """``{target name: PyCapsule of its XLA_FFI_Handler}`` for ``jax.ffi.register_ffi_target``
     (platform "CUDA", typed FFI api_version 1)."""

@@ -14,6 +14,7 @@ from stridedfa._errors import LayoutError
 from stridedfa._jax_runtime import (
     _FORWARD_INFERENCE,
     _LAYOUTS,
+    _WITH_BLOCK_TABLE,
     _WITH_LENGTHS,
     _check_devices,
     _ensure_runtime,
@@ -21,8 +22,6 @@ from stridedfa._jax_runtime import (
     jax,
     jnp,
 )
-
-_WITH_BLOCK_TABLE = 256  # OptionalOperand bit (jax_ffi.hpp): the forward's block table follows the lengths
 
 
 def _cache_axes(layout: str) -> str:

@@ -61,11 +61,14 @@ _FORWARD = "stridedfa_sdpa_forward"  # (q, k, v) -> (out, lse)
 _FORWARD_INFERENCE = "stridedfa_sdpa_forward_inference"  # (q, k, v) -> out
 _BACKWARD = "stridedfa_sdpa_backward"  # (q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)
 # The handlers' `optional_operands` attribute: which optional operands follow those above, in this
-# order, and whether the backward returns grad_bias (after grad_sinks, which come with the sinks).
-# The ALiBi slopes and dropout's rng_state are inputs of both and have no gradient. OptionalOperand
-# in cpp/include/stridedfa/jax_ffi.hpp.
-_WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS, _WITH_ALIBI_SLOPES, _WITH_RNG_STATE = 1, 2, 4, 8, 16, 32
-_WITH_GRAD_SINKS = 64  # the backward returns grad_sinks (sinks that are not differentiated get none)
+# order, and whether the backward returns grad_bias (after grad_sinks, which come with the sinks;
+# sinks that are not differentiated get none). The ALiBi slopes and dropout's rng_state are inputs
+# of both and have no gradient. The bits are the core's (OptionalOperand, jax_ffi.hpp).
+_BITS = _core._jax_optional_operands()
+_WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS = _BITS["lengths"], _BITS["sinks"], _BITS["bias"], \
+    _BITS["grad_bias"]
+_WITH_ALIBI_SLOPES, _WITH_RNG_STATE, _WITH_GRAD_SINKS = _BITS["alibi_slopes"], _BITS["rng_state"], _BITS["grad_sinks"]
+_WITH_CU_SEQLENS, _WITH_BLOCK_TABLE = _BITS["cu_seqlens"], _BITS["block_table"]
 
 # Registered once per process; JAX queues them until its CUDA plugin is loaded.
 for _name, _capsule in _core._jax_ffi_targets().items():

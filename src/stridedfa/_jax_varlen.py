@@ -21,6 +21,8 @@ from stridedfa._errors import LayoutError
 from stridedfa._jax_runtime import (
     _BACKWARD,
     _FORWARD,
+    _WITH_CU_SEQLENS,
+    _WITH_RNG_STATE,
     _check_devices,
     _ensure_runtime,
     _Options,
@@ -31,7 +33,6 @@ from stridedfa._jax_runtime import (
 )
 
 _THD = 2  # the handlers' `layout` code for (tokens, heads, head_dim) arrays
-_WITH_RNG_STATE, _WITH_CU_SEQLENS = 32, 128  # OptionalOperand bits (jax_ffi.hpp)
 
 
 @dataclasses.dataclass(frozen=True)
