@@ -269,3 +269,19 @@ def test_torch_refuses_a_bias_gradient_the_backward_cannot_compute_before_the_fo
         sfa_torch.packed_attention(packed, 2, bias=bias[:, :, :, :S_Q], **extra)
     with pytest.raises(stridedfa.LayoutError, match="CUDA device"):  # without the gradient: the forward's verdict
         sfa_torch.attention(q, kv, kv, bias=bias.detach(), **extra)
+
+
+def test_the_pre_forward_check_refuses_nothing_the_backward_accepts_with_one_lengths_tensor():
+    """One lengths tensor as both seqlens_q and seqlens_kv with s_q = s_kv: the core aligns a
+    bottom-right mask top-left and accepts a bias and dropout there; the torch adapter's check of
+    the backward must agree (here the forward then refuses the CPU tensors by their device)."""
+    torch = pytest.importorskip("torch")
+    import stridedfa.torch as sfa_torch
+
+    q = torch.zeros(B, H, S_Q, 64, dtype=torch.bfloat16, requires_grad=True)
+    lengths = torch.full((B,), S_Q, dtype=torch.int32)
+    for extra in ({"dropout_p": 0.1}, {"bias": torch.zeros(B, H, S_Q, S_Q, dtype=torch.bfloat16, requires_grad=True)}):
+        with pytest.raises(stridedfa.LayoutError, match="CUDA device"):
+            sfa_torch.attention(q, q, q, causal=True, causal_alignment="bottom_right", seqlens_q=lengths,
+                                seqlens_kv=lengths, **extra)
+

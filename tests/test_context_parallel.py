@@ -92,3 +92,20 @@ def test_the_cudnn_block_calls_are_well_formed_operator_calls():
     assert out.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
     grads = ring._cudnn_backward(q, kv, kv, out, lse, out, True, None, (None, None), 0.1)
     assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
+
+
+def test_an_odd_load_balanced_shard_is_refused(tmp_path):
+    """A load-balanced shard is two equal chunks whatever the mask: an odd one would lose a row."""
+    import stridedfa
+    from stridedfa.torch import context_parallel_attention
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        q = torch.zeros(1, 2, 5, 8, dtype=torch.float64)
+        for options in ({"window": (1, 1)}, {"causal": True}, {}):
+            with pytest.raises(stridedfa.LayoutError, match="must be even"):
+                context_parallel_attention(q, q, q, **options)
+        assert context_parallel_attention(q, q, q, window=(1, 1), load_balanced=False).shape == q.shape
+    finally:
+        dist.destroy_process_group()
+

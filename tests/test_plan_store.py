@@ -133,6 +133,7 @@ def test_the_size_bound_evicts_least_recently_used_plans(tmp_path):
 
 def test_a_plan_larger_than_the_bound_is_not_kept(tmp_path):
     saved, info = _save(tmp_path, payload=b"y" * 10_000, max_bytes=1000)
+    assert not saved and info["save_failures"] == 1 and info["saves"] == 0
     assert info["files"] == 0 and info["bytes"] == 0 and info["evictions"] == 1
 
 
@@ -144,10 +145,11 @@ def test_an_unwritable_directory_costs_a_save_not_the_call(tmp_path):
     assert _load(blocker / "plans")[0] is None
 
 
-def test_a_missing_directory_is_made_on_the_first_save(tmp_path):
+def test_a_missing_directory_is_made_on_the_first_save_for_its_owner_alone(tmp_path):
     directory = tmp_path / "a" / "b" / "plans"
     assert _load(directory)[0] is None
     assert _save(directory)[0] and _load(directory)[0] == PAYLOAD
+    assert directory.stat().st_mode & 0o777 == 0o700  # cuDNN executes what a plan holds
 
 
 def test_clear_removes_plans_and_leftover_temporaries_only(tmp_path):
@@ -209,9 +211,12 @@ def test_the_directory_comes_from_the_environment(tmp_path):
     home = _process_info({"HOME": str(tmp_path)})
     assert home["directory"] == str(tmp_path / ".cache" / "stridedfa" / "plans")
     assert home["max_bytes"] == 1 << 30
-    off = _process_info({"STRIDEDFA_CACHE_DIR": str(tmp_path), "STRIDEDFA_PERSISTENT_CACHE": "0"})
-    assert off["directory"] is None and off["files"] == 0
+    for value in ("0", "off", "False", "no"):
+        off = _process_info({"STRIDEDFA_CACHE_DIR": str(tmp_path), "STRIDEDFA_PERSISTENT_CACHE": value})
+        assert off["directory"] is None and off["files"] == 0, value
     assert _process_info({"STRIDEDFA_CACHE_MAX_BYTES": "12345"})["max_bytes"] == 12345
+    for value in ("2e9", "1GiB", "-5", ""):  # not a plain byte count: the default, never a tiny bound
+        assert _process_info({"STRIDEDFA_CACHE_MAX_BYTES": value})["max_bytes"] == 1 << 30, value
 
 
 def test_cache_clear_persistent_empties_the_directory(tmp_path):

@@ -34,16 +34,19 @@ def _warm_up_keys(config):
     return [_core._warm_up_shapes(*call[:4], 0, **call[4], key_only=True) for call in _calls_of(config)]
 
 
-def _torch_keys(*, backward, with_lse=True, seqlens=False, sinks=False, alibi=False, bias=None, grad_bias=False,
-                dropout_p=0.0, **options):
+def _torch_keys(*, backward, with_lse=True, seqlens=False, sinks=False, grad_sinks=None, alibi=False, bias=None,
+                grad_bias=False, dropout_p=0.0, **options):
     """The keys of stridedfa.torch.attention's core calls on bshd views (outputs in q's layout)."""
     m = _Memory()
     q, k, v = m.bshd(B, H_Q, S_Q, D), m.bshd(B, H_KV, S_KV, D), m.bshd(B, H_KV, S_KV, D)
     out = m.bshd(B, H_Q, S_Q, D)
     lse = m.tensor((B, H_Q, S_Q), None, "float32") if with_lse else None
     extra = {}
-    if seqlens:
+    if seqlens == "separate":
         extra.update(seqlens_q=m.tensor((B,), None, "int32"), seqlens_kv=m.tensor((B,), None, "int32"))
+    elif seqlens:  # one tensor passed as both, as self-attention passes it
+        lengths = m.tensor((B,), None, "int32")
+        extra.update(seqlens_q=lengths, seqlens_kv=lengths)
     if sinks:
         extra["sinks"] = m.tensor((H_Q,), None, "float32")
     if alibi:
@@ -56,7 +59,7 @@ def _torch_keys(*, backward, with_lse=True, seqlens=False, sinks=False, alibi=Fa
     keys = [_core._forward_graph_key(q, k, v, out, lse, **forward_options, **extra)]
     if backward:
         grads = (m.bshd(B, H_Q, S_Q, D), m.bshd(B, H_KV, S_KV, D), m.bshd(B, H_KV, S_KV, D))
-        if sinks:
+        if sinks and (grad_sinks if grad_sinks is not None else not dropout_p):
             extra["grad_sinks"] = m.tensor((H_Q,), None, "float32")
         if grad_bias:
             extra["grad_bias"] = m.tensor(bias, None, "bfloat16")
@@ -83,12 +86,40 @@ def test_an_inference_configuration_prepares_the_forward_without_statistics():
 
 
 @pytest.mark.parametrize("operands", [
-    {"padded": True}, {"sinks": True}, {"alibi": True}, {"dropout_p": 0.1},
-    {"bias": (1, H_Q, S_Q, S_KV)}, {"bias": (B, H_Q, S_Q, S_KV), "grad_bias": True},
+    {"padded": True}, {"padded": "separate"}, {"sinks": True}, {"sinks": True, "dropout_p": 0.1}, {"alibi": True},
+    {"dropout_p": 0.1}, {"bias": (1, H_Q, S_Q, S_KV)}, {"bias": (B, H_Q, S_Q, S_KV), "grad_bias": True},
 ])
 def test_optional_operands_prepare_the_graphs_of_calls_with_them(operands):
     torch_options = {("seqlens" if name == "padded" else name): value for name, value in operands.items()}
     assert _warm_up_keys({**BSHD, **operands}) == _torch_keys(backward=True, **torch_options)
+
+
+@pytest.mark.parametrize("padded", [True, "separate"])
+def test_a_padded_bottom_right_configuration_prepares_the_graph_of_its_call(padded):
+    """One lengths tensor for both sides lets the core align a bottom-right mask top-left (s_q =
+    s_kv): another graph than two tensors give, and each configuration prepares its own."""
+    square = {"q": (B, S_KV, H_Q, D), "k": (B, S_KV, H_KV, D)}
+    options = {"causal": True, "causal_alignment": "bottom_right"}
+    keys = _warm_up_keys({**square, **options, "padded": padded})
+    m = _Memory()
+    q, k, v, out = m.bshd(B, H_Q, S_KV, D), m.bshd(B, H_KV, S_KV, D), m.bshd(B, H_KV, S_KV, D), m.bshd(B, H_Q, S_KV, D)
+    one = m.tensor((B,), None, "int32")
+    lengths = (one, one) if padded is True else (one, m.tensor((B,), None, "int32"))
+    expected = _core._forward_graph_key(q, k, v, out, m.tensor((B, H_Q, S_KV), None, "float32"), **options,
+                                        seqlens_q=lengths[0], seqlens_kv=lengths[1])
+    assert keys[0] == expected
+
+
+def test_trainable_sinks_with_dropout_are_refused_and_frozen_ones_prepared():
+    # the default for sinks with dropout: frozen (trainable ones are refused)
+    assert _warm_up_keys({**BSHD, "sinks": True, "dropout_p": 0.1})
+    with pytest.raises(stridedfa.UnsupportedError, match="sinks' gradient with dropout"):
+        _validate_configuration({**BSHD, "sinks": True, "grad_sinks": True, "dropout_p": 0.1})
+
+
+def _validate_configuration(config):
+    for call in _calls_of(config):
+        _core._validate_shapes(*call[:4], **call[4])
 
 
 def test_a_variable_length_configuration_prepares_the_graphs_of_the_torch_varlen_calls():
@@ -132,6 +163,10 @@ def test_length_buckets_are_the_cores_buckets():
     ({**BSHD, "q": 5}, TypeError, "shape"),
     ({"q": (100, H_Q, D), "k": (100, H_KV, D), "layout": "thd"}, ValueError, "sequences"),
     ({**BSHD, "sequences": 3}, ValueError, "thd"),
+    ({**BSHD, "backward": "no"}, TypeError, "backward must be True or False"),
+    ({**BSHD, "padded": "yes"}, ValueError, "padded must be"),
+    ({"q": (100, H_Q, D), "k": (100, H_KV, D), "layout": "thd", "sequences": 0}, ValueError, "positive int"),
+    ({"q": (100, H_Q, D), "k": (100, H_KV, D), "layout": "thd", "sequences": 7.9}, ValueError, "positive int"),
 ])
 def test_malformed_configurations_are_refused_by_name(config, error, words):
     with pytest.raises(error, match=words):

@@ -140,8 +140,14 @@ class FrontendGraph final : public BuiltGraph {
 
   std::vector<uint8_t> serialize() const override {
     std::vector<uint8_t> plan;
-    // The plan alone: a loaded graph is executed by UID, never rebuilt from its structure.
-    check(graph_->serialize(plan, false), "could not serialize the plan");
+    try {
+      // The plan alone: a loaded graph is executed by UID, never rebuilt from its structure.
+      check(graph_->serialize(plan, false), "could not serialize the plan");
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {  // cuDNN's own exceptions (the plan's JSON), the JSON library's
+      throw BackendError(std::string("cudnn-frontend: could not serialize the plan: ") + e.what());
+    }
     return plan;
   }
 

@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <system_error>
 
 namespace stridedfa {
@@ -84,18 +87,57 @@ bool read_file(const fs::path& path, std::vector<uint8_t>* out) {
   return bool(in.read(reinterpret_cast<char*>(out->data()), size));
 }
 
-bool is_plan_file(const fs::directory_entry& entry) {
-  std::error_code ec;
-  return entry.is_regular_file(ec) && entry.path().extension() == kSuffix;
+struct ListedFile {
+  fs::path path;
+  bool plan = false;  // a plan file; else a writer's temporary file
+  int64_t bytes = 0;
+  fs::file_time_type used{};
+};
+
+// The plan files (and writers' temporary files) of `directory`, never throwing: a directory that
+// cannot be read, or entries that vanish while it is read (another process evicting), are skipped.
+std::vector<ListedFile> list_files(const std::string& directory) noexcept {
+  std::vector<ListedFile> files;
+  try {
+    std::error_code ec;
+    fs::directory_iterator it(directory, ec);
+    for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      ListedFile f;
+      f.path = it->path();
+      const std::string name = f.path.filename().string();
+      f.plan = f.path.extension() == kSuffix;
+      if (!f.plan && name.find(".plan.tmp.") == std::string::npos) continue;
+      std::error_code e1, e2, e3;
+      if (!it->is_regular_file(e1) || e1) continue;
+      f.bytes = int64_t(it->file_size(e2));
+      f.used = it->last_write_time(e3);
+      if (e2 || e3) continue;
+      files.push_back(std::move(f));
+    }
+  } catch (const std::exception&) {  // allocation failure: what was listed so far
+  }
+  return files;
 }
 
-bool is_temporary_file(const fs::directory_entry& entry) {
-  return entry.path().filename().string().find(".plan.tmp.") != std::string::npos;
+// A temporary name no other writer can pick: pid, a per-process count and 64 random bits (ranks
+// in separate containers sharing one directory can have equal pids).
+std::string temporary_suffix() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = [] {
+    std::random_device device;
+    return (uint64_t(device()) << 32) ^ uint64_t(device());
+  }();
+  char text[64];
+  std::snprintf(text, sizeof text, ".tmp.%d.%llu.%016llx", int(::getpid()), static_cast<unsigned long long>(counter++),
+                static_cast<unsigned long long>(salt));
+  return text;
 }
 
 std::string default_directory() {
   if (const char* off = std::getenv("STRIDEDFA_PERSISTENT_CACHE")) {
-    if (std::strcmp(off, "0") == 0) return "";
+    std::string value(off);
+    for (char& c : value) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (value == "0" || value == "false" || value == "off" || value == "no") return "";
   }
   if (const char* dir = std::getenv("STRIDEDFA_CACHE_DIR")) {
     if (*dir) return dir;
@@ -125,9 +167,9 @@ std::string PlanStore::path_of(const std::vector<int64_t>& key, const std::strin
 
 std::optional<std::vector<uint8_t>> PlanStore::load(const std::vector<int64_t>& key, const std::string& context) {
   if (!enabled()) return {};
-  const fs::path path = path_of(key, context);
-  std::vector<uint8_t> file;
   try {
+    const fs::path path = path_of(key, context);
+    std::vector<uint8_t> file;
     if (!read_file(path, &file)) return {};  // not stored (or removed meanwhile)
     std::optional<std::vector<uint8_t>> payload = decode(file, key, context);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -148,15 +190,15 @@ std::optional<std::vector<uint8_t>> PlanStore::load(const std::vector<int64_t>& 
 
 bool PlanStore::save(const std::vector<int64_t>& key, const std::string& context, const std::vector<uint8_t>& payload) {
   if (!enabled()) return false;
-  static std::atomic<uint64_t> counter{0};
   bool saved = false;
   try {
     const fs::path path = path_of(key, context);
     std::error_code ec;
-    fs::create_directories(directory_, ec);
-    // A temporary name no other writer uses (pid and a per-process count), renamed over the plan's
-    // name once complete: readers see the old file, the new one, or none -- never a part.
-    const fs::path temporary = path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    // cuDNN executes what a plan file holds: a directory made here is its owner's alone.
+    if (fs::create_directories(directory_, ec) && !ec) fs::permissions(directory_, fs::perms::owner_all, ec);
+    // Written under a temporary name, renamed over the plan's name once complete: readers see the
+    // old file, the new one, or none -- never a part.
+    const fs::path temporary = path.string() + temporary_suffix();
     const std::vector<uint8_t> file = encode(key, context, payload);
     {
       std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
@@ -169,7 +211,7 @@ bool PlanStore::save(const std::vector<int64_t>& key, const std::string& context
       saved = !ec;
     }
     if (!saved) fs::remove(temporary, ec);
-    if (saved && max_bytes_ > 0) evict_beyond_bound(path.string());
+    if (saved && max_bytes_ > 0) saved = evict_beyond_bound(path.string());  // false: the plan alone is too large
   } catch (const std::exception&) {
     saved = false;
   }
@@ -187,48 +229,35 @@ void PlanStore::reject(const std::vector<int64_t>& key, const std::string& conte
   ++stats_.load_rejections;
 }
 
-void PlanStore::evict_beyond_bound(const std::string& keep) {
-  struct File {
-    fs::path path;
-    fs::file_time_type used;
-    int64_t bytes;
-  };
-  std::vector<File> files;
+bool PlanStore::evict_beyond_bound(const std::string& keep) {
+  std::vector<ListedFile> files = list_files(directory_);
+  files.erase(std::remove_if(files.begin(), files.end(), [](const ListedFile& f) { return !f.plan; }), files.end());
   int64_t total = 0;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
-    if (!is_plan_file(entry)) continue;
-    std::error_code e1, e2;
-    const auto bytes = int64_t(entry.file_size(e1));
-    const auto used = entry.last_write_time(e2);
-    if (e1 || e2) continue;  // removed meanwhile by another process
-    files.push_back({entry.path(), used, bytes});
-    total += bytes;
-  }
-  if (total <= max_bytes_) return;
-  std::sort(files.begin(), files.end(), [](const File& a, const File& b) { return a.used < b.used; });
-  int64_t evicted = 0;
+  for (const ListedFile& f : files) total += f.bytes;
+  if (total <= max_bytes_) return true;
+  std::sort(files.begin(), files.end(), [](const ListedFile& a, const ListedFile& b) { return a.used < b.used; });
   // Least recently used first; the plan just written goes last (only if it alone is too large).
-  std::stable_partition(files.begin(), files.end(), [&](const File& f) { return f.path.string() != keep; });
-  for (const File& f : files) {
+  std::stable_partition(files.begin(), files.end(), [&](const ListedFile& f) { return f.path.string() != keep; });
+  int64_t evicted = 0;
+  bool kept = true;
+  std::error_code ec;
+  for (const ListedFile& f : files) {
     if (total <= max_bytes_) break;
     if (fs::remove(f.path, ec)) ++evicted;
+    if (f.path.string() == keep) kept = false;
     total -= f.bytes;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.evictions += evicted;
+  return kept;
 }
 
 int64_t PlanStore::clear() {
   if (!enabled()) return 0;
   int64_t removed = 0;
   std::error_code ec;
-  std::vector<fs::path> doomed;
-  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
-    if (is_plan_file(entry) || is_temporary_file(entry)) doomed.push_back(entry.path());
-  }
-  for (const fs::path& path : doomed) {
-    if (fs::remove(path, ec)) ++removed;
+  for (const ListedFile& f : list_files(directory_)) {
+    if (fs::remove(f.path, ec)) ++removed;
   }
   return removed;
 }
@@ -236,14 +265,10 @@ int64_t PlanStore::clear() {
 void PlanStore::usage(int64_t* files, int64_t* bytes) const {
   *files = *bytes = 0;
   if (!enabled()) return;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
-    if (!is_plan_file(entry)) continue;
-    std::error_code size_error;
-    const auto size = entry.file_size(size_error);
-    if (size_error) continue;
+  for (const ListedFile& f : list_files(directory_)) {
+    if (!f.plan) continue;
     ++*files;
-    *bytes += int64_t(size);
+    *bytes += f.bytes;
   }
 }
 
@@ -255,10 +280,11 @@ PlanStoreStats PlanStore::stats() const {
 PlanStore& plan_store() {
   static PlanStore* store = [] {
     int64_t max_bytes = int64_t(1) << 30;
-    if (const char* env = std::getenv("STRIDEDFA_CACHE_MAX_BYTES")) {
+    if (const char* env = std::getenv("STRIDEDFA_CACHE_MAX_BYTES")) {  // a plain byte count; else the default
       char* end = nullptr;
+      errno = 0;
       const long long v = std::strtoll(env, &end, 10);
-      if (end != env && v >= 0) max_bytes = v;
+      if (end != env && *end == '\0' && errno == 0 && v >= 0) max_bytes = v;
     }
     return new PlanStore(default_directory(), max_bytes);  // never destroyed: used until exit
   }();

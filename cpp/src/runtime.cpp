@@ -233,6 +233,7 @@ const DeviceInfo& device_info(int32_t ordinal) {
   cudaDeviceProp props{};
   check_cuda(a.GetDeviceProperties(&props, ordinal), "cudaGetDeviceProperties");
   info->name = props.name;
+  info->sm_count = props.multiProcessorCount;
   return *cache->emplace(ordinal, std::move(info)).first->second;
 }
 

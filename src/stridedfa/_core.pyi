@@ -175,7 +175,7 @@ def _validate_shapes(backward: bool, layout: int, shapes: tuple[Shape | None, ..
                   rng_state: tuple[Shape, str] | None = None,
                   cu_seqlens: tuple[tuple[Shape, str], ...] | None = None, max_seqlen_q: int | None = None,
                   max_seqlen_kv: int | None = None,
-                  block_table: tuple[Shape, str] | None = None) -> dict[str, Any]: ...
+                  block_table: tuple[Shape, str] | None = None, shared_lengths: bool = False) -> dict[str, Any]: ...
 def _jax_graph_key(backward: bool, layout: int, shapes: tuple[Shape | None, ...], dtype: str, *,
                    scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
                    window: Window = None, softcap: float | None = None, deterministic: bool = False,
@@ -211,8 +211,8 @@ def _warm_up_shapes(backward: bool, layout: int, shapes: tuple[Any, ...], dtype:
                     scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
                     window: Window = None, softcap: float | None = None, deterministic: bool = False,
                     lengths: Any = None, sinks: Any = None, bias: Any = None, grad_bias: bool = False,
-                    alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None, cu_seqlens: Any = None,
-                    max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None, key_only: bool = False,
-                    sm_version: int = 90,
+                    alibi_slopes: Any = None, dropout_p: float = 0.0, rng_state: Any = None, grad_sinks: bool = True,
+                    cu_seqlens: Any = None, max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None,
+                    shared_lengths: bool = False, key_only: bool = False, sm_version: int = 90,
                     cudnn_version: int = 91900) -> tuple[int, ...] | None: ...
 def _length_bucket(n: int) -> int: ...

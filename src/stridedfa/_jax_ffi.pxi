@@ -43,7 +43,8 @@ cdef DLDataType jax_dtype(str name, const char* operand=b"the operand") except *
 
 
 cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, int device,
-                   TensorView** views, object lengths=None, int first_length_slot=9) except -1:
+                   TensorView** views, object lengths=None, int first_length_slot=9,
+                   bint same_lengths=False) except -1:
     """Fills the call's views (slot order) as the handler would, at distinct, 256-byte aligned
     fake addresses: the validator never dereferences them. `dtype`: the attention operands' dtype
     name, or one name per slot (so the validator sees each operand's own dtype)."""
@@ -80,17 +81,20 @@ cdef int jax_views(bint backward, int64_t layout, tuple shapes, object dtype, in
         address += (nbytes + 511) // 256 * 256
     if lengths is None:
         return 0
-    return jax_length_views(lengths, first_length_slot, device, views, address)
+    return jax_length_views(lengths, first_length_slot, device, views, address, same_lengths)
 
 
-cdef int jax_length_views(object lengths, int first, int device, TensorView** views, uintptr_t address) except -1:
+cdef int jax_length_views(object lengths, int first, int device, TensorView** views, uintptr_t address,
+                          bint same=False) except -1:
     """Two int32 vectors as the handler reads them, from (shape, dtype) pairs, into slots `first`
     and `first` + 1: the padding lengths (seqlens_q, seqlens_kv) or the cumulative starts
-    (cu_seqlens_q, cu_seqlens_kv)."""
+    (cu_seqlens_q, cu_seqlens_kv). With `same`, both are one tensor (one address), as a caller
+    passing one lengths tensor for both sides gives them."""
     cdef int64_t dims[8]
     cdef int i, j, rank
     cdef int64_t nbytes
     cdef DLDataType data_type
+    cdef uintptr_t first_address = address
     if len(lengths) != 2:
         raise ValueError(f"expected ({SLOT_NAMES[first].decode()}, {SLOT_NAMES[first + 1].decode()}) as "
                          f"(shape, dtype) pairs")
@@ -105,7 +109,8 @@ cdef int jax_length_views(object lengths, int first, int device, TensorView** vi
             dims[j] = shape[j]
             nbytes *= shape[j]
         data_type = jax_lengths_dtype(name, SLOT_NAMES[first + i])
-        views[first + i][0] = jax_lengths_view(SLOT_NAMES[first + i], dims, rank, data_type, device, address)
+        views[first + i][0] = jax_lengths_view(SLOT_NAMES[first + i], dims, rank, data_type, device,
+                                               first_address if same else address)
         address += (nbytes + 511) // 256 * 256
     return 0
 

@@ -6,10 +6,10 @@
 
 cdef int shape_views(bint backward, int64_t layout, tuple shapes, object dtype, int device, TensorView** views,
                      lengths, cu_seqlens, block_table, sinks, grad_sinks, bias, grad_bias, alibi_slopes,
-                     rng_state) except -1:
+                     rng_state, bint shared_lengths=False) except -1:
     """Every view of a call on dense arrays of these shapes (see _validate_shapes), as the handler
-    builds them, on `device`."""
-    jax_views(backward, layout, shapes, dtype, device, views, lengths)
+    builds them, on `device`; with `shared_lengths` the two padding lengths are one tensor."""
+    jax_views(backward, layout, shapes, dtype, device, views, lengths, 9, shared_lengths)
     if cu_seqlens is not None:
         jax_length_views(cu_seqlens, kCuSeqlensQ, device, views, 0x6000000000)
     if block_table is not None:
@@ -30,7 +30,8 @@ cdef int shape_views(bint backward, int64_t layout, tuple shapes, object dtype, 
 def _validate_shapes(bint backward, int64_t layout, tuple shapes, dtype, *, scale=None, causal=False,
                      causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
                      sinks=None, grad_sinks=True, bias=None, grad_bias=True, alibi_slopes=None, dropout_p=0.0,
-                     rng_state=None, cu_seqlens=None, max_seqlen_q=None, max_seqlen_kv=None, block_table=None):
+                     rng_state=None, cu_seqlens=None, max_seqlen_q=None, max_seqlen_kv=None, block_table=None,
+                     shared_lengths=False):
     """Runs the core's validation on the views the XLA handler would build for arrays of these shapes (slot order:
     q, k, v, out, lse[, grad_out, grad_q, grad_k, grad_v]; a forward's lse may be None) in ``layout`` (0: bshd, 1:
     bhsd, 2: thd), padding ``lengths`` as ((shape, dtype) of seqlens_q, of seqlens_kv), a variable-length call's
@@ -51,7 +52,7 @@ def _validate_shapes(bint backward, int64_t layout, tuple shapes, dtype, *, scal
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     slot_views(backward, &fwd, &bwd, views)
     shape_views(backward, layout, shapes, dtype, 0, views, lengths, cu_seqlens, block_table, sinks, grad_sinks, bias,
-                grad_bias, alibi_slopes, rng_state)
+                grad_bias, alibi_slopes, rng_state, shared_lengths)
     with nogil:
         problem = validate_backward(bwd) if backward else validate_forward(fwd)
         validate_options(options, problem)
@@ -93,8 +94,8 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
 def _warm_up_shapes(bint backward, int64_t layout, tuple shapes, dtype, int device, *, scale=None, causal=False,
                     causal_alignment="top_left", window=None, softcap=None, deterministic=False, lengths=None,
                     sinks=None, bias=None, grad_bias=False, alibi_slopes=None, dropout_p=0.0, rng_state=None,
-                    cu_seqlens=None, max_seqlen_q=None, max_seqlen_kv=None, key_only=False, sm_version=90,
-                    cudnn_version=91900):
+                    grad_sinks=True, cu_seqlens=None, max_seqlen_q=None, max_seqlen_kv=None, shared_lengths=False,
+                    key_only=False, sm_version=90, cudnn_version=91900):
     """Validates the call these shapes describe (arguments as _validate_shapes's, on `device`) and
     gets its graph into the graph cache -- loaded from the persisted plans, else built -- without
     launching anything. With ``key_only``, returns the graph-cache key it would use on a device of
@@ -109,8 +110,8 @@ def _warm_up_shapes(bint backward, int64_t layout, tuple shapes, dtype, int devi
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     slot_views(backward, &fwd, &bwd, views)
-    shape_views(backward, layout, shapes, dtype, device, views, lengths, cu_seqlens, None, sinks, sinks is not None,
-                bias, grad_bias, alibi_slopes, rng_state)
+    shape_views(backward, layout, shapes, dtype, device, views, lengths, cu_seqlens, None, sinks, grad_sinks, bias,
+                grad_bias, alibi_slopes, rng_state, shared_lengths)
     if key_only:
         with nogil:
             if backward:

@@ -358,9 +358,9 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if not q.shape[2] == k.shape[2] == v.shape[2]:
         raise LayoutError(f"q, k and v must be shards of one sequence at the same positions: seq extents "
                           f"{q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
-    if causal and load_balanced and q.shape[2] % 2:
-        raise LayoutError(f"a load-balanced causal shard holds two equal chunks: its seq extent {q.shape[2]} must be "
-                          f"even (shard_sequence cuts it so)")
+    if load_balanced and q.shape[2] % 2:
+        raise LayoutError(f"a load-balanced shard holds two equal chunks: its seq extent {q.shape[2]} must be even "
+                          f"(shard_sequence cuts it so); pass load_balanced=False for shards of one chunk")
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
     window = _window(window)
     for name, lengths in (("seqlens_q", seqlens_q), ("seqlens_kv", seqlens_kv)):

@@ -461,11 +461,14 @@ def _check_backward(q, k, v, opts) -> None:
     if not all(type(n) is int for shape in shapes for n in shape):
         return
     scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, deterministic, _, alibi, _, _ = opts
+    # lengths: 0 none, 1 two tensors, 2 one tensor for both sides (the core aligns such a call
+    # top-left where the diagonals coincide, and refuses less)
+    lengths = 0 if seqlens_q is None and seqlens_kv is None else 2 if seqlens_q is seqlens_kv else 1
     _backward_verdict(shapes, str(q.dtype).removeprefix("torch."), (scale, causal, alignment, left, right, softcap,
                                                                     deterministic, float(dropout_p)),
-                      seqlens_q is not None or seqlens_kv is not None, sinks is not None and sinks.requires_grad,
-                      sinks is not None, None if bias is None else tuple(bias.shape),
-                      bias is not None and bias.requires_grad, alibi is not None)
+                      lengths, sinks is not None and sinks.requires_grad, sinks is not None,
+                      None if bias is None else tuple(bias.shape), bias is not None and bias.requires_grad,
+                      alibi is not None)
 
 
 @functools.lru_cache(maxsize=256)
@@ -479,7 +482,8 @@ def _backward_verdict(shapes, dtype, options, lengths, grad_sinks, sinks, bias, 
     _core._validate_shapes(
         True, 1, (q, k, v, out, q[:3], out, q, k, v), dtype, scale=scale, causal=causal,
         causal_alignment=alignment, window=_window(left, right), softcap=softcap, deterministic=deterministic,
-        lengths=(int32, int32) if lengths else None, sinks=((q[1],), "float32") if sinks else None,
+        lengths=(int32, int32) if lengths else None, shared_lengths=lengths == 2,
+        sinks=((q[1],), "float32") if sinks else None,
         grad_sinks=grad_sinks, bias=(bias, dtype) if bias is not None else None, grad_bias=grad_bias,
         alibi_slopes=((q[1],), "float32") if alibi else None, dropout_p=dropout_p,
         rng_state=((2,), "int64") if dropout_p else None)

@@ -12,8 +12,8 @@ from stridedfa import _core
 _LAYOUTS = {"bshd": 0, "bhsd": 1, "thd": 2}  # the shape views' layouts (_jax_ffi.pxi, jax_ffi.hpp)
 _DTYPES = ("bfloat16", "float16")
 _OPTIONS = ("scale", "causal", "causal_alignment", "window", "softcap", "deterministic", "dropout_p")
-_KEYS = frozenset(("q", "k", "v", "layout", "dtype", "backward", "return_lse", "padded", "sinks", "alibi", "bias",
-                   "grad_bias", "sequences", "max_seqlen_q", "max_seqlen_kv", *_OPTIONS))
+_KEYS = frozenset(("q", "k", "v", "layout", "dtype", "backward", "return_lse", "padded", "sinks", "grad_sinks",
+                   "alibi", "bias", "grad_bias", "sequences", "max_seqlen_q", "max_seqlen_kv", *_OPTIONS))
 
 
 def warm_up(configs: Iterable[Mapping[str, Any]], *, device: int = 0) -> dict[str, Any]:
@@ -35,9 +35,13 @@ def warm_up(configs: Iterable[Mapping[str, Any]], *, device: int = 0) -> dict[st
       without them (inference) has a graph of its own.
     - ``scale``, ``causal``, ``causal_alignment``, ``window``, ``softcap``, ``deterministic``,
       ``dropout_p``: as in :func:`stridedfa.sdpa_forward`.
-    - ``padded``: calls with ``seqlens_q`` / ``seqlens_kv``; ``sinks``, ``alibi``: calls with
-      attention sinks / ALiBi slopes; ``bias``: the bias' shape, with ``grad_bias`` when its
-      gradient is computed.
+    - ``padded``: calls with padding lengths: True for one lengths tensor passed as both
+      ``seqlens_q`` and ``seqlens_kv`` (self-attention, what transformers' right padding gives),
+      ``"separate"`` for two tensors; the core runs the two differently (one tensor lets it align a
+      bottom-right mask top-left), so they are different graphs.
+    - ``sinks``, ``alibi``: calls with attention sinks / ALiBi slopes; ``grad_sinks``: the sinks
+      are trained (default: with sinks and without dropout); ``bias``: the bias' shape, with
+      ``grad_bias`` when its gradient is computed.
 
     A variable-length call is keyed by buckets of its token and sequence counts
     (:func:`stridedfa.length_buckets`), so its warm-up lists one configuration per bucket. Calls on
@@ -102,6 +106,12 @@ def _calls_of(config: Mapping[str, Any]) -> list[tuple]:
         raise TypeError(f"warm_up: unknown configuration keys {unknown}; known: {sorted(_KEYS)}")
     if "q" not in config or "k" not in config:
         raise ValueError("warm_up: a configuration needs the shapes of q and k")
+    for name in ("backward", "return_lse", "sinks", "grad_sinks", "alibi", "grad_bias"):
+        if name in config and not isinstance(config[name], bool):
+            raise TypeError(f"warm_up: {name} must be True or False, got {config[name]!r}")
+    if config.get("padded", False) not in (False, True, "separate"):
+        raise ValueError(f"warm_up: padded must be False, True (one lengths tensor) or 'separate', "
+                         f"got {config['padded']!r}")
     layout = config.get("layout", "bshd")
     if layout not in _LAYOUTS:
         raise ValueError(f"warm_up: layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
@@ -146,17 +156,22 @@ def _operands(config: Mapping[str, Any], q: tuple[int, ...], layout: str) -> dic
     operands: dict[str, Any] = {}
     dtype = config.get("dtype", "bfloat16")
     if layout == "thd":
-        if "sequences" not in config:
-            raise ValueError("warm_up: a variable-length (thd) configuration needs sequences, the number of sequences")
-        cu = ((int(config["sequences"]) + 1,), "int32")
+        sequences = config.get("sequences")
+        if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
+            raise ValueError(f"warm_up: a variable-length (thd) configuration needs sequences, the number of sequences "
+                             f"(a positive int), got {sequences!r}")
+        cu = ((sequences + 1,), "int32")
         operands.update(cu_seqlens=(cu, cu), max_seqlen_q=config.get("max_seqlen_q"),
                         max_seqlen_kv=config.get("max_seqlen_kv"))
     elif "sequences" in config or "max_seqlen_q" in config or "max_seqlen_kv" in config:
         raise ValueError("warm_up: sequences and max_seqlen_q / max_seqlen_kv are for layout 'thd'")
     if config.get("padded"):
         operands["lengths"] = (((q[0],), "int32"), ((q[0],), "int32"))
+        operands["shared_lengths"] = config["padded"] is True
     if config.get("sinks"):
         operands["sinks"] = ((_heads(q, layout),), "float32")
+        # trainable sinks with dropout are refused (cuDNN 9.19 gets their gradient wrong)
+        operands["grad_sinks"] = config.get("grad_sinks", not config.get("dropout_p"))
     if config.get("alibi"):
         operands["alibi_slopes"] = ((_heads(q, layout),), "float32")
     if config.get("bias") is not None:

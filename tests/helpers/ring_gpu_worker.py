@@ -18,6 +18,8 @@ CASES = [  # (causal, load_balanced, b, h_q, h_kv, s_total, d, window)
     (True, True, 1, 8, 2, 2048, 64, (100, 0)),
     (False, True, 1, 4, 4, 1024, 64, (300, 50)),
     (True, True, 2, 4, 2, 1024, 64, None, "padded"),  # seqlens_q = seqlens_kv = lengths(case)
+    # non-causal: blocks whose keys are all padding while their queries are not (seqlens_kv = 0)
+    (False, True, 2, 4, 2, 1024, 64, (200, 100), "padded"),
 ]
 
 

@@ -42,14 +42,15 @@ class PlanStore {
   // refused the plan): counted as a rejection instead of a load. Never throws.
   void reject(const std::vector<int64_t>& key, const std::string& context);
   // Removes every plan file (and leftover temporary files) of the directory; returns how many.
+  // Never throws.
   int64_t clear();
-  // Plan files now in the directory and their total size.
+  // Plan files now in the directory and their total size. Never throws.
   void usage(int64_t* files, int64_t* bytes) const;
   PlanStoreStats stats() const;
 
  private:
   std::string path_of(const std::vector<int64_t>& key, const std::string& context) const;
-  void evict_beyond_bound(const std::string& keep);
+  bool evict_beyond_bound(const std::string& keep);  // false when `keep` itself had to go
 
   std::string directory_;
   int64_t max_bytes_;
@@ -59,7 +60,8 @@ class PlanStore {
 
 // The process-wide store. Directory: STRIDEDFA_CACHE_DIR, else $XDG_CACHE_HOME/stridedfa/plans,
 // else ~/.cache/stridedfa/plans; STRIDEDFA_PERSISTENT_CACHE=0 disables it. Size bound:
-// STRIDEDFA_CACHE_MAX_BYTES (default 1 GiB). Read once, at the first use.
+// STRIDEDFA_CACHE_MAX_BYTES, a plain byte count (default 1 GiB). Read once, at the first use. A
+// directory the store makes is readable by its owner only: cuDNN executes what a plan holds.
 PlanStore& plan_store();
 
 }  // namespace stridedfa

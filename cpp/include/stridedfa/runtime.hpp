@@ -23,6 +23,7 @@ int device_count();
 struct DeviceInfo {
   int32_t ordinal = 0;
   int32_t sm_version = 0;  // compute capability as major * 10 + minor
+  int32_t sm_count = 0;    // streaming multiprocessors (a MIG slice or a smaller part has fewer)
   std::string name;
 };
 // Cached per ordinal; throws BackendError for a device the runtime cannot see.
