@@ -4,7 +4,7 @@
 #               and the files whose code paths moved (torch bias/dropout/sinks training, JAX)
 #   PART=suite1 / PART=suite2   the whole GPU suite in two halves (issue 10 item 7)
 #   PART=fuzz   the stride fuzz at 2,000 invalid + 10,000 valid in one command (issue 9)
-#   PART=bench  bench_host_overhead, then bench_cold_start (issue 9, issue 14 (b))
+#   PART=bench  bench_host_overhead, bench_cold_start, bench_varlen (issue 9, issue 14 (b), issue 12 (a))
 # Persisted plans: each part gets its own STRIDEDFA_CACHE_DIR under $OUT, so that what it reports
 # as build time is build time; the `new` part's test_persisted_plans uses directories of its own.
 set -u
@@ -41,6 +41,8 @@ case "${PART:-new}" in
   bench)
     timeout 150 python3 $repo/benchmarks/bench_host_overhead.py --out $OUT/host > $OUT/host.log 2>&1
     echo "host rc $?"; sed -n '/^| path/,/^$/p' $OUT/host/*.md 2>/dev/null | head -40
-    timeout 400 python3 $repo/benchmarks/bench_cold_start.py --out $OUT/cold --repeats 3 > $OUT/cold.log 2>&1
-    echo "cold rc $?"; cat $OUT/cold/bench_cold_start.md 2>/dev/null ;;
+    timeout 300 python3 $repo/benchmarks/bench_cold_start.py --out $OUT/cold --repeats 3 > $OUT/cold.log 2>&1
+    echo "cold rc $?"; cat $OUT/cold/bench_cold_start.md 2>/dev/null
+    timeout 120 python3 $repo/benchmarks/bench_varlen.py --out $OUT/varlen > $OUT/varlen.log 2>&1
+    echo "varlen rc $?"; python3 -c "import json; d=json.load(open('$OUT/varlen/varlen.json')); print(d['ms_per_step'], d['vs_documents_alone'], d['targets'])" ;;
 esac
