@@ -281,7 +281,11 @@ def test_the_pre_forward_check_refuses_nothing_the_backward_accepts_with_one_len
     q = torch.zeros(B, H, S_Q, 64, dtype=torch.bfloat16, requires_grad=True)
     lengths = torch.full((B,), S_Q, dtype=torch.int32)
     for extra in ({"dropout_p": 0.1}, {"bias": torch.zeros(B, H, S_Q, S_Q, dtype=torch.bfloat16, requires_grad=True)}):
-        with pytest.raises(stridedfa.LayoutError, match="CUDA device"):
+        for same in (lengths, lengths[:], lengths.view(-1), lengths.detach()):  # one tensor, as the core tells it
+            with pytest.raises(stridedfa.LayoutError, match="CUDA device"):
+                sfa_torch.attention(q, q, q, causal=True, causal_alignment="bottom_right", seqlens_q=lengths,
+                                    seqlens_kv=same, **extra)
+        with pytest.raises(stridedfa.UnsupportedError):  # two tensors: refused before the forward, as the core would
             sfa_torch.attention(q, q, q, causal=True, causal_alignment="bottom_right", seqlens_q=lengths,
-                                seqlens_kv=lengths, **extra)
+                                seqlens_kv=lengths.clone(), **extra)
 

@@ -131,10 +131,12 @@ def test_the_size_bound_evicts_least_recently_used_plans(tmp_path):
     assert _load(tmp_path, key=(4,))[0] == payload, "the plan just saved was evicted"
 
 
-def test_a_plan_larger_than_the_bound_is_not_kept(tmp_path):
-    saved, info = _save(tmp_path, payload=b"y" * 10_000, max_bytes=1000)
+def test_a_plan_larger_than_the_bound_is_not_kept_and_evicts_nothing(tmp_path):
+    for i in range(5):
+        assert _save(tmp_path, key=(i,), payload=b"x" * 100, max_bytes=2000)[0]
+    saved, info = _save(tmp_path, payload=b"y" * 10_000, max_bytes=2000)
     assert not saved and info["save_failures"] == 1 and info["saves"] == 0
-    assert info["files"] == 0 and info["bytes"] == 0 and info["evictions"] == 1
+    assert info["files"] == 5 and info["evictions"] == 0, "one oversized plan must not wipe the others"
 
 
 def test_an_unwritable_directory_costs_a_save_not_the_call(tmp_path):

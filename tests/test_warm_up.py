@@ -165,6 +165,7 @@ def test_length_buckets_are_the_cores_buckets():
     ({**BSHD, "sequences": 3}, ValueError, "thd"),
     ({**BSHD, "backward": "no"}, TypeError, "backward must be True or False"),
     ({**BSHD, "padded": "yes"}, ValueError, "padded must be"),
+    ({**BSHD, "padded": 1}, ValueError, "padded must be"),
     ({"q": (100, H_Q, D), "k": (100, H_KV, D), "layout": "thd", "sequences": 0}, ValueError, "positive int"),
     ({"q": (100, H_Q, D), "k": (100, H_KV, D), "layout": "thd", "sequences": 7.9}, ValueError, "positive int"),
 ])

@@ -1,11 +1,13 @@
 #include "stridedfa/plan_store.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -124,8 +126,13 @@ std::vector<ListedFile> list_files(const std::string& directory) noexcept {
 std::string temporary_suffix() {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = [] {
-    std::random_device device;
-    return (uint64_t(device()) << 32) ^ uint64_t(device());
+    const auto now = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+    try {
+      std::random_device device;
+      return (uint64_t(device()) << 32) ^ uint64_t(device()) ^ now;
+    } catch (const std::exception&) {  // no entropy source: the clock and an address still differ
+      return now ^ uint64_t(reinterpret_cast<uintptr_t>(&counter));
+    }
   }();
   char text[64];
   std::snprintf(text, sizeof text, ".tmp.%d.%llu.%016llx", int(::getpid()), static_cast<unsigned long long>(counter++),
@@ -193,13 +200,19 @@ bool PlanStore::save(const std::vector<int64_t>& key, const std::string& context
   bool saved = false;
   try {
     const fs::path path = path_of(key, context);
+    const std::vector<uint8_t> file = encode(key, context, payload);
+    if (max_bytes_ > 0 && int64_t(file.size()) > max_bytes_) {
+      throw std::length_error("a plan larger than the bound");  // kept from evicting every other plan
+    }
     std::error_code ec;
-    // cuDNN executes what a plan file holds: a directory made here is its owner's alone.
-    if (fs::create_directories(directory_, ec) && !ec) fs::permissions(directory_, fs::perms::owner_all, ec);
+    // cuDNN executes what a plan file holds: the directory is made its owner's alone (mode 0700 at
+    // creation, so there is no moment in which others could write into it).
+    const fs::path directory(directory_);
+    if (directory.has_parent_path()) fs::create_directories(directory.parent_path(), ec);
+    ::mkdir(directory_.c_str(), 0700);  // an existing directory is left as it is
     // Written under a temporary name, renamed over the plan's name once complete: readers see the
     // old file, the new one, or none -- never a part.
     const fs::path temporary = path.string() + temporary_suffix();
-    const std::vector<uint8_t> file = encode(key, context, payload);
     {
       std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
       out.write(reinterpret_cast<const char*>(file.data()), std::streamsize(file.size()));
@@ -222,8 +235,11 @@ bool PlanStore::save(const std::vector<int64_t>& key, const std::string& context
 
 void PlanStore::reject(const std::vector<int64_t>& key, const std::string& context) {
   if (!enabled()) return;
-  std::error_code ec;
-  fs::remove(path_of(key, context), ec);
+  try {
+    std::error_code ec;
+    fs::remove(path_of(key, context), ec);
+  } catch (const std::exception&) {  // the file stays; its next load rejects it again
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   --stats_.loads;
   ++stats_.load_rejections;
@@ -243,9 +259,12 @@ bool PlanStore::evict_beyond_bound(const std::string& keep) {
   std::error_code ec;
   for (const ListedFile& f : files) {
     if (total <= max_bytes_) break;
-    if (fs::remove(f.path, ec)) ++evicted;
+    const bool removed = fs::remove(f.path, ec);
+    std::error_code exists_error;
+    if (removed || !fs::exists(f.path, exists_error)) total -= f.bytes;  // gone, by us or another process
+    if (!removed) continue;                                              // only what this store removed is counted
+    ++evicted;
     if (f.path.string() == keep) kept = false;
-    total -= f.bytes;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.evictions += evicted;

@@ -463,12 +463,26 @@ def _check_backward(q, k, v, opts) -> None:
     scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, deterministic, _, alibi, _, _ = opts
     # lengths: 0 none, 1 two tensors, 2 one tensor for both sides (the core aligns such a call
     # top-left where the diagonals coincide, and refuses less)
-    lengths = 0 if seqlens_q is None and seqlens_kv is None else 2 if seqlens_q is seqlens_kv else 1
+    lengths = 0 if seqlens_q is None and seqlens_kv is None else 2 if _same_memory(seqlens_q, seqlens_kv) else 1
     _backward_verdict(shapes, str(q.dtype).removeprefix("torch."), (scale, causal, alignment, left, right, softcap,
                                                                     deterministic, float(dropout_p)),
                       lengths, sinks is not None and sinks.requires_grad, sinks is not None,
                       None if bias is None else tuple(bias.shape), bias is not None and bias.requires_grad,
                       alibi is not None)
+
+
+def _same_memory(a, b) -> bool:
+    """One lengths tensor for both sides, as the core tells it: the same address and stride (so
+    also a view or a detached alias of one tensor). Fake and meta tensors have no address: the same
+    object only."""
+    if a is b:
+        return True
+    if a is None or b is None:
+        return False
+    try:
+        return a.device == b.device and a.data_ptr() == b.data_ptr() and a.stride(0) == b.stride(0)
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 @functools.lru_cache(maxsize=256)

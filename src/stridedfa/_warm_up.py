@@ -109,7 +109,8 @@ def _calls_of(config: Mapping[str, Any]) -> list[tuple]:
     for name in ("backward", "return_lse", "sinks", "grad_sinks", "alibi", "grad_bias"):
         if name in config and not isinstance(config[name], bool):
             raise TypeError(f"warm_up: {name} must be True or False, got {config[name]!r}")
-    if config.get("padded", False) not in (False, True, "separate"):
+    padded = config.get("padded", False)
+    if not (isinstance(padded, bool) or (isinstance(padded, str) and padded == "separate")):
         raise ValueError(f"warm_up: padded must be False, True (one lengths tensor) or 'separate', "
                          f"got {config['padded']!r}")
     layout = config.get("layout", "bshd")
