@@ -72,23 +72,11 @@ def _jax_graph_key(bint backward, int64_t layout, tuple shapes, str dtype, *, sc
     _forward_graph_key), with ``bias``, ``alibi_slopes`` and ``rng_state`` as (shape, dtype) when
     given (and a backward's grad_bias with ``grad_bias``): equal keys mean JAX and other callers
     share one cuDNN graph."""
-    cdef ForwardArgs fwd
-    cdef BackwardArgs bwd
-    cdef SdpaOptions options
-    cdef vector[int64_t] key
-    cdef TensorView* views[kNumSlots]
-    cdef int sm = sm_version
-    cdef int64_t cudnn = cudnn_version
-    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
-    slot_views(backward, &fwd, &bwd, views)
-    shape_views(backward, layout, shapes, dtype, 0, views, None, None, None, None, False, bias, grad_bias, alibi_slopes,
-                rng_state)
-    with nogil:
-        if backward:
-            key = backward_graph_key(bwd, options, sm, cudnn)
-        else:
-            key = forward_graph_key(fwd, options, sm, cudnn)
-    return tuple(key)
+    return _warm_up_shapes(backward, layout, shapes, dtype, 0, scale=scale, causal=causal,
+                           causal_alignment=causal_alignment, window=window, softcap=softcap,
+                           deterministic=deterministic, bias=bias, grad_bias=grad_bias, alibi_slopes=alibi_slopes,
+                           dropout_p=dropout_p, rng_state=rng_state, key_only=True, sm_version=sm_version,
+                           cudnn_version=cudnn_version)
 
 
 def _warm_up_shapes(bint backward, int64_t layout, tuple shapes, dtype, int device, *, scale=None, causal=False,

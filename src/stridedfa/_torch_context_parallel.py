@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from stridedfa._errors import LayoutError
-from stridedfa._torch_ops import _attention_backward, _attention_forward, _bounds
+from stridedfa._torch_ops import _attention_backward, _attention_forward, _bounds, _window
 
 __all__ = ["context_parallel_attention", "shard_sequence", "unshard_sequence"]
 
@@ -294,15 +294,6 @@ def _ring_backward(q, k, v, out, lse, grad_out, group, causal, window, seqlens, 
     return grad_q.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype)
 
 
-def _window(window):
-    """(left, right) with None for unbounded sides, or None: the one parse (stridedfa._core)."""
-    if window is None:
-        return None
-    from stridedfa import _core
-    left, right = _core._window_bounds(window)
-    return (None if left < 0 else left, None if right < 0 else right)
-
-
 class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, window, seqlens_q, seqlens_kv, scale, load_balanced):
@@ -362,7 +353,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise LayoutError(f"a load-balanced shard holds two equal chunks: its seq extent {q.shape[2]} must be even "
                           f"(shard_sequence cuts it so); pass load_balanced=False for shards of one chunk")
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    window = _window(window)
+    window = _window(*_bounds(window))  # the torch adapter's parse: None when unbounded on both sides
     for name, lengths in (("seqlens_q", seqlens_q), ("seqlens_kv", seqlens_kv)):
         if lengths is not None and (lengths.dim() != 1 or lengths.shape[0] != q.shape[0]
                                     or lengths.is_floating_point()):
