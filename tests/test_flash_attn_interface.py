@@ -388,3 +388,57 @@ def test_indices_read_by_torch_ops_are_checked_before_anything_is_written(bad):
     tokens = torch.zeros(3, 8, 64)
     with pytest.raises(stridedfa.LayoutError, match="cu_seqlens_q"):
         fa.flash_attn_varlen_func(tokens, tokens, tokens, cu, cu, 3, 3, alibi_slopes=torch.zeros(8))
+
+
+# --- Issue 30: FlashAttention's paged bounds, head dims that are not a multiple of 8 ---------------
+
+@pytest.mark.parametrize("appended", [0, 3])
+def test_paged_lengths_past_the_block_table_raise_a_runtime_error_naming_block_table(appended):
+    """FlashAttention raises there (its test_flash_attn_kvcache_paged_block_table_bounds); clamping
+    would compute on the wrong pages. Nothing is appended before the error."""
+    q = torch.zeros(2, 1, 4, 64, dtype=torch.bfloat16)
+    pages = torch.zeros(8, 16, 2, 64, dtype=torch.bfloat16)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)  # 32 tokens a sequence
+    lengths = torch.tensor([5, 33 - appended], dtype=torch.int32)
+    new = torch.ones(2, appended, 2, 64, dtype=torch.bfloat16) if appended else None
+    with pytest.raises(RuntimeError, match="block_table") as raised:
+        fa.flash_attn_with_kvcache(q, pages, pages.clone(), new, new, cache_seqlens=lengths, block_table=table)
+    assert isinstance(raised.value, stridedfa.BoundsError) and isinstance(raised.value, stridedfa.LayoutError)
+    assert "33 tokens" in str(raised.value) and "32" in str(raised.value)
+    assert not pages.any(), "nothing may be appended before the error"
+
+
+def test_a_cache_allocated_wider_is_read_in_place_for_a_head_dim_of_59(monkeypatch):
+    """head_dim 59 (FlashAttention serves it): a cache whose rows are 64 apart is widened in place
+    -- no copy of the cache -- and matches the reference; the new keys land in the caller's columns."""
+    calls = []
+
+    def spy(q, k, v, **options):
+        calls.append(k)
+        return _reference(q, k, v, **options)
+
+    monkeypatch.setattr(fa._st, "attention", spy)
+    gen = torch.Generator().manual_seed(5)
+    storage = [torch.zeros(2, 12, 2, 64, dtype=torch.float64) for _ in range(2)]
+    k_cache, v_cache = (t[..., :59] for t in storage)
+    k_cache.copy_(torch.randn(2, 12, 2, 59, generator=gen))
+    v_cache.copy_(torch.randn(2, 12, 2, 59, generator=gen))
+    q = torch.randn(2, 1, 4, 59, generator=gen, dtype=torch.float64)
+    new_k, new_v = (torch.randn(2, 1, 2, 59, generator=gen, dtype=torch.float64) for _ in range(2))
+    lengths = torch.tensor([3, 9], dtype=torch.int32)
+    out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, new_k, new_v, cache_seqlens=lengths, causal=True)
+    assert out.shape == (2, 1, 4, 59)
+    assert calls[-1].untyped_storage().data_ptr() == storage[0].untyped_storage().data_ptr(), "read in place"
+    assert torch.equal(k_cache[0, 3], new_k[0, 0]) and torch.equal(v_cache[1, 9], new_v[1, 0])
+    for i, n in enumerate((4, 10)):
+        want = _reference(q[i:i + 1].transpose(1, 2), k_cache[i:i + 1, :n].transpose(1, 2),
+                          v_cache[i:i + 1, :n].transpose(1, 2), scale=59 ** -0.5, causal=False,
+                          causal_alignment="bottom_right", window=None, softcap=None)
+        assert torch.allclose(out[i:i + 1], want.transpose(1, 2), atol=1e-9), i
+
+
+def test_a_packed_cache_of_head_dim_59_is_refused_with_how_to_allocate_one():
+    q = torch.zeros(2, 1, 4, 59, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 12, 2, 59, dtype=torch.bfloat16)
+    with pytest.raises(stridedfa.LayoutError, match=r"torch.zeros\(\.\.\., 64\)\[\.\.\., :59\]"):
+        fa.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=3)

@@ -257,13 +257,15 @@ def test_models_match_transformers_forward_and_backward(kernels, name, padding):
     kind = hf_models.FAMILIES[name][1]
     ours, baseline = _pair(name)
     ids, mask = hf_models.batch(kind, padding)
-    real = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask.bool()
+    # Against SDPA every row counts, padded ones too (issue 30: a loss term reads the padded row
+    # before a left-padded row's first token); eager's padded rows average the values instead.
+    real = torch.ones(ids.shape, dtype=torch.bool) if mask is None or name not in BASELINE else mask.bool()
     training = {"use_cache": False} if kind == "causal" else {}  # a cache would hold k and v head-major
     results = []
     for model in (ours, baseline):
         model.zero_grad()
         logits = model(ids, attention_mask=mask, **training).logits
-        loss = (logits.float().log_softmax(-1)[..., 0] * real).sum()  # padded rows never read
+        loss = (logits.float().log_softmax(-1)[..., 0] * real).sum()
         loss.backward()
         results.append((logits[real], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     _assert_close(results[0][0], results[1][0], f"{name} logits ({padding} padding)")
@@ -555,3 +557,94 @@ def test_a_bidirectional_window_over_padding_on_both_sides_gets_the_dense_mask()
     assert isinstance(_mask(both, mask_function=window), torch.Tensor)
     left = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     assert _mask(left, mask_function=window).kind == "runs"
+
+
+# --- Issue 30: what the integration did, said; the fallback keeps the window; the mask's dtype ------
+
+def test_stats_count_calls_served_and_fallbacks_by_reason(kernels):
+    """A float32 model (the README's old example) falls back on every call: the counters say so, per
+    reason, and so does cache_info(); a bfloat16 model is served."""
+    import stridedfa
+
+    sft._warned.clear()
+    sft.reset_stats()
+    ids, mask = hf_models.batch("causal", "right")
+    monkey = kernels  # the reference stands in for cuDNN; _cannot_run is the integration's own below
+    del monkey
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real_check = sft.__dict__["_cannot_run"]
+        sft._cannot_run = lambda query, kwargs: (None if query.dtype == torch.bfloat16 else
+                                                 f"{query.dtype}: cuDNN's fused attention takes float16 or bfloat16")
+        try:
+            with sft.fallback("warn"):
+                hf_models.build("llama", "stridedfa")(ids, attention_mask=mask)
+            counted = sft.stats()
+            assert counted["served"] == 0 and counted["fallbacks"] == 2, counted  # two layers
+            assert counted["fallback_reasons"] == {"torch.float32: cuDNN's fused attention takes float16 or bfloat16": 2}
+            assert stridedfa.cache_info()["transformers"] == counted
+            hf_models.build("llama", "stridedfa", dtype=torch.bfloat16)(ids, attention_mask=mask)
+            counted = sft.stats()
+            assert counted["served"] == 2 and counted["served_by_path"] == {"lengths": 2}, counted
+        finally:
+            sft._cannot_run = real_check
+    sft.reset_stats()
+    assert sft.stats() == {"served": 0, "served_by_path": {}, "fallbacks": 0, "fallback_reasons": {}}
+
+
+def test_the_fallback_mode_can_be_scoped_to_a_block():
+    ours = hf_models.build("llama", "stridedfa")
+    ids, _ = hf_models.batch("causal", "none")
+    assert sft._settings["fallback"] == "warn"
+    with sft.fallback("raise"):
+        with pytest.raises(sft.UnsupportedError, match="tensors on cpu"):
+            ours(ids)
+    sft._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours(ids)  # the global setting again
+    assert any("tensors on cpu" in str(w.message) for w in caught)
+    sft.set_fallback("raise")
+    try:
+        with sft.fallback("warn"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ours(ids)
+    finally:
+        sft.set_fallback("warn")
+    with pytest.raises(ValueError, match="'warn' or 'raise'"):
+        with sft.fallback("ignore"):
+            pass
+
+
+def test_the_sdpa_fallback_keeps_the_sliding_window_without_a_mask():
+    """transformers hands attention_mask=None for an unpadded batch; SDPA's is_causal alone would
+    drop Mistral's window (the fallback builds the pattern's mask)."""
+    if "mistral" not in FAMILIES:
+        pytest.skip("mistral is not in this transformers")
+    sft._warned.clear()
+    ours, baseline = _pair("mistral")
+    ids, _ = hf_models.batch("causal", "none", s=20)  # longer than the window of 7
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = ours(ids).logits
+    _assert_close(got, baseline(ids).logits, "mistral fallback logits")
+    module = ours.model.layers[0].self_attn
+    q = torch.randn(1, 4, 10, 32)
+    kv = torch.randn(1, 2, 10, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, _ = sft.attention_forward(module, q, kv, kv, None, scaling=1.0, sliding_window=3, is_causal=True)
+    mask = torch.ones(10, 10, dtype=torch.bool).tril() & ~torch.ones(10, 10, dtype=torch.bool).tril(-3)
+    want = torch.nn.functional.scaled_dot_product_attention(q, kv.repeat_interleave(2, 1), kv.repeat_interleave(2, 1),
+                                                            attn_mask=mask, scale=1.0)
+    _assert_close(out, want.transpose(1, 2), "windowed fallback")
+
+
+def test_a_strided_mask_answers_dtype_device_and_to_like_transformers_mask():
+    mask = _mask(torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]))
+    assert isinstance(mask, StridedMask)
+    assert mask.dtype == torch.bool and mask.device == torch.device("cpu")
+    assert mask.to("cpu") is mask and mask.to(torch.bool) is mask and mask.to(device="cpu", dtype=torch.bool) is mask
+    as_float = mask.to(torch.float32)
+    assert as_float.dtype == torch.float32 and torch.equal(as_float.bool(), mask.dense())
+    assert _mask().dtype == torch.bool and _mask().device == torch.device("cpu")

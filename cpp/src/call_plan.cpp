@@ -44,6 +44,23 @@ void make_lengths(Plan& plan, int slot, int64_t value) {
   set_view(plan, slot, made_lengths_view(kOperands[slot].name, plan.problem));
 }
 
+// Every output with a token axis gets its empty sequences' rows filled after cuDNN (fill_empty_rows):
+// `views` are what the launch addresses them by (the caller's, or the variable-length plan's).
+void fill_empty_rows_after(GraphOp op, const TensorView* const* views, const TensorView* const* operands,
+                           Plan& plan) {
+  for (int s = 0; s < kNumSlots; ++s) {
+    const OperandKind kind = kOperands[s].kind;
+    if (!views[s] || role_in(op, s) != Role::output) continue;
+    if (kind != OperandKind::attention && kind != OperandKind::stats) continue;
+    if (plan.n_empty_rows == kMaxEmptyRows) throw BackendError("stridedfa: a call planned more row fills than it has room for");
+    EmptyRows& e = plan.empty_rows[plan.n_empty_rows++];
+    e.rows = *views[s];
+    e.key_side = kOperands[s].shape[2] == kSeqKV;
+    e.sink_rows = s == kLse && operands[kSinks] != nullptr;
+    e.ragged_row = plan.ragged.on ? plan.ragged.row_of[s] : int8_t(-1);
+  }
+}
+
 void add_fill(Plan& plan, const TensorView& region, int slot) {
   if (region.numel() == 0) return;
   if (plan.n_fills == kMaxFills) throw BackendError("stridedfa: a call planned more fills than it has room for");
@@ -173,6 +190,41 @@ void one_query_one_key_backward(Plan& plan) {
   plan.unmasked = true;  // every row of the fold sees the one key, whatever the mask said
 }
 
+// cuDNN (9.19) refuses attention sinks with one query row ("decode only mode ... not supported with
+// sink_token"): every decoding step of a model with sinks (gpt-oss). Under a mask that leaves the
+// one row all of the sub-problem's keys, the row is described twice -- q, out and lse get a query
+// axis of 2 with stride 0 -- so that cuDNN computes the same row twice and writes the same bytes to
+// the same place: no copy, the numbers of the one-row call. The core's own lengths then say 2 rows;
+// the caller's seqlens_q still decide the empty rows' fill (fill_empty_rows).
+void one_query_with_sinks(GraphOp op, const SdpaOptions& options, bool has_lengths, Plan& plan) {
+  if (op != GraphOp::forward || !plan.slots[kSinks] || plan.nothing_for_cudnn || plan.problem.s_q != 1) return;
+  const char* why = nullptr;
+  if (plan.slots[kAlibiSlopes]) why = "ALiBi (its distance differs between the two rows)";
+  if (plan.slots[kRngState]) why = "dropout (its mask differs between the two rows)";
+  if (has_lengths) {
+    // The padding mask stays; a causal bottom-right diagonal shows the one row every real key.
+    const bool band = options.left_bound() != SdpaOptions::kUnbounded ||
+                      (options.right_bound() != SdpaOptions::kUnbounded && !options.causal);
+    if (band || (options.causal && options.alignment != CausalAlignment::bottom_right)) {
+      why = "padding lengths and a window or a top-left causal mask (the two rows would see different keys)";
+    }
+  }
+  if (why) {
+    throw UnsupportedError(std::string("attention sinks with a single query row and ") + why +
+                           " are not supported: cuDNN refuses sinks with s_q = 1, which stridedfa runs as the one row "
+                           "described twice. Drop that option for decoding, or pass no padding lengths.");
+  }
+  plan.unmasked = true;  // the row sees every key the plan kept (or, with lengths, every real key)
+  plan.problem.s_q = 2;
+  for (int s : {kQ, kO, kLse, kBias}) {
+    if (!plan.slots[s] || (s == kBias && plan.slots[s]->dims[2] != 1)) continue;
+    TensorView& twice = set_view(plan, s, *plan.slots[s]);
+    twice.dims[2] = 2;
+    twice.strides[2] = 0;
+  }
+  if (has_lengths) make_lengths(plan, kSeqLensQ, 2);
+}
+
 // A variable-length call (ragged.hpp): cuDNN computes the padded (sequences, h, max, d) problem
 // from the caller's tensors through ragged offsets; the outputs are zeroed (lse -inf) first, so
 // that tokens in no sequence, and sequences cuDNN writes nothing for, hold defined values.
@@ -260,6 +312,8 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
     TensorView& lengths = set_view(plan, s, made_lengths_view(kOperands[s].name, plan.problem));
     lengths.data = 0;  // the launch's buffer
   }
+  // A sequence with queries but no keys: cuDNN computes 0/0 in its rows (GPU run 53).
+  fill_empty_rows_after(op, plan.slots, operands, plan);
   plan.slots[kCuSeqlensQ] = plan.slots[kCuSeqlensKV] = nullptr;  // read by the kernel, not by cuDNN
 }
 
@@ -298,10 +352,12 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);
   if (operands[kBias]) expand_bias_rows(plan);
   if (has_lengths) {
-    // Padded rows are not written by cuDNN's forward: their statistics get -inf first.
-    if (op == GraphOp::forward && operands[kLse]) add_fill(plan, *operands[kLse], kLse);
+    // cuDNN writes no statistics for padded rows, and 0/0 for a sequence of length 0 (GPU run 53):
+    // those rows get their documented values after it ran.
+    fill_empty_rows_after(op, operands, operands, plan);
     if (!operands[kSeqLensQ]) make_lengths(plan, kSeqLensQ, problem.s_q);
     if (!operands[kSeqLensKV]) make_lengths(plan, kSeqLensKV, problem.s_kv);
+    one_query_with_sinks(op, options, true, plan);
     return;
   }
   if (seen.restricts(problem)) {
@@ -329,6 +385,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     make_lengths(plan, kSeqLensQ, plan.problem.s_q);
     make_lengths(plan, kSeqLensKV, plan.problem.s_kv);
   }
+  one_query_with_sinks(op, options, false, plan);
 }
 
 }  // namespace stridedfa

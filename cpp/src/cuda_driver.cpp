@@ -29,6 +29,9 @@ const Driver& driver() {
     find(d.module_load_data, "cuModuleLoadData");
     find(d.module_get_function, "cuModuleGetFunction");
     find(d.launch_kernel, "cuLaunchKernel");
+    find(d.memcpy_dtoh, "cuMemcpyDtoHAsync_v2");
+    find(d.stream_synchronize, "cuStreamSynchronize");
+    find(d.stream_is_capturing, "cuStreamIsCapturing");
   });
   if (!failure.empty()) throw BackendError(failure);
   return d;

@@ -5,6 +5,9 @@ namespace stridedfa {
 ErrorKind classify_current_exception(std::string& message) noexcept {
   try {
     throw;
+  } catch (const BoundsError& e) {
+    message = e.what();
+    return ErrorKind::bounds;
   } catch (const LayoutError& e) {
     message = e.what();
     return ErrorKind::layout;

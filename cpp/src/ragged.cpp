@@ -26,7 +26,7 @@ constexpr int kMaxDevices = 64;
 
 // The kernels, loaded once per device into its primary context (the driver JIT-compiles the PTX).
 struct Kernels {
-  CUfunction offsets = nullptr, clamp_blocks = nullptr;
+  CUfunction offsets = nullptr, clamp_blocks = nullptr, empty_rows = nullptr;
 };
 
 const Kernels& kernels(int32_t device) {
@@ -41,10 +41,19 @@ const Kernels& kernels(int32_t device) {
     check_driver(d.module_load_data(&module, kRaggedOffsetsPtx), "cuModuleLoadData (stridedfa's kernels)");
     check_driver(d.module_get_function(&k.clamp_blocks, module, "stridedfa_clamp_blocks"),
                  "cuModuleGetFunction (stridedfa_clamp_blocks)");
+    check_driver(d.module_get_function(&k.empty_rows, module, "stridedfa_fill_empty_rows"),
+                 "cuModuleGetFunction (stridedfa_fill_empty_rows)");
     check_driver(d.module_get_function(&k.offsets, module, "stridedfa_ragged_offsets"),
                  "cuModuleGetFunction (stridedfa_ragged_offsets)");
   }
   return k;
+}
+
+void launch_blocks(CUfunction kernel, unsigned blocks, void** params, std::uintptr_t stream, const char* what) {
+  if (blocks == 0) return;
+  check_driver(driver().launch_kernel(kernel, blocks, 1, 1, 128, 1, 1, 0, reinterpret_cast<CUstream>(stream), params,
+                                      nullptr),
+               what);
 }
 
 void launch(CUfunction kernel, int64_t threads_needed, void** params, std::uintptr_t stream, const char* what) {
@@ -78,6 +87,22 @@ void clamp_block_table(const TensorView& table, int64_t num_blocks, int32_t devi
   unsigned int blocks = unsigned(num_blocks);
   void* params[] = {&in, &packed, &rows, &cols, &row_stride, &blocks};
   launch(kernel, table.dims[0] * table.dims[2], params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
+}
+
+void fill_empty_rows(const TensorView& t, RowLengths this_side, RowLengths other_side, std::uintptr_t ragged_offsets,
+                     std::uintptr_t sinks, int64_t sinks_stride, uint32_t fill, int32_t device, std::uintptr_t stream) {
+  CUfunction kernel = kernels(device).empty_rows;
+  unsigned long long data = t.data, offsets = ragged_offsets, len_this = this_side.data, len_other = other_side.data;
+  unsigned long long sink_values = sinks;
+  long long stride_b = t.strides[0], stride_h = t.strides[1], stride_s = t.strides[2];
+  unsigned int this_stride = unsigned(this_side.stride), other_stride = unsigned(other_side.stride);
+  unsigned int sink_stride = unsigned(sinks_stride), heads = unsigned(t.dims[1]), rows = unsigned(t.dims[2]);
+  unsigned int inner = unsigned(t.dims[3]), item_bytes = unsigned(t.itemsize()), pattern = fill;
+  unsigned int ragged = ragged_offsets != 0;
+  void* params[] = {&data,        &offsets,      &len_this,    &len_other, &sink_values, &stride_b,
+                    &stride_h,    &stride_s,     &this_stride, &other_stride, &sink_stride, &heads,
+                    &rows,        &inner,        &item_bytes,  &pattern,   &ragged};
+  launch_blocks(kernel, unsigned(t.dims[0] * t.dims[1]), params, stream, "cuLaunchKernel (stridedfa_fill_empty_rows)");
 }
 
 }  // namespace stridedfa

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <string>
 
+#include "stridedfa/bounds_check.hpp"
 #include "stridedfa/call_plan.hpp"
 #include "stridedfa/cudnn_graphs.hpp"
 #include "stridedfa/errors.hpp"
@@ -308,8 +309,19 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
     call.num_blocks = problem.num_blocks;
   }
   std::fill(std::begin(call.ragged_row_of_ptr), std::end(call.ragged_row_of_ptr), int8_t(-1));
+  call.n_empty_rows = plan.n_empty_rows;
+  std::copy(plan.empty_rows, plan.empty_rows + plan.n_empty_rows, call.empty_rows);
+  if (plan.slots[kSinks]) {
+    call.sinks = plan.slots[kSinks]->data;
+    call.sinks_stride = plan.slots[kSinks]->strides[1];
+  }
+  for (int side = 0; side < 2; ++side) {
+    const TensorView* given = operands[kSeqLensQ + side];
+    if (given && given->present) call.callers_lengths[side] = {given->data, given->dims[0] > 1 ? given->strides[0] : 1};
+  }
   for (int i = 0; i < call.n_ptrs; ++i) {
     const int slot = call.graph->operand_order[size_t(i)];
+    if (slot == kSeqLensQ || slot == kSeqLensKV) call.lengths_ptr[slot - kSeqLensQ] = i;
     if (plan.ragged.on && (slot == kSeqLensQ || slot == kSeqLensKV || slot >= kRaggedOffsetTensor)) {
       // rows of the kernel's buffer: the lengths, then the offsets rows
       call.ragged_row_of_ptr[i] =
@@ -447,8 +459,10 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   DeviceGuard guard(call.problem.device);
   // The fills, copies and staging below are driver calls: once per call, the context made current.
   const bool memops = call.n_fills > 0 || call.n_copies > 0 || call.staged_lse_ptr >= 0 ||
-                      call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0 || call.ragged.on || call.paged;
+                      call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0 || call.ragged.on || call.paged ||
+                      call.n_empty_rows > 0;
   if (memops) bind_device_context(call.problem.device);
+  if (memops && bounds_check_enabled()) check_bounds(call, stream);  // before anything is written
   for (int i = 0; i < call.n_fills; ++i) fill_strided(call.fills[i].region, call.fills[i].pattern, stream);
   for (int i = 0; i < call.n_copies; ++i) copy_strided(call.copies[i].from, call.copies[i].to, stream);
   if (!call.graph) return;
@@ -511,6 +525,25 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     if (call.staged_lse_ptr >= 0 && forward) {
       const TensorView& user = call.staged_lse_source;
       copy_strided(packed_like(user, reinterpret_cast<std::uintptr_t>(staged)), user, stream);
+    }
+    RowLengths lengths[2];
+    for (int side = 0; side < 2; ++side) {
+      lengths[side] = call.callers_lengths[side];
+      if (!lengths[side].data && call.lengths_ptr[side] >= 0)
+        lengths[side] = {reinterpret_cast<std::uintptr_t>(ptrs[call.lengths_ptr[side]]), 1};
+    }
+    const bool lengths_known = lengths[0].data && lengths[1].data;
+    for (int i = 0; lengths_known && i < call.n_empty_rows; ++i) {
+      const EmptyRows& e = call.empty_rows[i];
+      const RowLengths& q = lengths[0];
+      const RowLengths& kv = lengths[1];
+      const std::uintptr_t offsets =
+          e.ragged_row < 0 ? 0
+                           : reinterpret_cast<std::uintptr_t>(ragged) +
+                                 std::uintptr_t((2 + e.ragged_row) * call.ragged.pitch() * int64_t(sizeof(int32_t)));
+      const bool stats = e.rows.dtype.code == kDLFloat && e.rows.dtype.bits == 32;
+      fill_empty_rows(e.rows, e.key_side ? kv : q, e.key_side ? q : kv, offsets, e.sink_rows ? call.sinks : 0,
+                      call.sinks_stride, stats ? kNegativeInfinityBits : 0u, call.problem.device, stream);
     }
   } catch (...) {
     if (pooled) pool_free(pooled, stream);

@@ -125,7 +125,7 @@ void set_paged(Problem& p, const TensorView* const* t) {
   if (!t[kSeqLensKV]) {
     throw LayoutError("a paged call (block_table) needs seqlens_kv, each sequence's cached length (cache_seqlens).");
   }
-  for (int s : {kCuSeqlensQ, kCuSeqlensKV, kBias, kAlibiSlopes, kSinks}) {
+  for (int s : {kCuSeqlensQ, kCuSeqlensKV, kBias, kAlibiSlopes}) {
     if (t[s]) {
       throw UnsupportedError(std::string(kOperands[s].name) +
                              " is not supported with a paged KV cache (block_table) yet; gather the cache into "

@@ -21,13 +21,14 @@ at the first GPU call.
 
 from stridedfa._core import DeviceBuffer, cache_clear, cache_info, sdpa_backward, sdpa_forward
 from stridedfa._dispatch import attention, varlen_attention
-from stridedfa._errors import BackendError, LayoutError, StridedFAError, UnsupportedError
+from stridedfa._errors import BackendError, BoundsError, LayoutError, StridedFAError, UnsupportedError
 from stridedfa._info import info
 from stridedfa._version import __version__
 from stridedfa._warm_up import length_buckets, warm_up
 
 __all__ = [
     "BackendError",
+    "BoundsError",
     "DeviceBuffer",
     "LayoutError",
     "StridedFAError",

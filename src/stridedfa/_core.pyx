@@ -51,7 +51,10 @@ from stridedfa._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVers
                                 DLPackExchangeAPI, DLPACK_FLAG_READ_ONLY, DLPACK_MAJOR_VERSION,  # no-cython-lint
                                 DLPACK_MINOR_VERSION, DLDeviceType, DLTensor, kDLCUDA)  # no-cython-lint
 
-from stridedfa._errors import BackendError, LayoutError, StridedFAError, UnsupportedError  # no-cython-lint
+import sys  # no-cython-lint
+
+from stridedfa._errors import (BackendError, BoundsError, LayoutError, StridedFAError,  # no-cython-lint
+                               UnsupportedError)
 
 # One concern per file; the C++ declarations they call are all in _cpp.pxd.
 include "_errors.pxi"            # C++ exceptions -> stridedfa errors

@@ -31,6 +31,7 @@ cdef extern from "stridedfa/errors.hpp" namespace "stridedfa" nogil:
         unsupported
         backend
         other
+        bounds
 
     ErrorKind classify_current_exception(string& message) noexcept
 

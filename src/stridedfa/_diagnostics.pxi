@@ -20,14 +20,21 @@ def cache_info():
     in it), and this process's loads, load_rejections (files found but not trusted: truncated,
     corrupt, written for another key, cuDNN, GPU or driver -- removed and built again), saves,
     save_failures (the directory could not be written; calls go on without) and evictions.
+
+    ``transformers`` (once ``stridedfa.transformers`` is imported): its ``stats()``, the calls served
+    and those that fell back to transformers' own attention, by reason.
     """
     cdef CacheStats s = graph_cache().stats()
     cdef PoolStats p = pool_stats()
-    return {"hits": s.hits, "misses": s.misses, "builds": s.builds,
+    info = {"hits": s.hits, "misses": s.misses, "builds": s.builds,
             "build_failures": s.build_failures, "evictions": s.evictions, "size": s.size,
             "maxsize": s.capacity, "build_seconds": s.build_seconds,
             "pool_reserved_bytes": p.reserved_bytes, "pool_used_bytes": p.used_bytes,
             "pool_retain_bytes": p.retain_bytes, "persistent": store_info(plan_store())}
+    integration = sys.modules.get("stridedfa.transformers")
+    if integration is not None:
+        info["transformers"] = integration.stats()
+    return info
 
 
 cdef dict store_info(PlanStore& store):

@@ -7,6 +7,8 @@ cdef int translate_core_error() except -1:
     cdef string message
     cdef ErrorKind kind = classify_current_exception(message)
     text = message.decode("utf-8", "replace")
+    if kind == ErrorKind.bounds:
+        raise BoundsError(text)
     if kind == ErrorKind.layout:
         raise LayoutError(text)
     if kind == ErrorKind.unsupported:

@@ -60,7 +60,7 @@ class StridedMask:
     """
 
     __slots__ = ("kind", "causal", "window", "seqlens_q", "seqlens_kv", "cu_seqlens_q", "cu_seqlens_kv",
-                 "max_seqlen_q", "max_seqlen_kv", "key_mask", "_sdpa_args", "_dense", "_bias")
+                 "max_seqlen_q", "max_seqlen_kv", "key_mask", "rows_seen", "_sdpa_args", "_dense", "_bias")
 
     seqlens_q: torch.Tensor | None
     seqlens_kv: torch.Tensor | None
@@ -69,10 +69,32 @@ class StridedMask:
     max_seqlen_q: int | None
     max_seqlen_kv: int | None
     key_mask: torch.Tensor | None
+    # (b, s_q) boolean where some query rows see no key under transformers' mask (left padding):
+    # their output is then 0, as torch's SDPA gives such rows, whatever the path computed there.
+    rows_seen: torch.Tensor | None
 
     # transformers' mask code sees a mask built in advance (generate() builds a static cache's
     # masks before the forward) as 4D and hands it to the mask function again, which returns it.
     ndim = 4
+    # What transformers' own mask would be; model code reads it (and .device, .to()) off the mask.
+    dtype = torch.bool
+
+    @property
+    def device(self) -> torch.device:
+        for t in (self.seqlens_q, self.seqlens_kv, self.cu_seqlens_q, self.key_mask):
+            if t is not None:
+                return t.device
+        return torch.device(self._sdpa_args.get("device", "cpu"))
+
+    def to(self, *args, **kwargs):
+        """As ``Tensor.to``: this mask where neither the device nor the dtype changes, else
+        transformers' dense mask converted (e.g. to a float mask for model code that adds it)."""
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        here = self.device
+        same_device = device is None or (device.type == here.type and device.index in (None, here.index))
+        if same_device and dtype in (None, torch.bool):
+            return self
+        return self.dense().to(*args, **kwargs)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -82,7 +104,7 @@ class StridedMask:
     def __init__(self, kind: str, causal: bool, window, sdpa_args: dict, **tensors):
         self.kind, self.causal, self.window, self._sdpa_args = kind, causal, window, sdpa_args
         for name in ("seqlens_q", "seqlens_kv", "cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv",
-                     "key_mask"):
+                     "key_mask", "rows_seen"):
             setattr(self, name, tensors.get(name))
         self._dense: torch.Tensor | None = None
         self._bias: dict = {}
@@ -240,8 +262,8 @@ def _packed(documents: torch.Tensor, causal, window, sdpa_args, q_length: int, k
 def _masked(attention_mask, causal, window, sdpa_args, batch: int, q_length: int, kv_length: int, kv_offset: int):
     """The padding without reading it on the host: the keys' padding as a (b, 1, 1, s_kv) bias
     beside the options, exact for any padding mask (holes too) since transformers' mask is the
-    pattern and the keys' padding. Without a cache (s_q = s_kv) each row also stops at its last
-    real token (seqlens, one tensor for both sides): right padding is skipped, not computed."""
+    pattern and the keys' padding. Without a cache (s_q = s_kv) the keys stop at each row's last
+    real token (seqlens_kv); query rows before a row's first real token see no key (rows_seen)."""
     if attention_mask is None:
         return StridedMask("full", causal, window, sdpa_args)
     keep = _keys_kept(attention_mask, batch, kv_length, kv_offset)
@@ -251,7 +273,10 @@ def _masked(attention_mask, causal, window, sdpa_args, batch: int, q_length: int
         return StridedMask("masked", causal, window, sdpa_args, key_mask=keep, seqlens_kv=ends)
     if q_length != kv_length:  # a cache: the causal diagonal stays the batch's (bias with lengths
         return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)  # takes none other)
-    return StridedMask("masked", causal, window, sdpa_args, key_mask=keep, seqlens_q=ends, seqlens_kv=ends)
+    # Padded query rows keep SDPA's values: after the last real token they see every real key, before
+    # the first one none (rows_seen).
+    return StridedMask("masked", causal, window, sdpa_args, key_mask=keep, seqlens_kv=ends,
+                       rows_seen=keep.cumsum(1) > 0)
 
 
 def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: int, kv_length: int, kv_offset: int):
@@ -281,18 +306,22 @@ def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: in
     if bool((start_kv == 0).all() & (start_q == 0).all()):
         if not causal:  # every query row kept: the keys' lengths alone
             return StridedMask("lengths", causal, window, sdpa_args, seqlens_kv=_on(n_kv, device))
-        lengths_q = _on(n_q, device)
-        return StridedMask("lengths", causal, window, sdpa_args, seqlens_q=lengths_q,
-                           seqlens_kv=lengths_q if same else _on(n_kv, device))
+        if same:  # padded query rows see every real key, as under SDPA: the keys' lengths alone
+            return StridedMask("lengths", causal, window, sdpa_args, seqlens_kv=_on(n_kv, device))
+        return StridedMask("lengths", causal, window, sdpa_args, seqlens_q=_on(n_q, device),
+                           seqlens_kv=_on(n_kv, device))
     # Bidirectional: every query row of a row against its keys' run, each sequence's diagonal at
     # the run's end -- a window's place only if the run ends the row (left padding).
     if not causal and window is not None and bool((start_kv + n_kv != kv_length).any()):
         return general_mask(sdpa_args)
     cut_q = _on(cut_rows(start_q, n_q, q_length), device)
     same_cut = same and causal
+    # Causal: the query rows before a row's first real key see none under transformers' mask (SDPA
+    # gives them 0); here they attend the padding keys of their own sequence, so they are zeroed.
+    rows_seen = (keep.cumsum(1) > 0)[:, kv_length - q_length:] if causal else None
     return StridedMask("runs", causal, window, sdpa_args, cu_seqlens_q=cut_q,
                        cu_seqlens_kv=cut_q if same_cut else _on(cut_rows(start_kv, n_kv, kv_length), device),
-                       max_seqlen_q=q_length, max_seqlen_kv=kv_length)
+                       max_seqlen_q=q_length, max_seqlen_kv=kv_length, rows_seen=rows_seen)
 
 
 def _keys_kept(attention_mask: torch.Tensor, batch: int, kv_length: int, kv_offset: int) -> torch.Tensor:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 import stridedfa.torch as _st
-from stridedfa._errors import LayoutError, UnsupportedError
+from stridedfa._errors import BoundsError, LayoutError, UnsupportedError
 from stridedfa._torch_paged import _append, _append_slots
 from stridedfa._torch_varlen import cut_rows
 
@@ -113,6 +113,11 @@ def _pad_head_dim(t: torch.Tensor) -> torch.Tensor:
 
 def _unpad(out: torch.Tensor, head_dim: int) -> torch.Tensor:
     return out if out.shape[-1] == head_dim else out[..., :head_dim]
+
+
+def _cut(result, head_dim: int):
+    """A KV-cache call's out (or (out, lse)) with the head dim's padding cut off."""
+    return (_unpad(result[0], head_dim), *result[1:]) if isinstance(result, tuple) else _unpad(result, head_dim)
 
 
 def _returned(result, head_dim: int, return_lse: bool, transpose: bool = False):
@@ -351,6 +356,54 @@ def _positions(start, length: int, seqlen_ro: int):
     return (start.long()[:, None] + torch.arange(length, device=start.device)).clamp(max=seqlen_ro - 1)
 
 
+def _check_paged_bounds(block_table, cache_seqlens, appended: int, page_block_size: int) -> None:
+    """FlashAttention's contract on a paged cache: the cached plus appended tokens of every sequence
+    fit in its row of block_table, else a RuntimeError naming block_table (stridedfa.BoundsError is
+    one). Reading the lengths costs one device-to-host copy (a synchronisation) per call; inside a
+    CUDA-graph capture or torch.compile nothing can be read, and the core clamps there instead."""
+    if torch.compiler.is_compiling() or cache_seqlens.device.type == "meta" or (
+            cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    capacity = block_table.shape[1] * page_block_size
+    longest = int(cache_seqlens.max()) + appended if cache_seqlens.numel() else 0
+    if longest > capacity:
+        raise BoundsError(f"block_table: cache_seqlens plus the {appended} new tokens reach {longest} tokens, more than "
+                          f"the {capacity} a row of block_table holds ({block_table.shape[1]} blocks of "
+                          f"{page_block_size}); give each sequence enough blocks before appending")
+
+
+def _widened_cache(cache: torch.Tensor) -> torch.Tensor | None:
+    """A (..., d) cache whose d is not a multiple of 8 as a (..., next multiple of 8) view of the same
+    memory, when its rows are that far apart and 16-byte aligned (e.g. allocated (..., 64) and sliced
+    to 59): cuDNN then reads whole rows, whose extra columns meet q's zero padding (keys) or are cut
+    off the output (values), so they must hold finite numbers. None where the memory has no room."""
+    d = cache.shape[-1]
+    width = -(-d // 8) * 8
+    if cache.stride(-1) != 1 or cache.storage_offset() % 8:
+        return None
+    outer = [stride for n, stride in zip(cache.shape[:-1], cache.stride()[:-1]) if n > 1]
+    if any(stride < width or stride % 8 for stride in outer):
+        return None
+    last = cache.storage_offset() + sum((n - 1) * st for n, st in zip(cache.shape, cache.stride())) + width - d
+    if last >= cache.untyped_storage().nbytes() // cache.element_size():
+        return None
+    return cache.as_strided((*cache.shape[:-1], width), cache.stride())
+
+
+def _readable_caches(k_cache, v_cache, head_dim: int):
+    """The caches cuDNN reads for a head dim that is not a multiple of 8: widened views, or a
+    LayoutError saying how to allocate a cache that needs no copy."""
+    widened = (_widened_cache(k_cache), _widened_cache(v_cache))
+    if widened[0] is None or widened[1] is None:
+        width = -(-head_dim // 8) * 8
+        raise LayoutError(f"k_cache / v_cache: head_dim {head_dim} rows cannot be read with 16-byte loads, and copying "
+                          f"the whole cache on every call would defeat it. Allocate the cache with rows of {width} "
+                          f"elements and pass its first {head_dim} columns, e.g. torch.zeros(..., {width})"
+                          f"[..., :{head_dim}]: stridedfa then reads the padded rows in place (keep the extra "
+                          "columns finite, e.g. zeros).")
+    return widened
+
+
 def _gathered_pages(k_cache, v_cache, block_table):
     """Each sequence's pages of (num_blocks, page_block_size, nheads_k, headdim) caches as dense
     (batch, blocks * page_block_size, nheads_k, headdim) copies; ids outside the caches clamped into
@@ -463,16 +516,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         at_each = causal or _window(window_size) is not None
         q = _rotate(q, rotary_cos, rotary_sin, _positions(cache_seqlens, seqlen_q if at_each else 1, seqlen_ro)
                     .expand(batch, seqlen_q), rotary_interleaved)
+    if paged:  # before anything is appended
+        _check_paged_bounds(block_table, cache_seqlens, 0 if k is None else k.shape[1], k_cache.shape[1])
     opts = _options(q.shape[-1], 0.0, softmax_scale, causal, window_size, softcap, False)
     del opts["dropout_p"], opts["deterministic"]
+    head_dim = q.shape[-1]
+    if head_dim % 8:  # cuDNN reads 16-byte rows: q and new keys padded (copies), the caches widened in place
+        k_cache, v_cache = _readable_caches(k_cache, v_cache, head_dim)
+        q = _pad_head_dim(q)
+        if k is not None:
+            k, v = _pad_head_dim(k), _pad_head_dim(v)
     if paged and (alibi_slopes is not None or return_softmax_lse):
-        return _paged_gathered(q, k_cache, v_cache, k, v, block_table, cache_seqlens, alibi_slopes,
-                               return_softmax_lse, opts)
+        return _cut(_paged_gathered(q, k_cache, v_cache, k, v, block_table, cache_seqlens, alibi_slopes,
+                                    return_softmax_lse, opts), head_dim)
     if paged:
         out = _st.attention_with_kvcache(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                                          block_table, cache_seqlens, None if k is None else k.transpose(1, 2),
                                          None if v is None else v.transpose(1, 2), **opts)
-        return out.transpose(1, 2)
+        return _unpad(out.transpose(1, 2), head_dim)
     rows = (torch.arange(batch, device=q.device) if cache_batch_idx is None else cache_batch_idx.long())
     lengths = None if whole_cache else cache_seqlens.clamp(max=capacity).to(torch.int32)
     if k is not None:
@@ -485,6 +546,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:
         keys, values = k_cache[rows], v_cache[rows]
     if cache_leftpad is not None:
-        return _left_padded(q, keys, values, cache_leftpad, cache_seqlens if lengths is None else lengths,
-                            return_softmax_lse, opts)
-    return _cache_attend(q, keys, values, lengths, alibi_slopes, return_softmax_lse, opts)
+        return _cut(_left_padded(q, keys, values, cache_leftpad, cache_seqlens if lengths is None else lengths,
+                                 return_softmax_lse, opts), head_dim)
+    return _cut(_cache_attend(q, keys, values, lengths, alibi_slopes, return_softmax_lse, opts), head_dim)

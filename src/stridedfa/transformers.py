@@ -26,13 +26,19 @@ T5's learned ``position_bias`` is folded with the mask into one differentiable b
 transformers' SDPA path folds them. What stridedfa cannot run (CPU or float32 tensors,
 ``output_attentions=True``, a shape or option the kernels refuse) falls back to transformers' SDPA (eager
 where SDPA lacks the option, i.e. sinks) with a warning naming the reason, once per reason;
-``set_fallback("raise")`` raises :class:`stridedfa.UnsupportedError` instead.
+``set_fallback("raise")`` raises :class:`stridedfa.UnsupportedError` instead, and
+``with stridedfa.transformers.fallback("raise"):`` does so for a block of code. :func:`stats` counts
+the calls stridedfa served and those that fell back, by reason (also in ``stridedfa.cache_info()``),
+so a benchmark can tell which implementation it measured.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
 import warnings
+from collections import Counter
 
 import torch
 import transformers
@@ -51,19 +57,59 @@ from stridedfa._errors import StridedFAError, UnsupportedError
 from stridedfa._hf_masks import StridedMask, bias_from_mask, stridedfa_mask
 from stridedfa._torch_varlen import varlen_attention
 
-__all__ = ["NAME", "attention_forward", "register", "set_fallback", "set_padding_check", "stridedfa_mask"]
+__all__ = ["NAME", "attention_forward", "fallback", "register", "reset_stats", "set_fallback", "set_padding_check",
+           "stats", "stridedfa_mask"]
 
 NAME = "stridedfa"
 _settings = {"fallback": "warn"}
+_scoped_fallback: contextvars.ContextVar[str | None] = contextvars.ContextVar("stridedfa_fallback", default=None)
 _warned: set[str] = set()
+_served = Counter()    # calls stridedfa ran, by path
+_fell_back = Counter()  # calls transformers' SDPA / eager ran instead, by reason
+
+
+def _check_mode(mode: str, where: str) -> str:
+    if mode not in ("warn", "raise"):
+        raise ValueError(f"{where}: mode must be 'warn' or 'raise', got {mode!r}")
+    return mode
 
 
 def set_fallback(mode: str) -> None:
     """What to do with a call stridedfa cannot run: ``"warn"`` (default: run transformers' SDPA,
-    warn once per reason) or ``"raise"`` (:class:`stridedfa.UnsupportedError`)."""
-    if mode not in ("warn", "raise"):
-        raise ValueError(f"set_fallback: mode must be 'warn' or 'raise', got {mode!r}")
-    _settings["fallback"] = mode
+    warn once per reason) or ``"raise"`` (:class:`stridedfa.UnsupportedError`). :func:`fallback`
+    overrides it for a block of code."""
+    _settings["fallback"] = _check_mode(mode, "set_fallback")
+
+
+@contextlib.contextmanager
+def fallback(mode: str):
+    """``with stridedfa.transformers.fallback("raise"):`` -- :func:`set_fallback`'s choice for the
+    calls made inside the block only (this thread or task), e.g. to prove a benchmark or a test
+    really ran on stridedfa."""
+    token = _scoped_fallback.set(_check_mode(mode, "fallback"))
+    try:
+        yield
+    finally:
+        _scoped_fallback.reset(token)
+
+
+def stats() -> dict:
+    """What the attention function did since import (or :func:`reset_stats`): ``{"served": n,
+    "served_by_path": {path: n}, "fallbacks": n, "fallback_reasons": {reason: n}}``. A call under
+    torch.compile is counted when traced, not each time the compiled code runs."""
+    return {"served": sum(_served.values()), "served_by_path": dict(_served), "fallbacks": sum(_fell_back.values()),
+            "fallback_reasons": dict(_fell_back)}
+
+
+def reset_stats() -> None:
+    """Zero the counters of :func:`stats` (the warnings already given stay given)."""
+    _served.clear()
+    _fell_back.clear()
+
+
+def _count(counter: Counter, key: str) -> None:
+    if not torch.compiler.is_compiling():
+        counter[key] += 1
 
 
 def set_padding_check(check: bool) -> None:
@@ -95,8 +141,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     reason = _cannot_run(query, kwargs)
     if reason is None:
         try:
-            out = _run(module, query, key, value, attention_mask, dropout, scaling, is_causal, sliding_window,
-                       softcap, s_aux, kwargs)
+            out, path, rows_seen = _run(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                                        sliding_window, softcap, s_aux, kwargs)
+            _count(_served, path)
+            if rows_seen is not None:  # rows that see no key: 0, as torch's SDPA gives them
+                out = out.masked_fill(~rows_seen.expand(out.shape[0], out.shape[1])[:, :, None, None], 0)
             return out, None
         except StridedFAError as error:  # raised before anything launched
             reason = f"{type(error).__name__}: {error}"
@@ -141,46 +190,60 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
     sinks = None if s_aux is None else s_aux.float()
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if kwargs.get("position_bias") is not None:  # T5's learned relative positions, with their gradient
-        return _with_position_bias(query, key, value, mask, kwargs["position_bias"], causal, options, sinks)
+        out = _with_position_bias(query, key, value, mask, kwargs["position_bias"], causal, options, sinks)
+        return out, "bias", None
     # DataCollatorWithFlattening's cu_seq_lens: authoritative, as in transformers' flash path (a
     # copy where q, k, v have no token axis: there is no mask to fall back on).
     if kwargs.get("cu_seq_lens_q") is not None:
         tokens = _tokens(query, key, value) or tuple(_flatten(t, copy=True) for t in (query, key, value))
         out = _varlen(*tokens, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], kwargs.get("max_length_q"),
                       kwargs.get("max_length_k"), options, sinks)
-        return out.view(query.shape[0], query.shape[2], query.shape[1], value.shape[3])
+        return out.view(query.shape[0], query.shape[2], query.shape[1], value.shape[3]), "varlen", None
+    rows_seen = mask.rows_seen if isinstance(mask, StridedMask) else None
     if mask is None or (isinstance(mask, StridedMask) and mask.kind == "full"):
-        return _dense(query, key, value, options, sinks)
+        return _dense(query, key, value, options, sinks), "dense", None
     if isinstance(mask, StridedMask) and mask.kind == "lengths":
-        return _dense(query, key, value, options, sinks, seqlens_q=mask.seqlens_q, seqlens_kv=mask.seqlens_kv)
+        out = _dense(query, key, value, options, sinks, seqlens_q=mask.seqlens_q, seqlens_kv=mask.seqlens_kv)
+        return out, "lengths", None
     if isinstance(mask, StridedMask) and mask.kind == "masked":  # the keys' padding beside the options
         return _dense(query, key, value, options, sinks, seqlens_q=mask.seqlens_q, seqlens_kv=mask.seqlens_kv,
-                      bias=mask.bias(query.dtype))
+                      bias=mask.bias(query.dtype)), "masked", rows_seen
     if isinstance(mask, StridedMask) and mask.kind in ("runs", "packed") and not (sinks is not None and training):
         tokens = _tokens(query, key, value)
         if tokens is not None:
-            return _varlen(*tokens, mask.cu_seqlens_q, mask.cu_seqlens_kv, mask.max_seqlen_q, mask.max_seqlen_kv,
-                           options, sinks).view(query.shape[0], query.shape[2], query.shape[1], value.shape[3])
+            out = _varlen(*tokens, mask.cu_seqlens_q, mask.cu_seqlens_kv, mask.max_seqlen_q, mask.max_seqlen_kv,
+                          options, sinks)
+            return out.view(query.shape[0], query.shape[2], query.shape[1], value.shape[3]), "varlen", rows_seen
     # A general mask (or a variable-length cut whose tensors cannot be flattened): added as a bias
     # that already holds causality and the window.
-    bias = mask.bias(query.dtype) if isinstance(mask, StridedMask) else _layers_bias(mask, query.dtype)
+    if isinstance(mask, StridedMask):
+        bias, rows_seen = mask.bias(query.dtype), mask.rows_seen
+    else:
+        bias, rows_seen = _layers_bias(mask, query.dtype)
     options.update(causal=False, window=None)
-    return _dense(query, key, value, options, sinks, bias=bias)
+    return _dense(query, key, value, options, sinks, bias=bias), "bias", rows_seen
 
 
-def _layers_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """transformers' 4D mask as an additive bias, converted once for all the layers that share the
-    mask (kept on the mask tensor itself, so it lives as long as the mask). Not while tracing, for
-    a mask that requires grad (a graph must not be reused across steps), or for an inference
-    tensor (which has no version counter to tell an edit)."""
+def _layers_bias(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' 4D mask as an additive bias and its (b, s_q) rows that see some key, converted
+    once for all the layers that share the mask (kept on the mask tensor itself, so it lives as
+    long as the mask). Not while tracing, for a mask that requires grad (a graph must not be reused
+    across steps), or for an inference tensor (which has no version counter to tell an edit)."""
     if torch.compiler.is_compiling() or mask.requires_grad or mask.is_inference():
-        return bias_from_mask(mask, dtype)
+        return bias_from_mask(mask, dtype), _rows_seen(mask)
     cached = getattr(mask, "_stridedfa_bias", None)
     if cached is not None and cached[0] == mask._version and cached[1] == dtype:
-        return cached[2]
-    bias = bias_from_mask(mask, dtype)
-    mask._stridedfa_bias = (mask._version, dtype, bias)  # type: ignore[attr-defined]
-    return bias
+        return cached[2], cached[3]
+    bias, rows = bias_from_mask(mask, dtype), _rows_seen(mask)
+    mask._stridedfa_bias = (mask._version, dtype, bias, rows)  # type: ignore[attr-defined]
+    return bias, rows
+
+
+def _rows_seen(mask: torch.Tensor) -> torch.Tensor:
+    """(b, s_q): the rows of a 4D mask (boolean, or additive with its dtype's lowest value or -inf
+    where masked) that keep some key; broadcast over the batch where the mask is."""
+    keeps = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+    return keeps.any(-1).any(1)
 
 
 def _with_position_bias(query, key, value, mask, position_bias, causal, options, sinks) -> torch.Tensor:
@@ -234,9 +297,10 @@ def _int(value):
 
 def _fallback(reason, module, query, key, value, mask, dropout, scaling, is_causal, sliding_window, softcap, s_aux,
               kwargs):
-    if _settings["fallback"] == "raise":
+    if (_scoped_fallback.get() or _settings["fallback"]) == "raise":
         raise UnsupportedError(f"stridedfa attention in {type(module).__name__}: {reason} "
                                "(stridedfa.transformers.set_fallback('warn') runs transformers' SDPA instead)")
+    _count(_fell_back, reason)
     needs_eager = s_aux is not None or bool(softcap)  # SDPA has neither: the model's own eager attention has
     if reason not in _warned:
         _warned.add(reason)
@@ -245,17 +309,14 @@ def _fallback(reason, module, query, key, value, mask, dropout, scaling, is_caus
                       stacklevel=3)
     if isinstance(mask, StridedMask):  # transformers' own mask for the call: SDPA's is_causal shortcut
         mask = mask.dense()            # would align a chunk of queries after a cache top-left
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    if mask is None and (sliding_window is not None or (needs_eager and causal and query.shape[2] > 1)):
+        mask = _pattern_mask(query, key, causal, sliding_window)  # SDPA's is_causal and eager know no window
     if needs_eager:
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         if eager is None:
             raise UnsupportedError(f"stridedfa attention in {type(module).__name__}: {reason}, and the model has no "
                                    "eager attention to fall back on for its softcap or sinks")
-        if mask is None and getattr(module, "is_causal", True) and query.shape[2] > 1:
-            offset = key.shape[2] - query.shape[2]
-            mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril(offset)
-            if sliding_window is not None:  # transformers' window: kv > q - w
-                mask = mask & ~mask.tril(offset - sliding_window)
-            mask = mask[None, None]
         extra = {"s_aux": s_aux} if s_aux is not None else {}
         if softcap:
             extra["softcap"] = softcap
@@ -264,6 +325,21 @@ def _fallback(reason, module, query, key, value, mask, dropout, scaling, is_caus
                      sliding_window=sliding_window, **extra, **kwargs)
     return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
+
+
+def _pattern_mask(query: torch.Tensor, key: torch.Tensor, causal: bool, sliding_window: int | None) -> torch.Tensor:
+    """The boolean (1, 1, s_q, s_kv) mask that a call handed no mask stands for, as :func:`_run`
+    reads it: causal aligned to the last key (queries after a cache), transformers' window
+    ``kv > q - w`` (``|q - kv| < w`` without causality)."""
+    s_q, s_kv = query.shape[2], key.shape[2]
+    offset = s_kv - s_q
+    everything = torch.ones(s_q, s_kv, dtype=torch.bool, device=query.device)
+    mask = everything.tril(offset) if causal else everything
+    if sliding_window is not None:
+        mask = mask & ~everything.tril(offset - sliding_window)
+        if not causal:
+            mask = mask & everything.tril(offset + sliding_window - 1)
+    return mask[None, None]
 
 
 register()

@@ -94,8 +94,8 @@ def test_model_matches_transformers_within_bf16_noise(name, batch):
         _judge(grad, their_grads[parameter], ref_grads[parameter], f"{name} grad of {parameter}", 1e-2, factor=3.0)
 
 
-GENERATION = [(name, "dynamic") for name in ("llama", "mistral", "gemma2", "gpt2")] + [
-    (name, "static") for name in ("llama", "gemma2")]
+GENERATION = [(name, "dynamic") for name in ("llama", "mistral", "gemma2", "gpt2", "gpt_oss")] + [
+    (name, "static") for name in ("llama", "gemma2", "gpt_oss")]
 
 
 @pytest.mark.parametrize("name,cache", GENERATION)
@@ -110,6 +110,27 @@ def test_greedy_generation_gives_transformers_tokens(name, cache):
         tokens[implementation] = model.generate(ids, attention_mask=mask, **settings)
     ours, theirs = tokens.values()
     assert torch.equal(ours, theirs), f"{name}: {ours[:, -8:].tolist()} vs {theirs[:, -8:].tolist()}"
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_gpt_oss_decodes_on_stridedfa_like_its_float32_copy(cache):
+    """Issue 30: cuDNN refuses sinks with one query row, so every gpt-oss decoding step fell back to
+    eager attention. Every step now runs on stridedfa (fallbacks raise here, and the counters say
+    so), and the greedy tokens are those of the float32 model with its own eager attention."""
+    if "gpt_oss" not in FAMILIES:
+        pytest.skip("gpt_oss is not in this transformers")
+    import stridedfa.transformers as sft
+
+    ids, mask = hf_models.batch("causal", "left", b=3, s=40, device="cuda")
+    settings = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, cache_implementation=cache)
+    reference = hf_models.build("gpt_oss", "eager", dtype=torch.float32, device="cuda")
+    ours = hf_models.build("gpt_oss", "stridedfa", dtype=torch.bfloat16, device="cuda")
+    sft.reset_stats()
+    with sft.fallback("raise"):
+        tokens = ours.generate(ids, attention_mask=mask, **settings)
+    counted = sft.stats()
+    assert counted["fallbacks"] == 0 and counted["served"] > 0, counted
+    assert torch.equal(tokens, reference.generate(ids, attention_mask=mask, **settings))
 
 
 def test_flattening_collator_kwargs_match_packed_position_ids():

@@ -33,6 +33,10 @@ struct Plan {
   int64_t made_lengths[2] = {-1, -1};  // value for seqlens_q, seqlens_kv; -1: not made
   bool unmasked = false;               // the sub-problem needs no mask (every pair takes part)
   bool keeps_keys = false;             // every key described, also those no row sees
+  // Outputs whose rows of empty sequences and padding the launch fills after cuDNN (padding
+  // lengths, variable-length and paged calls): cuDNN computes 0/0 for a sequence of length 0.
+  int n_empty_rows = 0;
+  EmptyRows empty_rows[kMaxEmptyRows];
   // Where the sub-problem lies in the caller's: its first row and key, and the full extents.
   int64_t row_begin = 0, key_begin = 0, full_s_q = 0, full_s_kv = 0;
   // A variable-length call: the padded problem cuDNN is told, whose lengths and ragged offsets

@@ -16,6 +16,10 @@ struct Driver {
   decltype(&::cuModuleLoadData) module_load_data = nullptr;
   decltype(&::cuModuleGetFunction) module_get_function = nullptr;
   decltype(&::cuLaunchKernel) launch_kernel = nullptr;
+  // The opt-in bounds check's read-back (bounds_check.hpp)
+  decltype(&::cuMemcpyDtoHAsync_v2) memcpy_dtoh = nullptr;
+  decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
+  decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
 };
 
 // Throws BackendError when libcuda.so.1 or one of the entry points is missing.

@@ -42,6 +42,32 @@ struct RaggedPlan {
 // `stream` (the same PTX module; driver calls: the context must be current).
 void clamp_block_table(const TensorView& table, int64_t num_blocks, int32_t device, void* out, std::uintptr_t stream);
 
+// Per-sequence int32 lengths on the device (a caller's padding lengths, the core's made ones, or a
+// row of the variable-length launch buffer).
+struct RowLengths {
+  std::uintptr_t data = 0;
+  int64_t stride = 1;  // in elements
+};
+
+// An output whose rows of empty sequences and padding the launch fills after cuDNN (below).
+struct EmptyRows {
+  TensorView rows;          // the output as (sequences, heads, rows, inner)
+  bool key_side = false;    // its rows are keys (dK, dV), not queries (out, lse, dQ)
+  bool sink_rows = false;   // the statistics of a call with sinks
+  int8_t ragged_row = -1;   // a variable-length call: the output's offsets row in the launch buffer
+};
+inline constexpr int kMaxEmptyRows = 3;
+
+// Writes the documented value into the rows of an output that no sequence's result stands for,
+// after cuDNN ran (cuDNN leaves them unwritten, or computes 0/0 for a sequence of length 0): `t`
+// is (sequences, heads, rows, inner) with 2- or 4-byte items. Dense (ragged_offsets == 0): the rows
+// at and past each sequence's own length, and all rows of a sequence whose other side is empty.
+// Variable-length: sequence b starts at ragged_offsets[b] (elements); only the rows of sequences
+// whose other side is empty. A real row of a sequence without keys gets its head's sink where
+// `sinks` is given (the statistics), else `fill`. The same PTX module; the context must be current.
+void fill_empty_rows(const TensorView& t, RowLengths this_side, RowLengths other_side, std::uintptr_t ragged_offsets,
+                     std::uintptr_t sinks, int64_t sinks_stride, uint32_t fill, int32_t device, std::uintptr_t stream);
+
 // Launches the offsets kernel into `buffer` (ragged.bytes() on `device`) on `stream`. Driver
 // calls: the device's context must be current.
 void make_ragged_offsets(const RaggedPlan& ragged, int32_t device, void* buffer, std::uintptr_t stream);

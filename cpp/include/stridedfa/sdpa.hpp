@@ -119,6 +119,15 @@ struct PreparedCall {
   // buffer each pointer is (-1: the pointer in ptrs).
   RaggedPlan ragged;
   int8_t ragged_row_of_ptr[kMaxGraphTensors] = {};
+  // Outputs whose rows of empty sequences and padding get their documented values after cuDNN
+  // (ragged.hpp fill_empty_rows), from the caller's lengths, else those the launch makes
+  // (ptrs[lengths_ptr[side]]), and for the statistics the sinks.
+  int n_empty_rows = 0;
+  EmptyRows empty_rows[kMaxEmptyRows];
+  RowLengths callers_lengths[2];  // data 0: not given
+  int lengths_ptr[2] = {-1, -1};
+  std::uintptr_t sinks = 0;
+  int64_t sinks_stride = 1;
   // A paged call: the caller's block table, copied with every id clamped into [0, num_blocks)
   // at launch; the ptrs of both page tables (K's, V's) get the copy.
   bool paged = false;
