@@ -430,10 +430,12 @@ def test_a_cache_allocated_wider_is_read_in_place_for_a_head_dim_of_59(monkeypat
     assert out.shape == (2, 1, 4, 59)
     assert calls[-1].untyped_storage().data_ptr() == storage[0].untyped_storage().data_ptr(), "read in place"
     assert torch.equal(k_cache[0, 3], new_k[0, 0]) and torch.equal(v_cache[1, 9], new_v[1, 0])
-    for i, n in enumerate((4, 10)):
-        want = _reference(q[i:i + 1].transpose(1, 2), k_cache[i:i + 1, :n].transpose(1, 2),
-                          v_cache[i:i + 1, :n].transpose(1, 2), scale=59 ** -0.5, causal=False,
-                          causal_alignment="bottom_right", window=None, softcap=None)
+    from helpers.torch_ref import _attention
+
+    for i, n in enumerate((4, 10)):  # the last query of each sequence sees its n keys
+        want, _ = _attention(q[i:i + 1].transpose(1, 2), k_cache[i:i + 1, :n].transpose(1, 2),
+                             v_cache[i:i + 1, :n].transpose(1, 2), 59 ** -0.5, False, "top_left", None, None, None,
+                             None, None, None, None)
         assert torch.allclose(out[i:i + 1], want.transpose(1, 2), atol=1e-9), i
 
 

@@ -182,18 +182,22 @@ def test_windows_are_read_from_the_mask_function():
     assert _mask(mask_function=mu.sliding_window_bidirectional_mask_function(4)).window == (4, 4)
 
 
-def test_right_padding_becomes_lengths():
+def test_right_padding_becomes_the_keys_lengths():
+    """The keys' lengths alone: padded query rows see every real key, as under transformers' SDPA
+    (issue 30: their outputs feed the loss as SDPA's do)."""
     mask = _mask(torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]))
     assert mask.kind == "lengths"
-    assert mask.seqlens_q.tolist() == [6, 3] and mask.seqlens_kv.tolist() == [6, 3]
-    assert mask.seqlens_q.dtype == torch.int32
+    assert mask.seqlens_q is None and mask.seqlens_kv.tolist() == [6, 3]
+    assert mask.seqlens_kv.dtype == torch.int32 and mask.rows_seen is None
 
 
 def test_left_padding_becomes_three_sequences_per_row():
+    """The query rows before a row's first real key see none under SDPA: rows_seen zeroes them."""
     mask = _mask(torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]))
     assert mask.kind == "runs"
     assert mask.cu_seqlens_q.tolist() == [0, 0, 6, 6, 8, 12, 12] == mask.cu_seqlens_kv.tolist()
     assert (mask.max_seqlen_q, mask.max_seqlen_kv) == (6, 6)
+    assert mask.rows_seen.tolist() == [[True] * 6, [False, False, True, True, True, True]]
 
 
 def test_decoding_with_left_padding_pairs_the_new_query_with_its_row_keys():
@@ -338,8 +342,9 @@ def no_padding_check():
 def test_unchecked_padding_is_the_keys_bias_and_each_rows_end(no_padding_check):
     padding = torch.tensor([[0, 1, 1, 0, 1, 1], [1, 1, 1, 0, 0, 0]])
     mask = _mask(padding)
-    assert mask.kind == "masked" and mask.seqlens_q is mask.seqlens_kv
-    assert mask.seqlens_q.tolist() == [6, 3]
+    assert mask.kind == "masked" and mask.seqlens_q is None  # padded query rows computed, as SDPA does
+    assert mask.seqlens_kv.tolist() == [6, 3]
+    assert mask.rows_seen.tolist() == [[False] + [True] * 5, [True] * 6]  # row 0 sees no key
     bias = mask.bias(torch.bfloat16)
     assert bias.shape == (2, 1, 1, 6) and torch.equal(bias[:, 0, 0] == 0, padding.bool())
     decoding = _mask(torch.ones(2, 7), q_length=1, kv_length=7, q_offset=6)
@@ -350,7 +355,7 @@ def test_unchecked_padding_reads_nothing_on_the_host(no_padding_check):
     """On the meta device any host read of the mask's values raises: the mask is built anyway."""
     padding = torch.ones(3, 16, dtype=torch.bool, device="meta")
     mask = stridedfa_mask(batch_size=3, q_length=16, kv_length=16, attention_mask=padding, device="meta")
-    assert mask.kind == "masked" and mask.seqlens_q.device.type == "meta"
+    assert mask.kind == "masked" and mask.seqlens_kv.device.type == "meta" and mask.rows_seen.device.type == "meta"
     assert mask.bias(torch.float16).shape == (3, 1, 1, 16)
 
 

@@ -184,7 +184,9 @@ def variant_of(rng: random.Random, b: int, s_q: int, s_kv: int, options: dict):
     """(window or None, {seqlens_q/seqlens_kv: lengths}, deterministic, softcap or None) for a case:
     a window on ~30% of cases, padding lengths on ~25% (one side alone on some), the deterministic
     backward and a softcap on ~15% each. With padding and a mask that can leave rows empty, the
-    per-sequence lengths keep s_q <= s_kv (such rows are tested on their own in test_variants.py)."""
+    per-sequence lengths keep s_q <= s_kv (such rows are tested on their own in test_variants.py).
+    Lengths of 0 (empty sequences, ~15% of entries) and all-zero batches (~5% of padded cases) are
+    drawn too: serving engines pad batches with them."""
     window = None
     if rng.random() < 0.3:
         left = rng.choice((None, 0, 1, 7, 64, 300))
@@ -192,8 +194,10 @@ def variant_of(rng: random.Random, b: int, s_q: int, s_kv: int, options: dict):
         window = (left if left is not None or right is not None else 16, right)
     lengths = {}
     if rng.random() < 0.25:
-        lq = [rng.randint(1, s_q) for _ in range(b)]
-        lkv = [rng.randint(1, s_kv) for _ in range(b)]
+        lq = [0 if rng.random() < 0.15 else rng.randint(1, s_q) for _ in range(b)]
+        lkv = [0 if rng.random() < 0.15 else rng.randint(1, s_kv) for _ in range(b)]
+        if rng.random() < 0.05:
+            lq, lkv = [0] * b, [0] * b
         may_empty = options["causal_alignment"] == "bottom_right" or window is not None
         if may_empty:  # every valid row keeps a key: lq <= lkv
             lkv = [max(c, min(a, s_kv)) for a, c in zip(lq, lkv)]

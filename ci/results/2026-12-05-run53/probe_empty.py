@@ -181,37 +181,44 @@ def sinks_decode_backward():
     print(json.dumps(rec), flush=True)
 
 
+import os  # noqa: E402
+ONLY_SDPA = os.environ.get("PROBE_ONLY") == "sdpa"
 print(json.dumps({"cudnn": stridedfa.info().get("cudnn_runtime_version", None), "torch": torch.__version__,
                   "device": torch.cuda.get_device_name()}), flush=True)
-V = dict
-for label, kw in [("plain", V()), ("bias", V(bias=True)), ("sinks", V(sinks=True)), ("alibi", V(alibi=True)),
-                  ("softcap", V(softcap=5.0)), ("window", V(window=(3, 0), causal=True)),
-                  ("dropout", V(dropout=0.2)), ("deterministic", V(deterministic=True)),
-                  ("causal_br", V(causal=True, alignment="bottom_right")),
-                  ("sinks+alibi+det causal", V(sinks=True, alibi=True, deterministic=True, causal=True))]:
-    dense_case("kv0 " + label, [2, 3], [0, 5], **kw)
-dense_case("q0 plain", [0, 3], [4, 5])
-dense_case("q0 sinks", [0, 3], [4, 5], sinks=True)
-dense_case("allzero plain", [0, 0], [0, 0])
-dense_case("kv0 only (no seqlens_q)", None, [0, 5])
-dense_case("kv0 only sinks", None, [0, 5], sinks=True)
-dense_case("issue case 2", None, [0, 194, 201], sinks=True, alibi=True, deterministic=True, causal=True, b=3, hq=1,
-           hkv=1, s=284, d=64)
-dense_case("no zero, sinks alibi det (control)", None, [150, 194, 201], sinks=True, alibi=True, deterministic=True,
-           causal=True, b=3, hq=1, hkv=1, s=284, d=64)
-varlen_case("varlen empty middle", [0, 3, 3, 7], [0, 4, 4, 9])
-varlen_case("varlen empty kv", [0, 3, 5, 7], [0, 0, 5, 9])
-varlen_case("varlen empty kv causal", [0, 3, 5, 7], [0, 0, 5, 9], causal=True)
-varlen_case("varlen empty kv sinks", [0, 3, 5, 7], [0, 0, 5, 9], sinks=True)
-paged_case("paged len0", [0, 5])
-paged_case("paged len0 s_q=3", [0, 5], s_q=3)
-paged_case("paged sinks decode", [7, 5], sinks=True)
-sinks_decode("sinks s_q=1 br", None)
-sinks_decode("sinks s_q=1 nocausal", None, causal=False)
-sinks_decode("sinks q x2 stride0 br", 2)
-sinks_decode("sinks q x2 stride0 nocausal", 2, causal=False)
-sinks_decode("sinks q x2 stride0 tl", 2, alignment="top_left")
-sinks_decode_backward()
+def all_cases():
+    V = dict
+    for label, kw in [("plain", V()), ("bias", V(bias=True)), ("sinks", V(sinks=True)), ("alibi", V(alibi=True)),
+                      ("softcap", V(softcap=5.0)), ("window", V(window=(3, 0), causal=True)),
+                      ("dropout", V(dropout=0.2)), ("deterministic", V(deterministic=True)),
+                      ("causal_br", V(causal=True, alignment="bottom_right")),
+                      ("sinks+alibi+det causal", V(sinks=True, alibi=True, deterministic=True, causal=True))]:
+        dense_case("kv0 " + label, [2, 3], [0, 5], **kw)
+    dense_case("q0 plain", [0, 3], [4, 5])
+    dense_case("q0 sinks", [0, 3], [4, 5], sinks=True)
+    dense_case("allzero plain", [0, 0], [0, 0])
+    dense_case("kv0 only (no seqlens_q)", None, [0, 5])
+    dense_case("kv0 only sinks", None, [0, 5], sinks=True)
+    dense_case("issue case 2", None, [0, 194, 201], sinks=True, alibi=True, deterministic=True, causal=True, b=3, hq=1,
+               hkv=1, s=284, d=64)
+    dense_case("no zero, sinks alibi det (control)", None, [150, 194, 201], sinks=True, alibi=True, deterministic=True,
+               causal=True, b=3, hq=1, hkv=1, s=284, d=64)
+    varlen_case("varlen empty middle", [0, 3, 3, 7], [0, 4, 4, 9])
+    varlen_case("varlen empty kv", [0, 3, 5, 7], [0, 0, 5, 9])
+    varlen_case("varlen empty kv causal", [0, 3, 5, 7], [0, 0, 5, 9], causal=True)
+    varlen_case("varlen empty kv sinks", [0, 3, 5, 7], [0, 0, 5, 9], sinks=True)
+    paged_case("paged len0", [0, 5])
+    paged_case("paged len0 s_q=3", [0, 5], s_q=3)
+    paged_case("paged sinks decode", [7, 5], sinks=True)
+    sinks_decode("sinks s_q=1 br", None)
+    sinks_decode("sinks s_q=1 nocausal", None, causal=False)
+    sinks_decode("sinks q x2 stride0 br", 2)
+    sinks_decode("sinks q x2 stride0 nocausal", 2, causal=False)
+    sinks_decode("sinks q x2 stride0 tl", 2, alignment="top_left")
+    sinks_decode_backward()
+
+
+if not ONLY_SDPA:
+    all_cases()
 
 
 def sdpa_left_padding():
@@ -226,7 +233,7 @@ def sdpa_left_padding():
     pad[0, :3] = False
     mask = mu.sdpa_mask(batch_size=b, cache_position=torch.arange(s, device=dev), kv_length=s,
                         attention_mask=pad, allow_is_causal_skip=False) if "cache_position" in \
-        mu.sdpa_mask.__code__.co_varnames else mu.sdpa_mask(batch_size=b, q_length=s, kv_length=s,
+        mu.sdpa_mask.__code__.co_varnames else mu.sdpa_mask(batch_size=b, q_length=s, kv_length=s, device=dev,
                                                             attention_mask=pad, allow_is_causal_skip=False)
     rec["mask_row0"] = mask[0, 0, 0].int().tolist()
     rec["mask_dtype"] = str(mask.dtype)
