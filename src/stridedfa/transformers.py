@@ -64,8 +64,8 @@ NAME = "stridedfa"
 _settings = {"fallback": "warn"}
 _scoped_fallback: contextvars.ContextVar[str | None] = contextvars.ContextVar("stridedfa_fallback", default=None)
 _warned: set[str] = set()
-_served = Counter()    # calls stridedfa ran, by path
-_fell_back = Counter()  # calls transformers' SDPA / eager ran instead, by reason
+_served: Counter[str] = Counter()  # calls stridedfa ran, by path
+_fell_back: Counter[str] = Counter()  # calls transformers' SDPA / eager ran instead, by reason
 
 
 def _check_mode(mode: str, where: str) -> str:
