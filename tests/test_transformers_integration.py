@@ -574,19 +574,17 @@ def test_stats_count_calls_served_and_fallbacks_by_reason(kernels):
     sft._warned.clear()
     sft.reset_stats()
     ids, mask = hf_models.batch("causal", "right")
-    monkey = kernels  # the reference stands in for cuDNN; _cannot_run is the integration's own below
-    del monkey
-    with warnings.catch_warnings():
+    reason = "torch.float32: cuDNN's fused attention takes float16 or bfloat16"
+    with warnings.catch_warnings():  # the reference stands in for cuDNN (kernels); the dtype decides
         warnings.simplefilter("ignore")
         real_check = sft.__dict__["_cannot_run"]
-        sft._cannot_run = lambda query, kwargs: (None if query.dtype == torch.bfloat16 else
-                                                 f"{query.dtype}: cuDNN's fused attention takes float16 or bfloat16")
+        sft._cannot_run = lambda query, kwargs: None if query.dtype == torch.bfloat16 else reason
         try:
             with sft.fallback("warn"):
                 hf_models.build("llama", "stridedfa")(ids, attention_mask=mask)
             counted = sft.stats()
             assert counted["served"] == 0 and counted["fallbacks"] == 2, counted  # two layers
-            assert counted["fallback_reasons"] == {"torch.float32: cuDNN's fused attention takes float16 or bfloat16": 2}
+            assert counted["fallback_reasons"] == {reason: 2}
             assert stridedfa.cache_info()["transformers"] == counted
             hf_models.build("llama", "stridedfa", dtype=torch.bfloat16)(ids, attention_mask=mask)
             counted = sft.stats()

@@ -37,8 +37,9 @@ std::vector<int32_t> read_ints(std::uintptr_t data, int64_t n, int64_t stride, s
 }
 
 [[noreturn]] void out_of_bounds(const std::string& what) {
-  throw BoundsError(what + " (found by STRIDEDFA_CHECK_BOUNDS; without it the value is clamped on the device and "
-                           "the call computes on other keys than meant)");
+  throw BoundsError(what +
+                    " (found by STRIDEDFA_CHECK_BOUNDS; without it the value is clamped on the device and "
+                    "the call computes on other keys than meant)");
 }
 
 void check_lengths(const char* name, const RowLengths& given, int64_t b, int64_t most, const char* unit,
@@ -81,7 +82,8 @@ void check_block_table(const PreparedCall& call, std::uintptr_t stream) {
   const RowLengths& lengths = call.callers_lengths[1];
   check_lengths("seqlens_kv", lengths, p.b, capacity,
                 ("keys block_table holds per sequence (" + std::to_string(p.blocks) + " blocks of " +
-                 std::to_string(p.block_size) + ")").c_str(),
+                 std::to_string(p.block_size) + ")")
+                    .c_str(),
                 stream);
   const std::vector<int32_t> n = read_ints(lengths.data, p.b, lengths.stride, stream);
   const TensorView& table = call.block_table;  // (b, 1, blocks, 1)

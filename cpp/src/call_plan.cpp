@@ -46,13 +46,13 @@ void make_lengths(Plan& plan, int slot, int64_t value) {
 
 // Every output with a token axis gets its empty sequences' rows filled after cuDNN (fill_empty_rows):
 // `views` are what the launch addresses them by (the caller's, or the variable-length plan's).
-void fill_empty_rows_after(GraphOp op, const TensorView* const* views, const TensorView* const* operands,
-                           Plan& plan) {
+void fill_empty_rows_after(GraphOp op, const TensorView* const* views, const TensorView* const* operands, Plan& plan) {
   for (int s = 0; s < kNumSlots; ++s) {
     const OperandKind kind = kOperands[s].kind;
     if (!views[s] || role_in(op, s) != Role::output) continue;
     if (kind != OperandKind::attention && kind != OperandKind::stats) continue;
-    if (plan.n_empty_rows == kMaxEmptyRows) throw BackendError("stridedfa: a call planned more row fills than it has room for");
+    if (plan.n_empty_rows == kMaxEmptyRows)
+      throw BackendError("stridedfa: a call planned more row fills than it has room for");
     EmptyRows& e = plan.empty_rows[plan.n_empty_rows++];
     e.rows = *views[s];
     e.key_side = kOperands[s].shape[2] == kSeqKV;

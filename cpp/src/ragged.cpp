@@ -51,9 +51,9 @@ const Kernels& kernels(int32_t device) {
 
 void launch_blocks(CUfunction kernel, unsigned blocks, void** params, std::uintptr_t stream, const char* what) {
   if (blocks == 0) return;
-  check_driver(driver().launch_kernel(kernel, blocks, 1, 1, 128, 1, 1, 0, reinterpret_cast<CUstream>(stream), params,
-                                      nullptr),
-               what);
+  check_driver(
+      driver().launch_kernel(kernel, blocks, 1, 1, 128, 1, 1, 0, reinterpret_cast<CUstream>(stream), params, nullptr),
+      what);
 }
 
 void launch(CUfunction kernel, int64_t threads_needed, void** params, std::uintptr_t stream, const char* what) {
@@ -99,9 +99,9 @@ void fill_empty_rows(const TensorView& t, RowLengths this_side, RowLengths other
   unsigned int sink_stride = unsigned(sinks_stride), heads = unsigned(t.dims[1]), rows = unsigned(t.dims[2]);
   unsigned int inner = unsigned(t.dims[3]), item_bytes = unsigned(t.itemsize()), pattern = fill;
   unsigned int ragged = ragged_offsets != 0;
-  void* params[] = {&data,        &offsets,      &len_this,    &len_other, &sink_values, &stride_b,
-                    &stride_h,    &stride_s,     &this_stride, &other_stride, &sink_stride, &heads,
-                    &rows,        &inner,        &item_bytes,  &pattern,   &ragged};
+  void* params[] = {&data,     &offsets,  &len_this,    &len_other,    &sink_values, &stride_b,
+                    &stride_h, &stride_s, &this_stride, &other_stride, &sink_stride, &heads,
+                    &rows,     &inner,    &item_bytes,  &pattern,      &ragged};
   launch_blocks(kernel, unsigned(t.dims[0] * t.dims[1]), params, stream, "cuLaunchKernel (stridedfa_fill_empty_rows)");
 }
 

@@ -54,7 +54,7 @@ from stridedfa._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVers
 import sys  # no-cython-lint
 
 from stridedfa._errors import (BackendError, BoundsError, LayoutError, StridedFAError,  # no-cython-lint
-                               UnsupportedError)
+                               UnsupportedError)  # no-cython-lint
 
 # One concern per file; the C++ declarations they call are all in _cpp.pxd.
 include "_errors.pxi"            # C++ exceptions -> stridedfa errors

@@ -367,8 +367,8 @@ def _check_paged_bounds(block_table, cache_seqlens, appended: int, page_block_si
     capacity = block_table.shape[1] * page_block_size
     longest = int(cache_seqlens.max()) + appended if cache_seqlens.numel() else 0
     if longest > capacity:
-        raise BoundsError(f"block_table: cache_seqlens plus the {appended} new tokens reach {longest} tokens, more than "
-                          f"the {capacity} a row of block_table holds ({block_table.shape[1]} blocks of "
+        raise BoundsError(f"block_table: cache_seqlens plus the {appended} new tokens reach {longest} tokens, more "
+                          f"than the {capacity} a row of block_table holds ({block_table.shape[1]} blocks of "
                           f"{page_block_size}); give each sequence enough blocks before appending")
 
 

@@ -75,10 +75,10 @@ def test_flash_attn_with_kvcache_raises_on_lengths_past_the_block_table():
 
 
 def test_flash_attn_with_kvcache_reads_a_head_dim_of_59_in_place():
+    import numpy as np
+
     from stridedfa import reference
     from stridedfa.flash_attn_interface import flash_attn_with_kvcache
-
-    import numpy as np
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     k_cache = torch.zeros(2, 32, 4, 64, device="cuda", dtype=torch.bfloat16)[..., :59]

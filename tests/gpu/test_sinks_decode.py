@@ -105,6 +105,7 @@ def test_the_framework_entry_points_decode_with_sinks(seed):
     _check(out, lse, ref_out, ref_lse)
     try:
         import cupy
+
         import stridedfa.cupy as sc
     except ImportError:
         cupy = None
@@ -115,6 +116,7 @@ def test_the_framework_entry_points_decode_with_sinks(seed):
     try:
         import jax
         import jax.numpy as jnp
+
         import stridedfa.jax as sj
     except ImportError:
         jax = None

@@ -51,10 +51,10 @@ struct RowLengths {
 
 // An output whose rows of empty sequences and padding the launch fills after cuDNN (below).
 struct EmptyRows {
-  TensorView rows;          // the output as (sequences, heads, rows, inner)
-  bool key_side = false;    // its rows are keys (dK, dV), not queries (out, lse, dQ)
-  bool sink_rows = false;   // the statistics of a call with sinks
-  int8_t ragged_row = -1;   // a variable-length call: the output's offsets row in the launch buffer
+  TensorView rows;         // the output as (sequences, heads, rows, inner)
+  bool key_side = false;   // its rows are keys (dK, dV), not queries (out, lse, dQ)
+  bool sink_rows = false;  // the statistics of a call with sinks
+  int8_t ragged_row = -1;  // a variable-length call: the output's offsets row in the launch buffer
 };
 inline constexpr int kMaxEmptyRows = 3;
 
