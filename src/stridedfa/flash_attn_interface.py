@@ -485,6 +485,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (GPT-NeoX). ``cache_batch_idx`` (batch,) picks the cache rows (a gather of those rows is
     attended to; not with block_table). Returns out (batch, seqlen_q, nheads, headdim), or
     (out, softmax_lse (batch, nheads, seqlen_q)) with return_softmax_lse.
+
+    As in FlashAttention, cached plus appended tokens beyond a sequence's row of ``block_table``
+    raise a RuntimeError naming block_table (:class:`stridedfa.BoundsError`) before anything is
+    appended: one device-to-host read of cache_seqlens per paged call. Inside a CUDA-graph capture
+    or torch.compile nothing can be read; the core then clamps (``STRIDEDFA_CHECK_BOUNDS=1`` checks
+    lengths and block ids in the core too, outside captures). A head dim that is not a multiple of
+    8 is read in place from caches allocated with rows of the next multiple of 8 (e.g.
+    ``torch.zeros(..., 64)[..., :59]``; the extra columns must stay finite), else refused with how
+    to allocate one: copying the whole cache per call is not done.
     """
     del num_splits  # a split-KV scheduling hint: cuDNN's kernels choose their own grid
     if cache_leftpad is not None and block_table is not None:
