@@ -42,10 +42,11 @@ std::vector<int32_t> read_ints(std::uintptr_t data, int64_t n, int64_t stride, s
                     "the call computes on other keys than meant)");
 }
 
-void check_lengths(const char* name, const RowLengths& given, int64_t b, int64_t most, const char* unit,
-                   std::uintptr_t stream) {
-  if (!given.data) return;
-  const std::vector<int32_t> lengths = read_ints(given.data, b, given.stride, stream);
+// The lengths, read back once and checked; empty when not given.
+std::vector<int32_t> check_lengths(const char* name, const RowLengths& given, int64_t b, int64_t most, const char* unit,
+                                   std::uintptr_t stream) {
+  if (!given.data) return {};
+  std::vector<int32_t> lengths = read_ints(given.data, b, given.stride, stream);
   for (int64_t i = 0; i < b; ++i) {
     const int32_t n = lengths[size_t(i)];
     if (n < 0 || n > most) {
@@ -53,6 +54,7 @@ void check_lengths(const char* name, const RowLengths& given, int64_t b, int64_t
                     std::to_string(most) + "], the " + unit);
     }
   }
+  return lengths;
 }
 
 void check_cu_seqlens(const char* name, std::uintptr_t data, int64_t sequences, int64_t tokens, int64_t longest,
@@ -79,13 +81,10 @@ void check_cu_seqlens(const char* name, std::uintptr_t data, int64_t sequences, 
 void check_block_table(const PreparedCall& call, std::uintptr_t stream) {
   const Problem& p = call.problem;
   const int64_t capacity = p.blocks * p.block_size;
-  const RowLengths& lengths = call.callers_lengths[1];
-  check_lengths("seqlens_kv", lengths, p.b, capacity,
-                ("keys block_table holds per sequence (" + std::to_string(p.blocks) + " blocks of " +
-                 std::to_string(p.block_size) + ")")
-                    .c_str(),
-                stream);
-  const std::vector<int32_t> n = read_ints(lengths.data, p.b, lengths.stride, stream);
+  const std::string unit = "keys block_table holds per sequence (" + std::to_string(p.blocks) + " blocks of " +
+                           std::to_string(p.block_size) + ")";
+  const std::vector<int32_t> n =
+      check_lengths("seqlens_kv", call.callers_lengths[1], p.b, capacity, unit.c_str(), stream);
   const TensorView& table = call.block_table;  // (b, 1, blocks, 1)
   const int64_t row_stride = table.dims[0] > 1 ? table.strides[0] : table.dims[2];
   const std::vector<int32_t> ids = read_ints(table.data, p.b * row_stride, 1, stream);

@@ -535,14 +535,12 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     const bool lengths_known = lengths[0].data && lengths[1].data;
     for (int i = 0; lengths_known && i < call.n_empty_rows; ++i) {
       const EmptyRows& e = call.empty_rows[i];
-      const RowLengths& q = lengths[0];
-      const RowLengths& kv = lengths[1];
       const std::uintptr_t offsets =
           e.ragged_row < 0 ? 0
                            : reinterpret_cast<std::uintptr_t>(ragged) +
                                  std::uintptr_t((2 + e.ragged_row) * call.ragged.pitch() * int64_t(sizeof(int32_t)));
       const bool stats = e.rows.dtype.code == kDLFloat && e.rows.dtype.bits == 32;
-      fill_empty_rows(e.rows, e.key_side ? kv : q, e.key_side ? q : kv, offsets, e.sink_rows ? call.sinks : 0,
+      fill_empty_rows(e.rows, lengths[e.key_side], lengths[!e.key_side], offsets, e.sink_rows ? call.sinks : 0,
                       call.sinks_stride, stats ? kNegativeInfinityBits : 0u, call.problem.device, stream);
     }
   } catch (...) {

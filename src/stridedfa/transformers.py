@@ -217,7 +217,7 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
     # A general mask (or a variable-length cut whose tensors cannot be flattened): added as a bias
     # that already holds causality and the window.
     if isinstance(mask, StridedMask):
-        bias, rows_seen = mask.bias(query.dtype), mask.rows_seen
+        bias = mask.bias(query.dtype)
     else:
         bias, rows_seen = _layers_bias(mask, query.dtype)
     options.update(causal=False, window=None)
