@@ -651,3 +651,22 @@ def test_a_strided_mask_answers_dtype_device_and_to_like_transformers_mask():
     as_float = mask.to(torch.float32)
     assert as_float.dtype == torch.float32 and torch.equal(as_float.bool(), mask.dense())
     assert _mask().dtype == torch.bool and _mask().device == torch.device("cpu")
+
+
+def test_continuous_batching_still_admits_no_custom_attention():
+    """Issue 30 asked for "paged|stridedfa" under transformers' continuous batching. transformers
+    >= 5.23 strips the "paged|" prefix from every name but "paged|eager", and its continuous batching
+    runs only "paged|eager", "sdpa" or a name containing "flash" (which it loads as a flash kernel):
+    a registered implementation is refused by name. This pins that gate: when a transformers
+    release admits custom implementations, this fails, and the paged integration can be built."""
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version("5.23"):
+        pytest.skip("before 5.23 continuous batching ran 'paged|<name>' implementations (not served here)")
+    model = hf_models.build("llama", "stridedfa")
+    with pytest.raises(ValueError, match="not supported for continuous batching"):
+        model.init_continuous_batching()
+    with pytest.warns(FutureWarning, match="paged"):
+        paged = hf_models.build("llama", "paged|stridedfa")
+    assert paged.config._attn_implementation == "stridedfa", transformers.__version__

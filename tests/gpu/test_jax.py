@@ -276,7 +276,7 @@ def test_bias_gradient_matches_reference(layout, kind, mask, request):
     _, (q, k, v, bias, w), options, (_, ref_grads, ref_dbias) = _bias_problem(layout, kind, mask, dtype, request)
     grad_rel = TOLERANCE[dtype][3]
     if kind == "padding":  # (b, 1, 1, s_kv): refused while tracing, before anything runs
-        with pytest.raises(stridedfa.UnsupportedError, match="shared along seq of q"):
+        with pytest.raises(stridedfa.UnsupportedError, match="bias shared over query rows"):
             jax.jit(jax.grad(_bias_loss(options), (0, 1, 2, 3)))(q, k, v, bias, w)
         return
     grads = jax.jit(jax.grad(_bias_loss(options), (0, 1, 2, 3)))(q, k, v, bias, w)
