@@ -296,19 +296,6 @@ SdpaOptions options_of(const Attrs& a) {
   return o;
 }
 
-// Where read_rest puts the optional operands.
-struct Optional {
-  TensorView& seqlens_q;
-  TensorView& seqlens_kv;
-  TensorView& sinks;
-  TensorView& bias;
-  TensorView& alibi_slopes;
-  TensorView& rng_state;
-  TensorView& cu_seqlens_q;
-  TensorView& cu_seqlens_kv;
-  TensorView& block_table;
-};
-
 // How many trailing arguments the OptionalOperand bits `present` announce.
 int64_t count_optional(int64_t present, bool backward) {
   const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias | kWithGradSinks : 0) |
@@ -339,8 +326,8 @@ TensorView bias_of(const char* name, const ffi::AnyBuffer& buffer, const ffi::An
 // The trailing arguments `present` (OptionalOperand bits) announces, in that order: seqlens_q and
 // seqlens_kv, sinks, bias, alibi_slopes, rng_state, cu_seqlens_q and cu_seqlens_kv, block_table. `q` is q's buffer and
 // `q_view` its view (see bias_of).
-void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, const ffi::AnyBuffer& q,
-               const TensorView& q_view, int32_t device, Optional views) {
+void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, const ffi::AnyBuffer& q, int32_t device,
+               CallOperands& call) {
   const int64_t expected = count_optional(present, backward);
   if (static_cast<int64_t>(rest.size()) != expected) {
     throw LayoutError("optional_operands " + std::to_string(present) + " announces " + std::to_string(expected) +
@@ -361,35 +348,35 @@ void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, c
                     : lengths_view(name, dims.begin(), static_cast<int64_t>(dims.size()), dtype, device, data);
   };
   if (present & kWithLengths) {
-    read("seqlens_q", views.seqlens_q, false);
-    read("seqlens_kv", views.seqlens_kv, false);
+    read("seqlens_q", call.slot[kSeqLensQ], false);
+    read("seqlens_kv", call.slot[kSeqLensKV], false);
   }
-  if (present & kWithSinks) read("sinks", views.sinks, true);
-  if (present & kWithBias) views.bias = bias_of("bias", buffer("bias"), q, q_view, device);
+  if (present & kWithSinks) read("sinks", call.slot[kSinks], true);
+  if (present & kWithBias) call.slot[kBias] = bias_of("bias", buffer("bias"), q, call.slot[kQ], device);
   if (present & kWithAlibiSlopes) {
     const auto b = buffer("alibi_slopes");
     const auto dims = b.dimensions();
-    views.alibi_slopes = slopes_view("alibi_slopes", dims.begin(), static_cast<int64_t>(dims.size()),
-                                     dl_dtype("alibi_slopes", b.element_type()), device,
-                                     reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+    call.slot[kAlibiSlopes] = slopes_view("alibi_slopes", dims.begin(), static_cast<int64_t>(dims.size()),
+                                          dl_dtype("alibi_slopes", b.element_type()), device,
+                                          reinterpret_cast<std::uintptr_t>(b.untyped_data()));
   }
   if (present & kWithRngState) {
     const auto b = buffer("rng_state");
     const auto dims = b.dimensions();
-    views.rng_state = rng_state_view("rng_state", dims.begin(), static_cast<int64_t>(dims.size()),
-                                     dl_dtype("rng_state", b.element_type()), device,
-                                     reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+    call.slot[kRngState] = rng_state_view("rng_state", dims.begin(), static_cast<int64_t>(dims.size()),
+                                          dl_dtype("rng_state", b.element_type()), device,
+                                          reinterpret_cast<std::uintptr_t>(b.untyped_data()));
   }
   if (present & kWithCuSeqlens) {  // (b + 1,) int32 each: dense 1-D buffers, read as given
-    read("cu_seqlens_q", views.cu_seqlens_q, false);
-    read("cu_seqlens_kv", views.cu_seqlens_kv, false);
+    read("cu_seqlens_q", call.slot[kCuSeqlensQ], false);
+    read("cu_seqlens_kv", call.slot[kCuSeqlensKV], false);
   }
   if (present & kWithBlockTable) {
     const auto b = buffer("block_table");
     const auto dims = b.dimensions();
-    views.block_table = block_table_view("block_table", dims.begin(), static_cast<int64_t>(dims.size()),
-                                         dl_dtype("block_table", b.element_type()), device,
-                                         reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+    call.slot[kBlockTable] = block_table_view("block_table", dims.begin(), static_cast<int64_t>(dims.size()),
+                                              dl_dtype("block_table", b.element_type()), device,
+                                              reinterpret_cast<std::uintptr_t>(b.untyped_data()));
   }
 }
 
@@ -431,16 +418,14 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
                    ffi::AnyBuffer& out, const ffi::AnyBuffer* lse, const Attrs& attrs) noexcept {
   try {
     const auto layout = static_cast<ArrayLayout>(attrs.layout);
-    ForwardArgs args;
-    args.q = array_of("q", q, layout, device);
-    args.k = array_of("k", k, layout, device);
-    args.v = array_of("v", v, layout, device);
-    args.out = array_of("out", out, layout, device);
-    if (lse) args.lse = stats_of("lse", *lse, layout, device);
-    read_rest(rest, attrs.optional_operands, false, q, args.q, device,
-              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state,
-               args.cu_seqlens_q, args.cu_seqlens_kv, args.block_table});
-    launch(prepare_forward(args, options_of(attrs)), stream, scratch);
+    CallOperands call;
+    call.slot[kQ] = array_of("q", q, layout, device);
+    call.slot[kK] = array_of("k", k, layout, device);
+    call.slot[kV] = array_of("v", v, layout, device);
+    call.slot[kO] = array_of("out", out, layout, device);
+    if (lse) call.slot[kLse] = stats_of("lse", *lse, layout, device);
+    read_rest(rest, attrs.optional_operands, false, q, device, call);
+    launch(prepare_call(call, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
     return current_error();
@@ -485,20 +470,18 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
                          int64_t optional_operands, double dropout_p, int64_t max_seqlen_q, int64_t max_seqlen_kv) {
   try {
     const auto array_layout = static_cast<ArrayLayout>(layout);
-    BackwardArgs args;
-    args.q = array_of("q", q, array_layout, device);
-    args.k = array_of("k", k, array_layout, device);
-    args.v = array_of("v", v, array_layout, device);
-    args.out = array_of("out", out, array_layout, device);
-    args.lse = stats_of("lse", lse, array_layout, device);
-    args.grad_out = array_of("grad_out", grad_out, array_layout, device);
-    args.grad_q = array_of("grad_q", *grad_q, array_layout, device);
-    args.grad_k = array_of("grad_k", *grad_k, array_layout, device);
-    args.grad_v = array_of("grad_v", *grad_v, array_layout, device);
-    TensorView no_block_table;  // a paged call has no backward: count_optional refuses the bit
-    read_rest(rest, optional_operands, true, q, args.q, device,
-              {args.seqlens_q, args.seqlens_kv, args.sinks, args.bias, args.alibi_slopes, args.rng_state,
-               args.cu_seqlens_q, args.cu_seqlens_kv, no_block_table});
+    CallOperands call;
+    call.op = GraphOp::backward;
+    call.slot[kQ] = array_of("q", q, array_layout, device);
+    call.slot[kK] = array_of("k", k, array_layout, device);
+    call.slot[kV] = array_of("v", v, array_layout, device);
+    call.slot[kO] = array_of("out", out, array_layout, device);
+    call.slot[kLse] = stats_of("lse", lse, array_layout, device);
+    call.slot[kGradO] = array_of("grad_out", grad_out, array_layout, device);
+    call.slot[kGradQ] = array_of("grad_q", *grad_q, array_layout, device);
+    call.slot[kGradK] = array_of("grad_k", *grad_k, array_layout, device);
+    call.slot[kGradV] = array_of("grad_v", *grad_v, array_layout, device);
+    read_rest(rest, optional_operands, true, q, device, call);  // no block table: count_optional refuses it
     // The optional gradients: grad_sinks with sinks, then grad_bias where asked for.
     const bool with_sinks = (optional_operands & kWithGradSinks) != 0;  // grad_sinks wanted
     const bool with_bias = (optional_operands & kWithGradBias) != 0;
@@ -512,15 +495,17 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     if (with_sinks) {
       const auto grad_sinks = result_at(more, next++, "grad_sinks");
       const auto dims = grad_sinks.dimensions();
-      args.grad_sinks = per_head_view("grad_sinks", dims.begin(), static_cast<int64_t>(dims.size()),
-                                      dl_dtype("grad_sinks", grad_sinks.element_type()), device,
-                                      reinterpret_cast<std::uintptr_t>(grad_sinks.untyped_data()));
+      call.slot[kGradSinks] = per_head_view("grad_sinks", dims.begin(), static_cast<int64_t>(dims.size()),
+                                            dl_dtype("grad_sinks", grad_sinks.element_type()), device,
+                                            reinterpret_cast<std::uintptr_t>(grad_sinks.untyped_data()));
     }
-    if (with_bias) args.grad_bias = bias_of("grad_bias", result_at(more, next++, "grad_bias"), q, args.q, device);
+    if (with_bias) {
+      call.slot[kGradBias] = bias_of("grad_bias", result_at(more, next++, "grad_bias"), q, call.slot[kQ], device);
+    }
     const Attrs attrs{scale,        has_scale,    causal,        causal_alignment, window_left,
                       window_right, softcap,      deterministic, layout,           optional_operands,
                       dropout_p,    max_seqlen_q, max_seqlen_kv};
-    launch(prepare_backward(args, options_of(attrs)), stream, scratch);
+    launch(prepare_call(call, options_of(attrs)), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
     return current_error();

@@ -15,7 +15,7 @@
 
 #include "stridedfa/errors.hpp"
 #include "stridedfa/overlap.hpp"
-#include "stridedfa/sdpa.hpp"
+#include "stridedfa/validate.hpp"
 #include "stridedfa/validate_ragged.hpp"
 
 namespace stridedfa {

@@ -3,7 +3,7 @@
 // axes, 3-axis statistics, THD tokens -- described as a 4-axis view of the same memory, with
 // caller_axes saying which of the caller's axes each one is (for error messages). No copies.
 
-#include "stridedfa/sdpa.hpp"
+#include "stridedfa/validate.hpp"
 #include "stridedfa/validate_ragged.hpp"
 
 namespace stridedfa {
@@ -90,6 +90,15 @@ TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged) {
       return vector_as_4d(t, 3);
     default:
       return t;
+  }
+}
+
+OperandViews::OperandViews(const CallOperands& call) {
+  const bool ragged = is_ragged(call);
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (!call.slot[s].present) continue;
+    views[s] = as_4d(call.slot[s], kOperands[s].kind, ragged);
+    slots[s] = &views[s];
   }
 }
 

@@ -395,25 +395,8 @@ std::vector<int64_t> GraphSpec::key() const {
 
 namespace {
 
-// The operands of a call in slot order (absent ones null), each as its 4-axis view.
-struct Operands {
-  TensorView views[kNumSlots];
-  const TensorView* slots[kNumSlots] = {};
-
-  explicit Operands(const SlotViews& given) {
-    const bool ragged = is_ragged(given);
-    for (int s = 0; s < kNumSlots; ++s) {
-      if (!given[s] || !given[s]->present) continue;
-      views[s] = as_4d(*given[s], kOperands[s].kind, ragged);
-      slots[s] = &views[s];
-    }
-  }
-  Operands(const Operands&) = delete;  // slots point into this object
-  Operands& operator=(const Operands&) = delete;
-};
-
-std::vector<int64_t> graph_key(GraphOp op, const Problem& problem, const SdpaOptions& options, const Operands& operands,
-                               int32_t sm_version, int64_t cudnn_version) {
+std::vector<int64_t> graph_key(GraphOp op, const Problem& problem, const SdpaOptions& options,
+                               const OperandViews& operands, int32_t sm_version, int64_t cudnn_version) {
   Plan plan;
   plan_call(op, problem, options, operands.slots, cudnn_version, plan);
   if (problem.nothing_to_do || plan.nothing_for_cudnn) return {};
@@ -422,30 +405,17 @@ std::vector<int64_t> graph_key(GraphOp op, const Problem& problem, const SdpaOpt
 
 }  // namespace
 
-PreparedCall prepare_forward(const ForwardArgs& a, const SdpaOptions& options) {
-  const Problem problem = validate_forward(a);
+PreparedCall prepare_call(const CallOperands& call, const SdpaOptions& options) {
+  const Problem problem = validate_call(call);
   validate_options(options, problem);
-  return prepare(GraphOp::forward, problem, options, Operands(a.slots()).slots);
+  return prepare(call.op, problem, options, OperandViews(call).slots);
 }
 
-PreparedCall prepare_backward(const BackwardArgs& a, const SdpaOptions& options) {
-  const Problem problem = validate_backward(a);
+std::vector<int64_t> call_graph_key(const CallOperands& call, const SdpaOptions& options, int32_t sm_version,
+                                    int64_t cudnn_version) {
+  const Problem problem = validate_call(call);
   validate_options(options, problem);
-  return prepare(GraphOp::backward, problem, options, Operands(a.slots()).slots);
-}
-
-std::vector<int64_t> forward_graph_key(const ForwardArgs& a, const SdpaOptions& options, int32_t sm_version,
-                                       int64_t cudnn_version) {
-  const Problem problem = validate_forward(a);
-  validate_options(options, problem);
-  return graph_key(GraphOp::forward, problem, options, Operands(a.slots()), sm_version, cudnn_version);
-}
-
-std::vector<int64_t> backward_graph_key(const BackwardArgs& a, const SdpaOptions& options, int32_t sm_version,
-                                        int64_t cudnn_version) {
-  const Problem problem = validate_backward(a);
-  validate_options(options, problem);
-  return graph_key(GraphOp::backward, problem, options, Operands(a.slots()), sm_version, cudnn_version);
+  return graph_key(call.op, problem, options, OperandViews(call), sm_version, cudnn_version);
 }
 
 namespace {

@@ -29,7 +29,7 @@
 
 #include "stridedfa/errors.hpp"
 #include "stridedfa/overlap.hpp"
-#include "stridedfa/sdpa.hpp"
+#include "stridedfa/validate.hpp"
 #include "stridedfa/validate_ragged.hpp"
 #include "operand_rules.hpp"
 
@@ -151,16 +151,27 @@ void check_output(Validator& check, GraphOp op, const TensorView* const* t, int 
   }
 }
 
+}  // namespace
+
 // Every rule, walking the operand table: per-operand checks, shapes against what q, k and v
 // establish, then memory rules, then outputs writable and disjoint from every input and from
-// each other. `given[slot]` is null where the op has no such operand.
-Problem validate(GraphOp op, const SlotViews& given) {
+// each other.
+Problem validate_call(const CallOperands& call) {
+  const GraphOp op = call.op;
   Validator check;
   const TensorView* t[kNumSlots] = {};  // the operands present, each as its 4-axis view
   TensorView as4[kNumSlots];
-  const bool ragged = is_ragged(given);
+  const TensorView* given[kNumSlots] = {};  // the op's operands (null where it has no such slot)
+  const bool ragged = is_ragged(call);
   for (int s = 0; s < kNumSlots; ++s) {
-    if (role_in(op, s) == Role::absent || !given[s]) continue;
+    if (role_in(op, s) == Role::absent) {
+      if (call.slot[s].present) {
+        throw LayoutError(std::string(kOperands[s].name) + " is not an operand of the " +
+                          (op == GraphOp::forward ? "forward" : "backward") + " call.");
+      }
+      continue;
+    }
+    given[s] = &call.slot[s];
     if (optional_in(op, s) && !given[s]->present) continue;
     switch (kOperands[s].kind) {
       case OperandKind::attention:
@@ -274,8 +285,6 @@ Problem validate(GraphOp op, const SlotViews& given) {
   return p;
 }
 
-}  // namespace
-
 void validate_options(const SdpaOptions& options, const Problem& p) {
   (void)p;
   if (options.has_scale && !std::isfinite(options.scale)) {
@@ -310,9 +319,5 @@ void validate_options(const SdpaOptions& options, const Problem& p) {
     throw LayoutError("window bounds must be below 2^31 - 1 tokens (use None for unbounded)");
   }
 }
-
-Problem validate_forward(const ForwardArgs& a) { return validate(GraphOp::forward, a.slots()); }
-
-Problem validate_backward(const BackwardArgs& a) { return validate(GraphOp::backward, a.slots()); }
 
 }  // namespace stridedfa

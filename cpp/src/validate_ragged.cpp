@@ -9,12 +9,7 @@
 
 namespace stridedfa {
 
-bool is_ragged(const SlotViews& given) {
-  for (int s : {kCuSeqlensQ, kCuSeqlensKV}) {
-    if (given[s] && given[s]->present) return true;
-  }
-  return false;
-}
+bool is_ragged(const CallOperands& call) { return call.slot[kCuSeqlensQ].present || call.slot[kCuSeqlensKV].present; }
 
 // What a variable-length call needs and what it cannot take (t: the operands as 4-axis views).
 void check_ragged_operands(const TensorView* const* t) {

@@ -106,31 +106,17 @@ cdef int parse_options(object scale, object causal, object causal_alignment, obj
     return 0
 
 
-cdef void slot_views(bint backward, ForwardArgs* fwd, BackwardArgs* bwd, TensorView** views) noexcept:
-    """views[slot]: the call's TensorView of each operand, in the operand table's slot order (NULL
-    where the op has no such operand)."""
-    if backward:
-        views[0], views[1], views[2] = &bwd.q, &bwd.k, &bwd.v
-        views[3], views[4], views[5] = &bwd.out, &bwd.lse, &bwd.grad_out
-        views[6], views[7], views[8] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
-        views[9], views[10] = &bwd.seqlens_q, &bwd.seqlens_kv
-        views[11], views[12] = &bwd.sinks, &bwd.grad_sinks
-        views[13], views[14] = &bwd.bias, &bwd.grad_bias
-        views[15], views[16] = &bwd.alibi_slopes, &bwd.rng_state
-        views[17], views[18] = &bwd.cu_seqlens_q, &bwd.cu_seqlens_kv
-        views[19] = NULL  # no paged backward
-    else:
-        views[0], views[1], views[2] = &fwd.q, &fwd.k, &fwd.v
-        views[3], views[4] = &fwd.out, &fwd.lse
-        views[5] = views[6] = views[7] = views[8] = NULL
-        views[9], views[10] = &fwd.seqlens_q, &fwd.seqlens_kv
-        views[11] = &fwd.sinks
-        views[12] = NULL
-        views[13] = &fwd.bias
-        views[14] = NULL
-        views[15], views[16] = &fwd.alibi_slopes, &fwd.rng_state
-        views[17], views[18] = &fwd.cu_seqlens_q, &fwd.cu_seqlens_kv
-        views[19] = &fwd.block_table
+cdef void op_slots(bint backward, CallOperands* call, TensorView** views) noexcept:
+    """Sets the call's op, and views[slot] to its operand of each slot the op has in the operand
+    table (NULL where it has none)."""
+    call.op = GraphOp.backward if backward else GraphOp.forward
+    cdef int i
+    cdef Role role
+    for i in range(kNumSlots):
+        role = kOperands[i].backward if backward else kOperands[i].forward
+        views[i] = &call.slot[i]
+        if role == Role.absent:
+            views[i] = NULL
 
 
 cdef ensure_libraries():
@@ -160,8 +146,7 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
     """One call: intake of every tensor (`tensors` in slot order, None where not given), then
     validation / preparation / execution. Consumed DLPack tensors are released on every path,
     exactly once."""
-    cdef ForwardArgs fwd
-    cdef BackwardArgs bwd
+    cdef CallOperands operands
     cdef TensorView* views[kNumSlots]
     cdef Owned owned[kNumSlots]
     cdef CallStream st
@@ -172,7 +157,7 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
     cdef uintptr_t workspace_address
     cdef int i, n = kNumSlots
     cdef Role role
-    slot_views(backward, &fwd, &bwd, views)
+    op_slots(backward, &operands, views)
     for i in range(n):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
@@ -185,22 +170,19 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
                 intake(tensors[i], SLOT_NAMES[i], role == Role.output, &st, views[i], &owned[i])
         if mode == VALIDATE:
             with nogil:
-                problem = validate_backward(bwd) if backward else validate_forward(fwd)
+                problem = validate_call(operands)
                 validate_options(options, problem)
             return problem_dict(problem)
         if mode == KEY:
             with nogil:
-                if backward:
-                    key = backward_graph_key(bwd, options, sm_version, cudnn_version)
-                else:
-                    key = forward_graph_key(fwd, options, sm_version, cudnn_version)
+                key = call_graph_key(operands, options, sm_version, cudnn_version)
             return tuple(key)
         if not libraries_loaded():
             with nogil:  # bad input is reported even where cuDNN is missing
-                problem = validate_backward(bwd) if backward else validate_forward(fwd)
+                problem = validate_call(operands)
             ensure_libraries()
         with nogil:
-            call = prepare_backward(bwd, options) if backward else prepare_forward(fwd, options)
+            call = prepare_call(operands, options)
         if call.workspace_bytes > 0 and workspace_allocator is not None:
             workspace_address, owner = workspace_allocator(call.workspace_bytes, call.problem.device)
             keep_alive.append(owner)

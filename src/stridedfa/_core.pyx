@@ -23,30 +23,32 @@ from libcpp.optional cimport optional  # no-cython-lint
 from libcpp.string cimport string  # no-cython-lint
 from libcpp.vector cimport vector  # no-cython-lint
 
-from stridedfa._cpp cimport (ArrayLayout, backward_graph_key, BackwardArgs, buffer_alloc,  # no-cython-lint
+from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOperands,  # no-cython-lint
                              buffer_free, CacheStats, CausalAlignment, classify_current_exception,  # no-cython-lint
                              compiled_cuda_version, compiled_cudnn_version,  # no-cython-lint
                              compiled_frontend_version, cuda_driver_version, cuda_runtime_version,  # no-cython-lint
                              cudnn_can_read, cudnn_runtime_version, dense_strides_like,  # no-cython-lint
                              device_count, device_info, DeviceInfo, dtype_name, ErrorKind, execute,  # no-cython-lint
-                             ExportQuirk, forward_graph_key, ForwardArgs, gradient_strides,  # no-cython-lint
+                             ExportQuirk, GraphOp, gradient_strides,  # no-cython-lint
                              graph_cache, jax_array_view, jax_backward_handler, jax_forward_handler,  # no-cython-lint
                              jax_block_table_view, jax_forward_inference_handler, jax_lengths_view,  # no-cython-lint
                              jax_per_head_view,  # no-cython-lint
                              jax_rng_state_view, jax_scores_view, jax_slopes_view,  # no-cython-lint
                              jax_stats_view, jax_thd_stats_view,  # no-cython-lint
-                             kBlockTable, kCuSeqlensQ, kNumSlots, kOperands,  # no-cython-lint
+                             kAlibiSlopes, kBias, kBlockTable, kCuSeqlensKV, kCuSeqlensQ, kGradBias,  # no-cython-lint
+                             kGradK, kGradO, kGradQ, kGradSinks, kGradV, kK, kLse, kNumSlots, kO,  # no-cython-lint
+                             kOperands, kQ, kRngState, kSeqLensKV, kSeqLensQ, kSinks, kV,  # no-cython-lint
                              kWithAlibiSlopes, kWithBias, kWithBlockTable, kWithCuSeqlens,  # no-cython-lint
                              kWithGradBias, kWithGradSinks, kWithLengths, kWithRngState,  # no-cython-lint
                              kWithSinks, OptionalOperand,  # no-cython-lint
                              length_bucket, libraries_loaded, OperandInfo, OperandKind,  # no-cython-lint
                              own_workspace_allocations,  # no-cython-lint
                              plan_store, PlanStore, PlanStoreStats,  # no-cython-lint
-                             pool_stats, PoolStats, prepare_backward, prepare_forward, PreparedCall,  # no-cython-lint
+                             pool_stats, PoolStats, prepare_call, PreparedCall,  # no-cython-lint
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint
-                             set_error_translator, set_libraries, Slot, stream_wait_stream,  # no-cython-lint
-                             TensorView, to_core_axes, trim_pools, validate_backward,  # no-cython-lint
-                             validate_forward, validate_options, view_from_dltensor)  # no-cython-lint
+                             set_error_translator, set_libraries, stream_wait_stream,  # no-cython-lint
+                             TensorView, to_core_axes, trim_pools, validate_call,  # no-cython-lint
+                             validate_options, view_from_dltensor)  # no-cython-lint
 from stridedfa._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVersioned,  # no-cython-lint
                                 DLPackExchangeAPI, DLPACK_FLAG_READ_ONLY, DLPACK_MAJOR_VERSION,  # no-cython-lint
                                 DLPACK_MINOR_VERSION, DLDeviceType, DLTensor, kDLCUDA)  # no-cython-lint

@@ -83,6 +83,10 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         input
         output
 
+    cdef enum class GraphOp(int64_t):
+        forward
+        backward
+
     cdef enum class OperandKind(int32_t):
         attention
         stats
@@ -98,7 +102,8 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         elements_2_32
         bytes_2_32
 
-    cdef enum Slot:
+    # The operand table's slots (enum Slot): declared unnamed so that they index C arrays as ints.
+    cdef enum:
         kQ, kK, kV, kO, kLse, kGradO, kGradQ, kGradK, kGradV, kSeqLensQ, kSeqLensKV, kSinks, kGradSinks, kBias,
         kGradBias, kAlibiSlopes, kRngState, kCuSeqlensQ, kCuSeqlensKV, kBlockTable, kNumSlots
 
@@ -115,6 +120,11 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
     const OperandInfo kOperands[20]
 
+    # One call: its op and its operands in slot order (sdpa_types.hpp).
+    cdef cppclass CallOperands:
+        GraphOp op
+        TensorView slot[20]
+
     cdef cppclass Problem:
         int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
         int32_t device
@@ -125,28 +135,16 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
 
 
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
-    cdef cppclass ForwardArgs:
-        TensorView q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state
-        TensorView cu_seqlens_q, cu_seqlens_kv, block_table
-
-    cdef cppclass BackwardArgs:
-        TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks
-        TensorView bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv
-
     cdef cppclass PreparedCall:
         Problem problem
         int64_t workspace_bytes
 
     cbool cudnn_can_read(const TensorView& t)
-    Problem validate_forward(const ForwardArgs& args) except +raise_core_error
-    Problem validate_backward(const BackwardArgs& args) except +raise_core_error
+    Problem validate_call(const CallOperands& call) except +raise_core_error
     void validate_options(const SdpaOptions& options, const Problem& problem) except +raise_core_error
-    PreparedCall prepare_forward(const ForwardArgs& args, const SdpaOptions& options) except +raise_core_error
-    PreparedCall prepare_backward(const BackwardArgs& args, const SdpaOptions& options) except +raise_core_error
-    vector[int64_t] forward_graph_key(const ForwardArgs& args, const SdpaOptions& options, int sm_version,
-                                      int64_t cudnn_version) except +raise_core_error
-    vector[int64_t] backward_graph_key(const BackwardArgs& args, const SdpaOptions& options, int sm_version,
-                                       int64_t cudnn_version) except +raise_core_error
+    PreparedCall prepare_call(const CallOperands& call, const SdpaOptions& options) except +raise_core_error
+    vector[int64_t] call_graph_key(const CallOperands& call, const SdpaOptions& options, int sm_version,
+                                   int64_t cudnn_version) except +raise_core_error
     void execute(const PreparedCall& call, uintptr_t stream, void* workspace) except +raise_core_error
     int64_t own_workspace_allocations()
 

@@ -42,27 +42,28 @@ cdef object cupy_empty(object hooks, object allocation, int ndim, const int64_t*
 
 
 cdef tuple cupy_forward_outputs(object q, object hooks, object allocation, bint with_lse,
-                                ForwardArgs* fwd):
+                                CallOperands* fwd):
     """out dense in q's axis order and, with_lse, packed float32 (b, h, s) statistics."""
     cdef int64_t shape[4]
     cdef int64_t strides[4]
-    if fwd.q.ndim != 4 or fwd.v.ndim != 4:
-        name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
+    if fwd.slot[kQ].ndim != 4 or fwd.slot[kV].ndim != 4:
+        name, ndim = ("q", fwd.slot[kQ].ndim) if fwd.slot[kQ].ndim != 4 else ("v", fwd.slot[kV].ndim)
         raise LayoutError(f"{name} must be 4-D (batch, heads, seq, head_dim); it has {ndim} axes")
-    if fwd.q.device_type != kDLCUDA:
+    if fwd.slot[kQ].device_type != kDLCUDA:
         with nogil:  # the validator names the device problem
-            validate_forward(fwd[0])
-    shape[0], shape[1], shape[2], shape[3] = fwd.q.dims[0], fwd.q.dims[1], fwd.q.dims[2], fwd.v.dims[3]
-    dense_strides_like(shape, fwd.q.strides, 4, strides)
-    out = cupy_empty(hooks, allocation, 4, shape, strides, q.dtype, fwd.q.dtype, fwd.q.device_id, b"out",
-                     &fwd.out)
+            validate_call(fwd[0])
+    shape[0], shape[1], shape[2] = fwd.slot[kQ].dims[0], fwd.slot[kQ].dims[1], fwd.slot[kQ].dims[2]
+    shape[3] = fwd.slot[kV].dims[3]
+    dense_strides_like(shape, fwd.slot[kQ].strides, 4, strides)
+    out = cupy_empty(hooks, allocation, 4, shape, strides, q.dtype, fwd.slot[kQ].dtype, fwd.slot[kQ].device_id, b"out",
+                     &fwd.slot[kO])
     lse = None
     if with_lse:
         strides[2] = 1
         strides[1] = shape[2]
         strides[0] = shape[1] * shape[2]
         lse = cupy_empty(hooks, allocation, 3, shape, strides, hooks.float32, float32_dtype(),
-                         fwd.q.device_id, b"lse", &fwd.lse)
+                         fwd.slot[kQ].device_id, b"lse", &fwd.slot[kLse])
     return out, lse
 
 
@@ -85,7 +86,7 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
                   alibi_slopes=None, dropout_p=0.0, rng_state=None):
     """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
     cdef SdpaOptions options
-    cdef ForwardArgs fwd
+    cdef CallOperands fwd
     cdef Owned owned[9]
     cdef CallStream st
     cdef PreparedCall call
@@ -96,23 +97,23 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
         owned[i].legacy = NULL
     parse_stream(stream, &st)
     try:
-        intake(q, b"q", False, &st, &fwd.q, &owned[0])
-        intake(k, b"k", False, &st, &fwd.k, &owned[1])
-        intake(v, b"v", False, &st, &fwd.v, &owned[2])
-        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
-        intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
-        intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[7])
-        intake_optional(rng_state, b"rng_state", &st, &fwd.rng_state, &owned[8])
+        intake(q, b"q", False, &st, &fwd.slot[kQ], &owned[0])
+        intake(k, b"k", False, &st, &fwd.slot[kK], &owned[1])
+        intake(v, b"v", False, &st, &fwd.slot[kV], &owned[2])
+        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.slot[kSeqLensQ], &fwd.slot[kSeqLensKV], &owned[3])
+        intake_optional(sinks, b"sinks", &st, &fwd.slot[kSinks], &owned[5])
+        intake_optional(bias, b"bias", &st, &fwd.slot[kBias], &owned[6])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.slot[kAlibiSlopes], &owned[7])
+        intake_optional(rng_state, b"rng_state", &st, &fwd.slot[kRngState], &owned[8])
         out, lse = cupy_forward_outputs(q, hooks, allocation, with_lse, &fwd)
-        call = prepared_forward(fwd, options)
+        call = prepared(fwd, options)
         cupy_execute(call, st.handle, hooks, allocation)
         return out, lse
     finally:
         release(owned, 9)
 
 
-cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, BackwardArgs* bwd):
+cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, CallOperands* bwd):
     """grad_q, grad_k, grad_v: each with its input's strides when the input is dense, else dense
     in the input's axis order."""
     cdef TensorView* views[3]
@@ -120,8 +121,8 @@ cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, Backwar
     cdef const char* names[3]
     cdef int64_t strides[8]
     cdef int i
-    views[0], views[1], views[2] = &bwd.q, &bwd.k, &bwd.v
-    grads[0], grads[1], grads[2] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
+    views[0], views[1], views[2] = &bwd.slot[kQ], &bwd.slot[kK], &bwd.slot[kV]
+    grads[0], grads[1], grads[2] = &bwd.slot[kGradQ], &bwd.slot[kGradK], &bwd.slot[kGradV]
     names[0], names[1], names[2] = b"grad_q", b"grad_k", b"grad_v"
     for i in range(3):
         if views[i].ndim != 4:
@@ -129,9 +130,10 @@ cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, Backwar
                               f"{views[i].ndim} axes")
         if views[i].device_type != kDLCUDA:
             grads[i][0] = views[i][0]  # placeholders: the validator names the device problem first
-    if bwd.q.device_type != kDLCUDA or bwd.k.device_type != kDLCUDA or bwd.v.device_type != kDLCUDA:
+    if (bwd.slot[kQ].device_type != kDLCUDA or bwd.slot[kK].device_type != kDLCUDA
+            or bwd.slot[kV].device_type != kDLCUDA):
         with nogil:
-            validate_backward(bwd[0])
+            validate_call(bwd[0])
     result = []
     for i in range(3):
         gradient_strides(views[i][0], strides)
@@ -146,13 +148,14 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
     """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v, grad_sinks
     or None, grad_bias or None: contiguous, of bias' shape, when `with_grad_bias`)."""
     cdef SdpaOptions options
-    cdef BackwardArgs bwd
+    cdef CallOperands bwd
     cdef Owned owned[12]
     cdef CallStream st
     cdef PreparedCall call
     cdef int64_t shape[1]
     cdef int64_t strides[4]
     cdef int i
+    bwd.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     for i in range(12):
         owned[i].versioned = NULL
@@ -160,30 +163,32 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
     keep_alive = []
     parse_stream(stream, &st)
     try:
-        intake(q, b"q", False, &st, &bwd.q, &owned[0])
-        intake(k, b"k", False, &st, &bwd.k, &owned[1])
-        intake(v, b"v", False, &st, &bwd.v, &owned[2])
-        intake(out, b"out", False, &st, &bwd.out, &owned[3])
-        intake(lse, b"lse", False, &st, &bwd.lse, &owned[4])
+        intake(q, b"q", False, &st, &bwd.slot[kQ], &owned[0])
+        intake(k, b"k", False, &st, &bwd.slot[kK], &owned[1])
+        intake(v, b"v", False, &st, &bwd.slot[kV], &owned[2])
+        intake(out, b"out", False, &st, &bwd.slot[kO], &owned[3])
+        intake(lse, b"lse", False, &st, &bwd.slot[kLse], &owned[4])
         # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced.
-        intake_readable(grad_out, hooks.contiguous, &st, &bwd.grad_out, &owned[5], keep_alive)
-        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[6])
-        intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[8])
-        intake_optional(bias, b"bias", &st, &bwd.bias, &owned[9])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.alibi_slopes, &owned[10])
-        intake_optional(rng_state, b"rng_state", &st, &bwd.rng_state, &owned[11])
+        intake_readable(grad_out, hooks.contiguous, &st, &bwd.slot[kGradO], &owned[5], keep_alive)
+        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.slot[kSeqLensQ], &bwd.slot[kSeqLensKV], &owned[6])
+        intake_optional(sinks, b"sinks", &st, &bwd.slot[kSinks], &owned[8])
+        intake_optional(bias, b"bias", &st, &bwd.slot[kBias], &owned[9])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.slot[kAlibiSlopes], &owned[10])
+        intake_optional(rng_state, b"rng_state", &st, &bwd.slot[kRngState], &owned[11])
         grads = cupy_gradients((q, k, v), hooks, allocation, &bwd)
         grad_sinks = None
         if sinks is not None and options.dropout_p == 0:  # one float32 per query head; see _backward_alloc
-            shape[0], strides[0] = bwd.q.dims[1], 1
+            shape[0], strides[0] = bwd.slot[kQ].dims[1], 1
             grad_sinks = cupy_empty(hooks, allocation, 1, shape, strides, hooks.float32, float32_dtype(),
-                                    bwd.q.device_id, b"grad_sinks", &bwd.grad_sinks)
+                                    bwd.slot[kQ].device_id, b"grad_sinks", &bwd.slot[kGradSinks])
         grad_bias = None
-        if with_grad_bias and bias is not None and bwd.bias.device_type == kDLCUDA and 1 <= bwd.bias.ndim <= 4:
-            contiguous_strides(bwd.bias.dims, bwd.bias.ndim, strides)
-            grad_bias = cupy_empty(hooks, allocation, bwd.bias.ndim, bwd.bias.dims, strides, q.dtype, bwd.bias.dtype,
-                                   bwd.bias.device_id, b"grad_bias", &bwd.grad_bias)
-        call = prepared_backward(bwd, options)
+        if (with_grad_bias and bias is not None and bwd.slot[kBias].device_type == kDLCUDA
+                and 1 <= bwd.slot[kBias].ndim <= 4):
+            contiguous_strides(bwd.slot[kBias].dims, bwd.slot[kBias].ndim, strides)
+            grad_bias = cupy_empty(hooks, allocation, bwd.slot[kBias].ndim, bwd.slot[kBias].dims, strides, q.dtype,
+                                   bwd.slot[kBias].dtype,
+                                   bwd.slot[kBias].device_id, b"grad_bias", &bwd.slot[kGradBias])
+        call = prepared(bwd, options)
         cupy_execute(call, st.handle, hooks, allocation)
         return (*grads, grad_sinks, grad_bias)
     finally:

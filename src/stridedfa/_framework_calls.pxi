@@ -3,28 +3,16 @@
 # (_framework_alloc.pxi), validates, launches and returns the framework's tensors.
 
 
-cdef PreparedCall prepared_forward(const ForwardArgs& fwd, const SdpaOptions& options) except *:
-    """prepare_forward, loading cuDNN on the first call (after validation, so bad input is
-    reported even where cuDNN is missing)."""
+cdef PreparedCall prepared(const CallOperands& operands, const SdpaOptions& options) except *:
+    """prepare_call, loading cuDNN on the first call (after validation, so bad input is reported
+    even where cuDNN is missing)."""
     cdef PreparedCall call
     if not libraries_loaded():
         with nogil:
-            validate_forward(fwd)
+            validate_call(operands)
         ensure_libraries()
     with nogil:
-        call = prepare_forward(fwd, options)
-    return call
-
-
-cdef PreparedCall prepared_backward(const BackwardArgs& bwd, const SdpaOptions& options) except *:
-    """prepare_backward, loading cuDNN on the first call (see prepared_forward)."""
-    cdef PreparedCall call
-    if not libraries_loaded():
-        with nogil:
-            validate_backward(bwd)
-        ensure_libraries()
-    with nogil:
-        call = prepare_backward(bwd, options)
+        call = prepare_call(operands, options)
     return call
 
 
@@ -43,7 +31,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     Returns (out, lse or None) as the framework's tensors.
     """
     cdef SdpaOptions options
-    cdef ForwardArgs fwd
+    cdef CallOperands fwd
     cdef Owned owned[10]
     cdef CallStream st
     cdef PreparedCall call
@@ -69,44 +57,44 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
         owned[i].legacy = NULL
     parse_stream(None, &st)
     try:
-        intake(q, b"q", False, &st, &fwd.q, &owned[0])
-        intake(k, b"k", False, &st, &fwd.k, &owned[1])
-        intake(v, b"v", False, &st, &fwd.v, &owned[2])
-        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[3])
-        intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[5])
-        intake_optional(bias, b"bias", &st, &fwd.bias, &owned[6])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[7])
-        intake_optional(rng_state, b"rng_state", &st, &fwd.rng_state, &owned[8])
-        intake_optional(block_table, b"block_table", &st, &fwd.block_table, &owned[9])
-        if fwd.q.ndim != 4 or fwd.v.ndim != 4:
-            name, ndim = ("q", fwd.q.ndim) if fwd.q.ndim != 4 else ("v", fwd.v.ndim)
+        intake(q, b"q", False, &st, &fwd.slot[kQ], &owned[0])
+        intake(k, b"k", False, &st, &fwd.slot[kK], &owned[1])
+        intake(v, b"v", False, &st, &fwd.slot[kV], &owned[2])
+        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.slot[kSeqLensQ], &fwd.slot[kSeqLensKV], &owned[3])
+        intake_optional(sinks, b"sinks", &st, &fwd.slot[kSinks], &owned[5])
+        intake_optional(bias, b"bias", &st, &fwd.slot[kBias], &owned[6])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.slot[kAlibiSlopes], &owned[7])
+        intake_optional(rng_state, b"rng_state", &st, &fwd.slot[kRngState], &owned[8])
+        intake_optional(block_table, b"block_table", &st, &fwd.slot[kBlockTable], &owned[9])
+        if fwd.slot[kQ].ndim != 4 or fwd.slot[kV].ndim != 4:
+            name, ndim = ("q", fwd.slot[kQ].ndim) if fwd.slot[kQ].ndim != 4 else ("v", fwd.slot[kV].ndim)
             raise LayoutError(f"{name} must have 4 axes (batch, heads, seq, head_dim); it has {ndim}")
-        if fwd.q.device_type != kDLCUDA:
+        if fwd.slot[kQ].device_type != kDLCUDA:
             with nogil:  # the validator names the device problem
-                validate_forward(fwd)
-        out_shape[0] = fwd.q.dims[0]
-        out_shape[1] = fwd.q.dims[1]
-        out_shape[2] = fwd.q.dims[2]
-        out_shape[3] = fwd.v.dims[3]
-        dense_strides_like(out_shape, fwd.q.strides, 4, out_strides)
+                validate_call(fwd)
+        out_shape[0] = fwd.slot[kQ].dims[0]
+        out_shape[1] = fwd.slot[kQ].dims[1]
+        out_shape[2] = fwd.slot[kQ].dims[2]
+        out_shape[3] = fwd.slot[kV].dims[3]
+        dense_strides_like(out_shape, fwd.slot[kQ].strides, 4, out_strides)
         if with_lse and together:
             lse_shape[0], lse_shape[1], lse_shape[2] = out_shape[0], out_shape[1], out_shape[2]
             lse_strides[0], lse_strides[1], lse_strides[2] = out_shape[1] * out_shape[2], out_shape[2], 1
             ndims[0], ndims[1] = 4, 3
             shapes[0], shapes[1] = out_shape, lse_shape
             strides[0], strides[1] = out_strides, lse_strides
-            dtypes[0], dtypes[1] = fwd.q.dtype, float32_dtype()
-            allocate_together(api, 2, ndims, shapes, strides, dtypes, fwd.q.device_id, pair)
+            dtypes[0], dtypes[1] = fwd.slot[kQ].dtype, float32_dtype()
+            allocate_together(api, 2, ndims, shapes, strides, dtypes, fwd.slot[kQ].device_id, pair)
             out_tensor, lse_tensor = pair[0], pair[1]
-            fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
+            fwd.slot[kLse] = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
         else:
-            out_tensor = allocate_strided(api, 4, out_shape, out_strides, fwd.q.dtype, fwd.q.device_id)
+            out_tensor = allocate_strided(api, 4, out_shape, out_strides, fwd.slot[kQ].dtype, fwd.slot[kQ].device_id)
             if with_lse:
-                lse_tensor = allocate_stats(api, fwd.q)
-                fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
-        fwd.out = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
-        call = prepared_forward(fwd, options)
-        execute_with_framework_workspace(api, call, st.handle, fwd.q.device_id)
+                lse_tensor = allocate_stats(api, fwd.slot[kQ])
+                fwd.slot[kLse] = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
+        fwd.slot[kO] = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
+        call = prepared(fwd, options)
+        execute_with_framework_workspace(api, call, st.handle, fwd.slot[kQ].device_id)
         out = to_framework_object(api, out_tensor)
         out_tensor = NULL
         lse = None
@@ -150,7 +138,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     framework's tensors, grad_sinks a float32 (h_q,) when sinks are given, grad_bias (contiguous, of
     bias' shape) when `with_grad_bias`, else None."""
     cdef SdpaOptions options
-    cdef BackwardArgs bwd
+    cdef CallOperands bwd
     cdef Owned owned[12]
     cdef CallStream st
     cdef PreparedCall call
@@ -167,6 +155,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef DLDataType dtypes[3]
     cdef DLManagedTensorVersioned* sinks_grad = NULL
     cdef int i
+    bwd.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     cdef const DLPackExchangeAPI* api = allocating_api(q)
     for i in range(12):
@@ -174,37 +163,38 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
         owned[i].legacy = NULL
     for i in range(3):
         grads[i] = NULL
-    inputs[0], inputs[1], inputs[2] = &bwd.q, &bwd.k, &bwd.v
-    outputs[0], outputs[1], outputs[2] = &bwd.grad_q, &bwd.grad_k, &bwd.grad_v
+    inputs[0], inputs[1], inputs[2] = &bwd.slot[kQ], &bwd.slot[kK], &bwd.slot[kV]
+    outputs[0], outputs[1], outputs[2] = &bwd.slot[kGradQ], &bwd.slot[kGradK], &bwd.slot[kGradV]
     names[0], names[1], names[2] = b"grad_q", b"grad_k", b"grad_v"
     keep_alive = []
     parse_stream(None, &st)
     try:
-        intake(q, b"q", False, &st, &bwd.q, &owned[0])
-        intake(k, b"k", False, &st, &bwd.k, &owned[1])
-        intake(v, b"v", False, &st, &bwd.v, &owned[2])
-        intake(out, b"out", False, &st, &bwd.out, &owned[3])
-        intake(lse, b"lse", False, &st, &bwd.lse, &owned[4])
-        intake_readable(grad_out, make_readable, &st, &bwd.grad_out, &owned[5], keep_alive)
-        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[6])
-        intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[8])
-        intake_optional(bias, b"bias", &st, &bwd.bias, &owned[9])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.alibi_slopes, &owned[10])
-        intake_optional(rng_state, b"rng_state", &st, &bwd.rng_state, &owned[11])
+        intake(q, b"q", False, &st, &bwd.slot[kQ], &owned[0])
+        intake(k, b"k", False, &st, &bwd.slot[kK], &owned[1])
+        intake(v, b"v", False, &st, &bwd.slot[kV], &owned[2])
+        intake(out, b"out", False, &st, &bwd.slot[kO], &owned[3])
+        intake(lse, b"lse", False, &st, &bwd.slot[kLse], &owned[4])
+        intake_readable(grad_out, make_readable, &st, &bwd.slot[kGradO], &owned[5], keep_alive)
+        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.slot[kSeqLensQ], &bwd.slot[kSeqLensKV], &owned[6])
+        intake_optional(sinks, b"sinks", &st, &bwd.slot[kSinks], &owned[8])
+        intake_optional(bias, b"bias", &st, &bwd.slot[kBias], &owned[9])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.slot[kAlibiSlopes], &owned[10])
+        intake_optional(rng_state, b"rng_state", &st, &bwd.slot[kRngState], &owned[11])
         for i in range(3):
             if inputs[i].ndim != 4:
                 raise LayoutError(f"{SLOT_NAMES[i].decode()} must have 4 axes (batch, heads, seq, head_dim); "
                                   f"it has {inputs[i].ndim}")
             if inputs[i].device_type != kDLCUDA:
                 outputs[i][0] = inputs[i][0]  # placeholders: the validator names the device problem
-        if bwd.q.device_type != kDLCUDA or bwd.k.device_type != kDLCUDA or bwd.v.device_type != kDLCUDA:
+        if (bwd.slot[kQ].device_type != kDLCUDA or bwd.slot[kK].device_type != kDLCUDA
+                or bwd.slot[kV].device_type != kDLCUDA):
             with nogil:
-                validate_backward(bwd)
+                validate_call(bwd)
         for i in range(3):
             gradient_strides(inputs[i][0], grad_strides[i])
             ndims[i], shapes[i], strides_of[i], dtypes[i] = 4, inputs[i].dims, grad_strides[i], inputs[i].dtype
         if together:
-            allocate_together(api, 3, ndims, shapes, strides_of, dtypes, bwd.q.device_id, grads)
+            allocate_together(api, 3, ndims, shapes, strides_of, dtypes, bwd.slot[kQ].device_id, grads)
         for i in range(3):
             if not together:
                 grads[i] = allocate_strided(api, 4, inputs[i].dims, grad_strides[i], inputs[i].dtype,
@@ -212,15 +202,17 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
             outputs[i][0] = view_from_dltensor(grads[i].dl_tensor, False, names[i], ExportQuirk.none)
         # With dropout cuDNN 9.19 gets the sinks' gradient wrong: not asked for (the core refuses it).
         if sinks is not None and options.dropout_p == 0:
-            sinks_grad = allocate_per_head(api, bwd.q)
-            bwd.grad_sinks = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
-        if with_grad_bias and bias is not None and bwd.bias.device_type == kDLCUDA and 1 <= bwd.bias.ndim <= 4:
-            contiguous_strides(bwd.bias.dims, bwd.bias.ndim, bias_strides)
-            bias_grad = allocate_strided(api, bwd.bias.ndim, bwd.bias.dims, bias_strides, bwd.bias.dtype,
-                                         bwd.bias.device_id)
-            bwd.grad_bias = view_from_dltensor(bias_grad.dl_tensor, False, b"grad_bias", ExportQuirk.none)
-        call = prepared_backward(bwd, options)
-        execute_with_framework_workspace(api, call, st.handle, bwd.q.device_id)
+            sinks_grad = allocate_per_head(api, bwd.slot[kQ])
+            bwd.slot[kGradSinks] = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
+        if (with_grad_bias and bias is not None and bwd.slot[kBias].device_type == kDLCUDA
+                and 1 <= bwd.slot[kBias].ndim <= 4):
+            contiguous_strides(bwd.slot[kBias].dims, bwd.slot[kBias].ndim, bias_strides)
+            bias_grad = allocate_strided(api, bwd.slot[kBias].ndim, bwd.slot[kBias].dims, bias_strides,
+                                         bwd.slot[kBias].dtype,
+                                         bwd.slot[kBias].device_id)
+            bwd.slot[kGradBias] = view_from_dltensor(bias_grad.dl_tensor, False, b"grad_bias", ExportQuirk.none)
+        call = prepared(bwd, options)
+        execute_with_framework_workspace(api, call, st.handle, bwd.slot[kQ].device_id)
         result = []
         for i in range(3):
             result.append(to_framework_object(api, grads[i]))

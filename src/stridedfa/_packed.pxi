@@ -29,7 +29,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     core's axis i (b, h, s, d); a bias is in the core's (b, h, s_q, s_kv) axes. Returns (out in
     layout axes, dense in q's memory order; lse or None)."""
     cdef SdpaOptions options
-    cdef ForwardArgs fwd
+    cdef CallOperands fwd
     cdef Owned owned[8]
     cdef CallStream st
     cdef PreparedCall call
@@ -50,36 +50,36 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     try:
         intake(packed, b"packed", False, &st, &packed_view, &owned[0])
         check_packed(packed_view, dim, 3 if q is None else 2)
-        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.seqlens_q, &fwd.seqlens_kv, &owned[2])
-        intake_optional(sinks, b"sinks", &st, &fwd.sinks, &owned[4])
-        intake_optional(bias, b"bias", &st, &fwd.bias, &owned[5])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.alibi_slopes, &owned[6])
-        intake_optional(rng_state, b"rng_state", &st, &fwd.rng_state, &owned[7])
+        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.slot[kSeqLensQ], &fwd.slot[kSeqLensKV], &owned[2])
+        intake_optional(sinks, b"sinks", &st, &fwd.slot[kSinks], &owned[4])
+        intake_optional(bias, b"bias", &st, &fwd.slot[kBias], &owned[5])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.slot[kAlibiSlopes], &owned[6])
+        intake_optional(rng_state, b"rng_state", &st, &fwd.slot[kRngState], &owned[7])
         if q is None:
             q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
-            fwd.k = select_packed(packed_view, dim, 1, perm, b"k")
-            fwd.v = select_packed(packed_view, dim, 2, perm, b"v")
+            fwd.slot[kK] = select_packed(packed_view, dim, 1, perm, b"k")
+            fwd.slot[kV] = select_packed(packed_view, dim, 2, perm, b"v")
         else:
             intake(q, b"q", False, &st, &q_layout, &owned[1])
             if q_layout.ndim != 4:
                 raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
-            fwd.k = select_packed(packed_view, dim, 0, perm, b"k")
-            fwd.v = select_packed(packed_view, dim, 1, perm, b"v")
-        fwd.q = to_core_axes(q_layout, perm, b"q")
+            fwd.slot[kK] = select_packed(packed_view, dim, 0, perm, b"k")
+            fwd.slot[kV] = select_packed(packed_view, dim, 1, perm, b"v")
+        fwd.slot[kQ] = to_core_axes(q_layout, perm, b"q")
         if packed_view.device_type != kDLCUDA:
             with nogil:
-                validate_forward(fwd)
+                validate_call(fwd)
         for i in range(4):
             out_shape[i] = q_layout.dims[i]
-        out_shape[perm[3]] = fwd.v.dims[3]  # head_dim of v
+        out_shape[perm[3]] = fwd.slot[kV].dims[3]  # head_dim of v
         dense_strides_like(out_shape, q_layout.strides, 4, out_strides)
         out_tensor = allocate_strided(api, 4, out_shape, out_strides, packed_view.dtype, packed_view.device_id)
         out_layout = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
-        fwd.out = to_core_axes(out_layout, perm, b"out")
+        fwd.slot[kO] = to_core_axes(out_layout, perm, b"out")
         if with_lse:
-            lse_tensor = allocate_stats(api, fwd.q)
-            fwd.lse = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
-        call = prepared_forward(fwd, options)
+            lse_tensor = allocate_stats(api, fwd.slot[kQ])
+            fwd.slot[kLse] = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
+        call = prepared(fwd, options)
         execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
         out = to_framework_object(api, out_tensor)
         out_tensor = NULL
@@ -106,7 +106,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     axes. Returns (grad_packed, grad_q or None, grad_sinks or None, grad_bias or None: contiguous, of
     bias' shape, when `with_grad_bias`)."""
     cdef SdpaOptions options
-    cdef BackwardArgs bwd
+    cdef CallOperands bwd
     cdef Owned owned[11]
     cdef CallStream st
     cdef PreparedCall call
@@ -118,6 +118,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     cdef int perm[4]
     cdef int64_t strides[8]
     cdef int i
+    bwd.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
@@ -128,52 +129,54 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     try:
         intake(packed, b"packed", False, &st, &packed_view, &owned[0])
         check_packed(packed_view, dim, 3 if q is None else 2)
-        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.seqlens_q, &bwd.seqlens_kv, &owned[5])
-        intake_optional(sinks, b"sinks", &st, &bwd.sinks, &owned[7])
-        intake_optional(bias, b"bias", &st, &bwd.bias, &owned[8])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.alibi_slopes, &owned[9])
-        intake_optional(rng_state, b"rng_state", &st, &bwd.rng_state, &owned[10])
+        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.slot[kSeqLensQ], &bwd.slot[kSeqLensKV], &owned[5])
+        intake_optional(sinks, b"sinks", &st, &bwd.slot[kSinks], &owned[7])
+        intake_optional(bias, b"bias", &st, &bwd.slot[kBias], &owned[8])
+        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.slot[kAlibiSlopes], &owned[9])
+        intake_optional(rng_state, b"rng_state", &st, &bwd.slot[kRngState], &owned[10])
         intake(out, b"out", False, &st, &out_layout, &owned[1])
         intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[2])
-        intake(lse, b"lse", False, &st, &bwd.lse, &owned[3])
+        intake(lse, b"lse", False, &st, &bwd.slot[kLse], &owned[3])
         if out_layout.ndim != 4 or grad_out_layout.ndim != 4:
             raise LayoutError("out and grad_out must have 4 axes in the packed buffer's layout")
-        bwd.out = to_core_axes(out_layout, perm, b"out")
-        bwd.grad_out = to_core_axes(grad_out_layout, perm, b"grad_out")
+        bwd.slot[kO] = to_core_axes(out_layout, perm, b"out")
+        bwd.slot[kGradO] = to_core_axes(grad_out_layout, perm, b"grad_out")
         gradient_strides(packed_view, strides)
         grad_packed_tensor = allocate_strided(api, 5, packed_view.dims, strides, packed_view.dtype,
                                               packed_view.device_id)
         grad_packed_view = view_from_dltensor(grad_packed_tensor.dl_tensor, False, b"grad_packed", ExportQuirk.none)
         if q is None:
-            bwd.q = select_packed(packed_view, dim, 0, perm, b"q")
-            bwd.k = select_packed(packed_view, dim, 1, perm, b"k")
-            bwd.v = select_packed(packed_view, dim, 2, perm, b"v")
-            bwd.grad_q = select_packed(grad_packed_view, dim, 0, perm, b"grad_q")
-            bwd.grad_k = select_packed(grad_packed_view, dim, 1, perm, b"grad_k")
-            bwd.grad_v = select_packed(grad_packed_view, dim, 2, perm, b"grad_v")
+            bwd.slot[kQ] = select_packed(packed_view, dim, 0, perm, b"q")
+            bwd.slot[kK] = select_packed(packed_view, dim, 1, perm, b"k")
+            bwd.slot[kV] = select_packed(packed_view, dim, 2, perm, b"v")
+            bwd.slot[kGradQ] = select_packed(grad_packed_view, dim, 0, perm, b"grad_q")
+            bwd.slot[kGradK] = select_packed(grad_packed_view, dim, 1, perm, b"grad_k")
+            bwd.slot[kGradV] = select_packed(grad_packed_view, dim, 2, perm, b"grad_v")
         else:
             intake(q, b"q", False, &st, &q_layout, &owned[4])
             if q_layout.ndim != 4:
                 raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
-            bwd.q = to_core_axes(q_layout, perm, b"q")
-            bwd.k = select_packed(packed_view, dim, 0, perm, b"k")
-            bwd.v = select_packed(packed_view, dim, 1, perm, b"v")
+            bwd.slot[kQ] = to_core_axes(q_layout, perm, b"q")
+            bwd.slot[kK] = select_packed(packed_view, dim, 0, perm, b"k")
+            bwd.slot[kV] = select_packed(packed_view, dim, 1, perm, b"v")
             gradient_strides(q_layout, strides)
             grad_q_tensor = allocate_strided(api, 4, q_layout.dims, strides, q_layout.dtype, q_layout.device_id)
             grad_q_layout = view_from_dltensor(grad_q_tensor.dl_tensor, False, b"grad_q", ExportQuirk.none)
-            bwd.grad_q = to_core_axes(grad_q_layout, perm, b"grad_q")
-            bwd.grad_k = select_packed(grad_packed_view, dim, 0, perm, b"grad_k")
-            bwd.grad_v = select_packed(grad_packed_view, dim, 1, perm, b"grad_v")
+            bwd.slot[kGradQ] = to_core_axes(grad_q_layout, perm, b"grad_q")
+            bwd.slot[kGradK] = select_packed(grad_packed_view, dim, 0, perm, b"grad_k")
+            bwd.slot[kGradV] = select_packed(grad_packed_view, dim, 1, perm, b"grad_v")
         # With dropout cuDNN 9.19 gets the sinks' gradient wrong: not asked for (the core refuses it).
         if sinks is not None and options.dropout_p == 0:
-            sinks_grad = allocate_per_head(api, bwd.q)
-            bwd.grad_sinks = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
-        if with_grad_bias and bias is not None and bwd.bias.device_type == kDLCUDA and 1 <= bwd.bias.ndim <= 4:
-            contiguous_strides(bwd.bias.dims, bwd.bias.ndim, strides)
-            bias_grad = allocate_strided(api, bwd.bias.ndim, bwd.bias.dims, strides, bwd.bias.dtype,
-                                         bwd.bias.device_id)
-            bwd.grad_bias = view_from_dltensor(bias_grad.dl_tensor, False, b"grad_bias", ExportQuirk.none)
-        call = prepared_backward(bwd, options)
+            sinks_grad = allocate_per_head(api, bwd.slot[kQ])
+            bwd.slot[kGradSinks] = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
+        if (with_grad_bias and bias is not None and bwd.slot[kBias].device_type == kDLCUDA
+                and 1 <= bwd.slot[kBias].ndim <= 4):
+            contiguous_strides(bwd.slot[kBias].dims, bwd.slot[kBias].ndim, strides)
+            bias_grad = allocate_strided(api, bwd.slot[kBias].ndim, bwd.slot[kBias].dims, strides,
+                                         bwd.slot[kBias].dtype,
+                                         bwd.slot[kBias].device_id)
+            bwd.slot[kGradBias] = view_from_dltensor(bias_grad.dl_tensor, False, b"grad_bias", ExportQuirk.none)
+        call = prepared(bwd, options)
         execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
         grad_packed = to_framework_object(api, grad_packed_tensor)
         grad_packed_tensor = NULL

@@ -42,25 +42,21 @@ def _validate_shapes(bint backward, int64_t layout, tuple shapes, dtype, *, scal
     handler would, so what the plan refuses (a bias' gradient cuDNN does not compute, a band it cannot shift, ...)
     is refused while tracing, not when XLA runs it. Needs no GPU. Returns what validation established, or raises
     LayoutError / UnsupportedError."""
-    cdef ForwardArgs fwd
-    cdef BackwardArgs bwd
+    cdef CallOperands operands
     cdef Problem problem
     cdef SdpaOptions options
     cdef vector[int64_t] key
     cdef TensorView* views[kNumSlots]
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    slot_views(backward, &fwd, &bwd, views)
+    op_slots(backward, &operands, views)
     shape_views(backward, layout, shapes, dtype, 0, views, lengths, cu_seqlens, block_table, sinks, grad_sinks, bias,
                 grad_bias, alibi_slopes, rng_state, shared_lengths)
     with nogil:
-        problem = validate_backward(bwd) if backward else validate_forward(fwd)
+        problem = validate_call(operands)
         validate_options(options, problem)
         # cuDNN 9.26's rules for the statistics: JAX's lse is packed, which every version reads
-        if backward:
-            key = backward_graph_key(bwd, options, 90, 92600)
-        else:
-            key = forward_graph_key(fwd, options, 90, 92600)
+        key = call_graph_key(operands, options, 90, 92600)
     return problem_dict(problem)
 
 
@@ -88,8 +84,7 @@ def _warm_up_shapes(bint backward, int64_t layout, tuple shapes, dtype, int devi
     gets its graph into the graph cache -- loaded from the persisted plans, else built -- without
     launching anything. With ``key_only``, returns the graph-cache key it would use on a device of
     these facts instead (no GPU needed)."""
-    cdef ForwardArgs fwd
-    cdef BackwardArgs bwd
+    cdef CallOperands operands
     cdef SdpaOptions options
     cdef TensorView* views[kNumSlots]
     cdef vector[int64_t] key
@@ -97,22 +92,19 @@ def _warm_up_shapes(bint backward, int64_t layout, tuple shapes, dtype, int devi
     cdef int64_t cudnn = cudnn_version
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    slot_views(backward, &fwd, &bwd, views)
+    op_slots(backward, &operands, views)
     shape_views(backward, layout, shapes, dtype, device, views, lengths, cu_seqlens, None, sinks, grad_sinks, bias,
                 grad_bias, alibi_slopes, rng_state, shared_lengths)
     if key_only:
         with nogil:
-            if backward:
-                key = backward_graph_key(bwd, options, sm, cudnn)
-            else:
-                key = forward_graph_key(fwd, options, sm, cudnn)
+            key = call_graph_key(operands, options, sm, cudnn)
         return tuple(key)
     if not libraries_loaded():
         with nogil:  # bad input is reported even where cuDNN is missing
-            validate_backward(bwd) if backward else validate_forward(fwd)
+            validate_call(operands)
         ensure_libraries()
     with nogil:
-        prepare_backward(bwd, options) if backward else prepare_forward(fwd, options)
+        prepare_call(operands, options)
     return None
 
 

@@ -101,15 +101,15 @@ def _device_buffer(shape, strides, dtype, device=0, stream=0):
 def _cupy_allocate_like_forward(q, v, bint with_lse, hooks):
     """The outputs stridedfa.cupy.attention would allocate for q and v (the same code), without a
     call: for the tests of the layout rule on machines without a GPU."""
-    cdef ForwardArgs fwd
+    cdef CallOperands fwd
     cdef Owned owned[2]
     cdef CallStream st
     owned[0].versioned = owned[0].legacy = NULL
     owned[1].versioned = owned[1].legacy = NULL
     parse_stream(0, &st)
     try:
-        intake(q, b"q", False, &st, &fwd.q, &owned[0])
-        intake(v, b"v", False, &st, &fwd.v, &owned[1])
+        intake(q, b"q", False, &st, &fwd.slot[kQ], &owned[0])
+        intake(v, b"v", False, &st, &fwd.slot[kV], &owned[1])
         return cupy_forward_outputs(q, hooks, None, with_lse, &fwd)
     finally:
         release(owned, 2)
@@ -118,18 +118,19 @@ def _cupy_allocate_like_forward(q, v, bint with_lse, hooks):
 def _cupy_allocate_gradients(q, k, v, hooks):
     """The gradients stridedfa.cupy.attention_backward would allocate (see
     _cupy_allocate_like_forward)."""
-    cdef BackwardArgs bwd
+    cdef CallOperands bwd
     cdef Owned owned[3]
     cdef CallStream st
     cdef int i
+    bwd.op = GraphOp.backward
     for i in range(3):
         owned[i].versioned = NULL
         owned[i].legacy = NULL
     parse_stream(0, &st)
     try:
-        intake(q, b"q", False, &st, &bwd.q, &owned[0])
-        intake(k, b"k", False, &st, &bwd.k, &owned[1])
-        intake(v, b"v", False, &st, &bwd.v, &owned[2])
+        intake(q, b"q", False, &st, &bwd.slot[kQ], &owned[0])
+        intake(k, b"k", False, &st, &bwd.slot[kK], &owned[1])
+        intake(v, b"v", False, &st, &bwd.slot[kV], &owned[2])
         return cupy_gradients((q, k, v), hooks, None, &bwd)
     finally:
         release(owned, 3)

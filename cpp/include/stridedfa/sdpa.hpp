@@ -16,84 +16,12 @@
 #include "stridedfa/ragged.hpp"
 #include "stridedfa/sdpa_types.hpp"
 #include "stridedfa/tensor_view.hpp"
+#include "stridedfa/validate.hpp"
 #include "stridedfa/visibility.hpp"
 
 namespace stridedfa {
 
 class BuiltGraph;
-
-// The operands of a call in the operand table's slot order; null where the op has no such slot.
-using SlotViews = std::array<const TensorView*, kNumSlots>;
-
-struct ForwardArgs {
-  TensorView q, k, v, out;
-  TensorView lse;                    // optional (lse.present == false): no softmax statistics
-  TensorView seqlens_q, seqlens_kv;  // optional padding lengths
-  TensorView sinks;                  // optional attention sinks
-  TensorView bias;                   // optional additive score bias
-  TensorView alibi_slopes;           // optional ALiBi slopes, one per query head
-  TensorView rng_state;              // dropout's Philox seed and offset (needed when dropout_p > 0)
-  // A variable-length call: int32 (batch + 1,) cumulative starts; q, k, v, out are then
-  // (tokens, heads, head_dim) and lse (heads of q, tokens of q).
-  TensorView cu_seqlens_q, cu_seqlens_kv;
-  // A paged KV cache: int32 (batch, blocks per sequence) ids of blocks of k and v, which are then
-  // (num_blocks, h_kv, block_size, d) caches; seqlens_kv (each sequence's cached length) required.
-  TensorView block_table;
-  SlotViews slots() const {
-    return {&q,
-            &k,
-            &v,
-            &out,
-            &lse,
-            nullptr,
-            nullptr,
-            nullptr,
-            nullptr,
-            &seqlens_q,
-            &seqlens_kv,
-            &sinks,
-            nullptr,
-            &bias,
-            nullptr,
-            &alibi_slopes,
-            &rng_state,
-            &cu_seqlens_q,
-            &cu_seqlens_kv,
-            &block_table};
-  }
-};
-
-struct BackwardArgs {
-  TensorView q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v;
-  TensorView seqlens_q, seqlens_kv;        // optional padding lengths, as in the forward
-  TensorView sinks, grad_sinks;            // optional attention sinks (as in the forward) and their gradient
-  TensorView bias, grad_bias;              // optional score bias (as in the forward) and its gradient
-  TensorView alibi_slopes;                 // optional ALiBi slopes, as in the forward
-  TensorView rng_state;                    // the forward's Philox seed and offset: the same dropout mask
-  TensorView cu_seqlens_q, cu_seqlens_kv;  // a variable-length call's, as in the forward
-  SlotViews slots() const {
-    return {&q,
-            &k,
-            &v,
-            &out,
-            &lse,
-            &grad_out,
-            &grad_q,
-            &grad_k,
-            &grad_v,
-            &seqlens_q,
-            &seqlens_kv,
-            &sinks,
-            &grad_sinks,
-            &bias,
-            &grad_bias,
-            &alibi_slopes,
-            &rng_state,
-            &cu_seqlens_q,
-            &cu_seqlens_kv,
-            nullptr};  // no paged backward (cuDNN has none)
-  }
-};
 
 struct PreparedCall {
   std::shared_ptr<const BuiltGraph> graph;  // null when there is nothing for cuDNN to compute
@@ -136,33 +64,13 @@ struct PreparedCall {
   int page_table_ptr[2] = {-1, -1};
 };
 
-// The softmax statistics may be given as (b, h, s) or (b, h, s, 1), padding lengths as (b,) or
-// (b, 1, 1, 1); the core always uses 4 axes. In a variable-length call (`ragged`) the attention
-// operands are (tokens, h, d) and the statistics (h, tokens): (1, h, tokens, d) and (1, h, tokens, 1).
-TensorView stats_as_4d(const TensorView& lse);
-TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged = false);
-
-// Whether an attention input (4 axes, or a variable-length call's 3, float16/bfloat16) meets the stride and alignment
-// rules cuDNN reads by: what adapters ask before copying a gradient that autograd handed over (a broadcast dO from
-// out.sum().backward(), say). The validator's own rule, so the two cannot drift apart.
-bool cudnn_can_read(const TensorView& t);
-
-// Validation alone (throws LayoutError / UnsupportedError). Needs no GPU and no cuDNN.
-Problem validate_forward(const ForwardArgs& args);
-Problem validate_backward(const BackwardArgs& args);
-// The options' rules, given what validation established: a finite scale, window bounds >= 0.
-void validate_options(const SdpaOptions& options, const Problem& problem);
-
 // Validate, then look up or build the graph. Throws BackendError when cuDNN is not loaded.
-PreparedCall prepare_forward(const ForwardArgs& args, const SdpaOptions& options);
-PreparedCall prepare_backward(const BackwardArgs& args, const SdpaOptions& options);
+PreparedCall prepare_call(const CallOperands& call, const SdpaOptions& options);
 
 // The graph-cache key of a call on a device of compute capability `sm_version` with cuDNN
 // `cudnn_version` (validates first). Calls with equal keys share one cuDNN graph.
-std::vector<int64_t> forward_graph_key(const ForwardArgs& args, const SdpaOptions& options, int32_t sm_version,
-                                       int64_t cudnn_version);
-std::vector<int64_t> backward_graph_key(const BackwardArgs& args, const SdpaOptions& options, int32_t sm_version,
-                                        int64_t cudnn_version);
+std::vector<int64_t> call_graph_key(const CallOperands& call, const SdpaOptions& options, int32_t sm_version,
+                                    int64_t cudnn_version);
 
 // How many times execute() allocated cuDNN's workspace itself (from its pool) because the caller
 // passed none. Framework adapters always pass one from their allocator; tests check this stays put

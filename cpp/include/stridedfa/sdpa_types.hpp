@@ -186,6 +186,14 @@ inline bool optional_in(GraphOp op, int slot) {
   return op == GraphOp::forward ? kOperands[slot].forward_optional : kOperands[slot].backward_optional;
 }
 
+// One call: its op and its operands in the table's slot order (slot[s] is what kOperands[s]
+// describes; present == false where not given). Every entry point fills the slots by their names
+// in the table (kQ, kSinks, ...); nothing else restates which operands a call has.
+struct CallOperands {
+  GraphOp op = GraphOp::forward;
+  TensorView slot[kNumSlots];
+};
+
 // What validation established about a call.
 struct Problem {
   int64_t b = 0, h_q = 0, h_kv = 0, s_q = 0, s_kv = 0, d_qk = 0, d_v = 0;

@@ -4,12 +4,12 @@
 // such calls reach cuDNN.
 #pragma once
 
-#include "stridedfa/sdpa.hpp"
+#include "stridedfa/sdpa_types.hpp"
 
 namespace stridedfa {
 
 // Whether a call is variable-length: cu_seqlens given (both sides are then required).
-bool is_ragged(const SlotViews& given);
+bool is_ragged(const CallOperands& call);
 
 // A (tokens, heads, dim) operand -- or, with `stats`, (heads, tokens) statistics -- as the core's
 // (1, h, tokens, d) view: the seq axis is the token axis, so every memory rule applies to the
