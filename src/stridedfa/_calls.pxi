@@ -148,7 +148,7 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
     exactly once."""
     cdef CallOperands operands
     cdef TensorView* views[kNumSlots]
-    cdef Owned owned[kNumSlots]
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef PreparedCall call
     cdef Problem problem
@@ -158,40 +158,34 @@ cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream
     cdef int i, n = kNumSlots
     cdef Role role
     op_slots(backward, &operands, views)
-    for i in range(n):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
     keep_alive = []
     parse_stream(stream, &st)
-    try:
-        for i in range(n):
-            if tensors[i] is not None and views[i] != NULL:
-                role = kOperands[i].backward if backward else kOperands[i].forward
-                intake(tensors[i], SLOT_NAMES[i], role == Role.output, &st, views[i], &owned[i])
-        if mode == VALIDATE:
-            with nogil:
-                problem = validate_call(operands)
-                validate_options(options, problem)
-            return problem_dict(problem)
-        if mode == KEY:
-            with nogil:
-                key = call_graph_key(operands, options, sm_version, cudnn_version)
-            return tuple(key)
-        if not libraries_loaded():
-            with nogil:  # bad input is reported even where cuDNN is missing
-                problem = validate_call(operands)
-            ensure_libraries()
+    for i in range(n):
+        if tensors[i] is not None and views[i] != NULL:
+            role = kOperands[i].backward if backward else kOperands[i].forward
+            intake(tensors[i], SLOT_NAMES[i], role == Role.output, &st, views[i], &owned[i])
+    if mode == VALIDATE:
         with nogil:
-            call = prepare_call(operands, options)
-        if call.workspace_bytes > 0 and workspace_allocator is not None:
-            workspace_address, owner = workspace_allocator(call.workspace_bytes, call.problem.device)
-            keep_alive.append(owner)
-            workspace = <void*>workspace_address
+            problem = validate_call(operands)
+            validate_options(options, problem)
+        return problem_dict(problem)
+    if mode == KEY:
         with nogil:
-            for i in range(repeats):
-                execute(call, st.handle, workspace)
-    finally:
-        release(owned, n)
+            key = call_graph_key(operands, options, sm_version, cudnn_version)
+        return tuple(key)
+    if not libraries_loaded():
+        with nogil:  # bad input is reported even where cuDNN is missing
+            problem = validate_call(operands)
+        ensure_libraries()
+    with nogil:
+        call = prepare_call(operands, options)
+    if call.workspace_bytes > 0 and workspace_allocator is not None:
+        workspace_address, owner = workspace_allocator(call.workspace_bytes, call.problem.device)
+        keep_alive.append(owner)
+        workspace = <void*>workspace_address
+    with nogil:
+        for i in range(repeats):
+            execute(call, st.handle, workspace)
 
 
 cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,

@@ -87,30 +87,24 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
     """stridedfa.cupy.attention in one C call: returns (out, lse or None)."""
     cdef SdpaOptions options
     cdef CallOperands fwd
-    cdef Owned owned[9]
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef PreparedCall call
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
-    for i in range(9):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
     parse_stream(stream, &st)
-    try:
-        intake(q, b"q", False, &st, &fwd.slot[kQ], &owned[0])
-        intake(k, b"k", False, &st, &fwd.slot[kK], &owned[1])
-        intake(v, b"v", False, &st, &fwd.slot[kV], &owned[2])
-        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.slot[kSeqLensQ], &fwd.slot[kSeqLensKV], &owned[3])
-        intake_optional(sinks, b"sinks", &st, &fwd.slot[kSinks], &owned[5])
-        intake_optional(bias, b"bias", &st, &fwd.slot[kBias], &owned[6])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.slot[kAlibiSlopes], &owned[7])
-        intake_optional(rng_state, b"rng_state", &st, &fwd.slot[kRngState], &owned[8])
-        out, lse = cupy_forward_outputs(q, hooks, allocation, with_lse, &fwd)
-        call = prepared(fwd, options)
-        cupy_execute(call, st.handle, hooks, allocation)
-        return out, lse
-    finally:
-        release(owned, 9)
+    intake(q, b"q", False, &st, &fwd.slot[kQ], &owned[0])
+    intake(k, b"k", False, &st, &fwd.slot[kK], &owned[1])
+    intake(v, b"v", False, &st, &fwd.slot[kV], &owned[2])
+    intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.slot[kSeqLensQ], &fwd.slot[kSeqLensKV], &owned[3])
+    intake_optional(sinks, b"sinks", &st, &fwd.slot[kSinks], &owned[5])
+    intake_optional(bias, b"bias", &st, &fwd.slot[kBias], &owned[6])
+    intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.slot[kAlibiSlopes], &owned[7])
+    intake_optional(rng_state, b"rng_state", &st, &fwd.slot[kRngState], &owned[8])
+    out, lse = cupy_forward_outputs(q, hooks, allocation, with_lse, &fwd)
+    call = prepared(fwd, options)
+    cupy_execute(call, st.handle, hooks, allocation)
+    return out, lse
 
 
 cdef tuple cupy_gradients(tuple inputs, object hooks, object allocation, CallOperands* bwd):
@@ -149,7 +143,7 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
     or None, grad_bias or None: contiguous, of bias' shape, when `with_grad_bias`)."""
     cdef SdpaOptions options
     cdef CallOperands bwd
-    cdef Owned owned[12]
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef PreparedCall call
     cdef int64_t shape[1]
@@ -157,39 +151,33 @@ def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment,
     cdef int i
     bwd.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
-    for i in range(12):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
     keep_alive = []
     parse_stream(stream, &st)
-    try:
-        intake(q, b"q", False, &st, &bwd.slot[kQ], &owned[0])
-        intake(k, b"k", False, &st, &bwd.slot[kK], &owned[1])
-        intake(v, b"v", False, &st, &bwd.slot[kV], &owned[2])
-        intake(out, b"out", False, &st, &bwd.slot[kO], &owned[3])
-        intake(lse, b"lse", False, &st, &bwd.slot[kLse], &owned[4])
-        # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced.
-        intake_readable(grad_out, hooks.contiguous, &st, &bwd.slot[kGradO], &owned[5], keep_alive)
-        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.slot[kSeqLensQ], &bwd.slot[kSeqLensKV], &owned[6])
-        intake_optional(sinks, b"sinks", &st, &bwd.slot[kSinks], &owned[8])
-        intake_optional(bias, b"bias", &st, &bwd.slot[kBias], &owned[9])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.slot[kAlibiSlopes], &owned[10])
-        intake_optional(rng_state, b"rng_state", &st, &bwd.slot[kRngState], &owned[11])
-        grads = cupy_gradients((q, k, v), hooks, allocation, &bwd)
-        grad_sinks = None
-        if sinks is not None and options.dropout_p == 0:  # one float32 per query head; see _backward_alloc
-            shape[0], strides[0] = bwd.slot[kQ].dims[1], 1
-            grad_sinks = cupy_empty(hooks, allocation, 1, shape, strides, hooks.float32, float32_dtype(),
-                                    bwd.slot[kQ].device_id, b"grad_sinks", &bwd.slot[kGradSinks])
-        grad_bias = None
-        if (with_grad_bias and bias is not None and bwd.slot[kBias].device_type == kDLCUDA
-                and 1 <= bwd.slot[kBias].ndim <= 4):
-            contiguous_strides(bwd.slot[kBias].dims, bwd.slot[kBias].ndim, strides)
-            grad_bias = cupy_empty(hooks, allocation, bwd.slot[kBias].ndim, bwd.slot[kBias].dims, strides, q.dtype,
-                                   bwd.slot[kBias].dtype,
-                                   bwd.slot[kBias].device_id, b"grad_bias", &bwd.slot[kGradBias])
-        call = prepared(bwd, options)
-        cupy_execute(call, st.handle, hooks, allocation)
-        return (*grads, grad_sinks, grad_bias)
-    finally:
-        release(owned, 12)
+    intake(q, b"q", False, &st, &bwd.slot[kQ], &owned[0])
+    intake(k, b"k", False, &st, &bwd.slot[kK], &owned[1])
+    intake(v, b"v", False, &st, &bwd.slot[kV], &owned[2])
+    intake(out, b"out", False, &st, &bwd.slot[kO], &owned[3])
+    intake(lse, b"lse", False, &st, &bwd.slot[kLse], &owned[4])
+    # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced.
+    intake_readable(grad_out, hooks.contiguous, &st, &bwd.slot[kGradO], &owned[5], keep_alive)
+    intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.slot[kSeqLensQ], &bwd.slot[kSeqLensKV], &owned[6])
+    intake_optional(sinks, b"sinks", &st, &bwd.slot[kSinks], &owned[8])
+    intake_optional(bias, b"bias", &st, &bwd.slot[kBias], &owned[9])
+    intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.slot[kAlibiSlopes], &owned[10])
+    intake_optional(rng_state, b"rng_state", &st, &bwd.slot[kRngState], &owned[11])
+    grads = cupy_gradients((q, k, v), hooks, allocation, &bwd)
+    grad_sinks = None
+    if sinks is not None and options.dropout_p == 0:  # one float32 per query head; see _backward_alloc
+        shape[0], strides[0] = bwd.slot[kQ].dims[1], 1
+        grad_sinks = cupy_empty(hooks, allocation, 1, shape, strides, hooks.float32, float32_dtype(),
+                                bwd.slot[kQ].device_id, b"grad_sinks", &bwd.slot[kGradSinks])
+    grad_bias = None
+    if (with_grad_bias and bias is not None and bwd.slot[kBias].device_type == kDLCUDA
+            and 1 <= bwd.slot[kBias].ndim <= 4):
+        contiguous_strides(bwd.slot[kBias].dims, bwd.slot[kBias].ndim, strides)
+        grad_bias = cupy_empty(hooks, allocation, bwd.slot[kBias].ndim, bwd.slot[kBias].dims, strides, q.dtype,
+                               bwd.slot[kBias].dtype,
+                               bwd.slot[kBias].device_id, b"grad_bias", &bwd.slot[kGradBias])
+    call = prepared(bwd, options)
+    cupy_execute(call, st.handle, hooks, allocation)
+    return (*grads, grad_sinks, grad_bias)

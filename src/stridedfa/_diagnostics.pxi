@@ -101,37 +101,32 @@ def _inspect_dlpack(obj, stream=None):
     """How intake reads ``obj``, for tests and debugging: a dict of what the core would see.
     Unlike the calls, host arrays are read too (through ``__dlpack__()`` with no stream)."""
     cdef TensorView view
-    cdef Owned owned
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
-    owned.versioned = NULL
-    owned.legacy = NULL
     parse_stream(stream, &st)
-    try:
-        device = getattr(obj, "__dlpack_device__", None)
-        on_host = device is not None and device()[0] != kDLCUDA
-        if on_host and exchange_api_of(type(obj)) == NULL:
-            consume_capsule(call_dlpack(obj, None, b"x"), b"x", &view, &owned)
+    device = getattr(obj, "__dlpack_device__", None)
+    on_host = device is not None and device()[0] != kDLCUDA
+    if on_host and exchange_api_of(type(obj)) == NULL:
+        consume_capsule(call_dlpack(obj, None, b"x"), b"x", &view, &owned[0])
+        path = "protocol"
+    else:
+        intake(obj, b"x", False, &st, &view, &owned[0])
+        if owned[0].versioned != NULL or owned[0].legacy != NULL:
             path = "protocol"
+        elif exchange_api_of(type(obj)) != NULL:
+            path = "exchange_api"
         else:
-            intake(obj, b"x", False, &st, &view, &owned)
-            if owned.versioned != NULL or owned.legacy != NULL:
-                path = "protocol"
-            elif exchange_api_of(type(obj)) != NULL:
-                path = "exchange_api"
-            else:
-                path = "cupy_attributes"
-        capsule = ("versioned" if owned.versioned != NULL else
-                   "legacy" if owned.legacy != NULL else "borrowed")
-        return {
-            "shape": tuple(view.dims[i] for i in range(view.ndim)),
-            "strides": tuple(view.strides[i] for i in range(view.ndim)),
-            "dtype": dtype_name(view.dtype).decode(),
-            "device": (view.device_type, view.device_id),
-            "data": view.data,
-            "read_only": view.read_only,
-            "path": path,
-            "capsule": capsule,
-            "stream": st.handle if st.decided else None,
-        }
-    finally:
-        release(&owned, 1)
+            path = "cupy_attributes"
+    capsule = ("versioned" if owned[0].versioned != NULL else
+               "legacy" if owned[0].legacy != NULL else "borrowed")
+    return {
+        "shape": tuple(view.dims[i] for i in range(view.ndim)),
+        "strides": tuple(view.strides[i] for i in range(view.ndim)),
+        "dtype": dtype_name(view.dtype).decode(),
+        "device": (view.device_type, view.device_id),
+        "data": view.data,
+        "read_only": view.read_only,
+        "path": path,
+        "capsule": capsule,
+        "stream": st.handle if st.decided else None,
+    }

@@ -32,7 +32,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     """
     cdef SdpaOptions options
     cdef CallOperands fwd
-    cdef Owned owned[10]
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* out_tensor = NULL
@@ -52,9 +52,6 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     if api == NULL or api.managed_tensor_allocator == NULL or api.managed_tensor_to_py_object_no_sync == NULL:
         raise TypeError(f"q ({type(q).__module__}.{type(q).__qualname__}) does not offer the DLPack C "
                         f"exchange API's allocator; pass preallocated outputs to sdpa_forward instead")
-    for i in range(10):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
     parse_stream(None, &st)
     try:
         intake(q, b"q", False, &st, &fwd.slot[kQ], &owned[0])
@@ -103,7 +100,6 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 10)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -117,7 +113,7 @@ cdef int intake_readable(object obj, object make_readable, CallStream* st, Tenso
     intake(obj, b"grad_out", False, st, view, owned)
     if view.device_type != kDLCUDA or cudnn_can_read(view[0]):
         return 0
-    release(owned, 1)
+    owned.release()
     copy = make_readable(obj)
     keep_alive.append(copy)
     intake(copy, b"grad_out", False, st, view, owned)
@@ -139,7 +135,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     bias' shape) when `with_grad_bias`, else None."""
     cdef SdpaOptions options
     cdef CallOperands bwd
-    cdef Owned owned[12]
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef PreparedCall call
     cdef DLManagedTensorVersioned* grads[3]
@@ -158,9 +154,6 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     bwd.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     cdef const DLPackExchangeAPI* api = allocating_api(q)
-    for i in range(12):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
     for i in range(3):
         grads[i] = NULL
     inputs[0], inputs[1], inputs[2] = &bwd.slot[kQ], &bwd.slot[kK], &bwd.slot[kV]
@@ -227,7 +220,6 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
             bias_grad = NULL
         return tuple(result)
     finally:
-        release(owned, 12)
         if bias_grad != NULL:
             bias_grad.deleter(bias_grad)
         for i in range(3):

@@ -34,23 +34,45 @@ cdef const DLPackExchangeAPI* exchange_api_of(type tp) except? NULL:
     return <const DLPackExchangeAPI*><uintptr_t>producer_of(tp)[0]
 
 
-cdef struct Owned:
-    DLManagedTensorVersioned* versioned
-    DLManagedTensor* legacy
+# What intake borrowed from DLPack producers for one call: each consumed tensor's managed struct,
+# whose deleter must run exactly once. A call's IntakeHold is a local of the function that makes
+# the call, so the deleters run when it returns or raises -- no release on every path. A deleter
+# may be Python code (a producer written in Python): the error a raising call has set is kept
+# aside while it runs, as a `finally:` block would.
+cdef extern from *:
+    """
+    struct StridedfaOwned {
+      DLManagedTensorVersioned* versioned = nullptr;
+      DLManagedTensor* legacy = nullptr;
+      void release() noexcept {  // calls the deleter, once
+        if (versioned == nullptr && legacy == nullptr) return;
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (versioned != nullptr && versioned->deleter != nullptr) versioned->deleter(versioned);
+        if (legacy != nullptr && legacy->deleter != nullptr) legacy->deleter(legacy);
+        versioned = nullptr;
+        legacy = nullptr;
+        PyErr_Restore(type, value, traceback);
+      }
+    };
+    class StridedfaIntakeHold {  // the tensors of one call, by the call's own numbering
+     public:
+      StridedfaIntakeHold() = default;
+      StridedfaIntakeHold(const StridedfaIntakeHold&) = delete;
+      StridedfaIntakeHold& operator=(const StridedfaIntakeHold&) = delete;
+      ~StridedfaIntakeHold() { for (StridedfaOwned& o : items_) o.release(); }
+      StridedfaOwned& operator[](int i) noexcept { return items_[i]; }
+     private:
+      StridedfaOwned items_[24];  // every operand slot, and a few more for the packed calls' layouts
+    };
+    """
+    cdef cppclass Owned "StridedfaOwned":
+        DLManagedTensorVersioned* versioned
+        DLManagedTensor* legacy
+        void release() noexcept
 
-
-cdef void release(Owned* owned, int n) noexcept:
-    """Calls each consumed tensor's deleter, exactly once."""
-    cdef int i
-    for i in range(n):
-        if owned[i].versioned != NULL:
-            if owned[i].versioned.deleter != NULL:
-                owned[i].versioned.deleter(owned[i].versioned)
-            owned[i].versioned = NULL
-        if owned[i].legacy != NULL:
-            if owned[i].legacy.deleter != NULL:
-                owned[i].legacy.deleter(owned[i].legacy)
-            owned[i].legacy = NULL
+    cdef cppclass IntakeHold "StridedfaIntakeHold":
+        Owned& operator[](int) noexcept
 
 
 cdef object call_dlpack(object obj, object stream, const char* name):
@@ -212,7 +234,7 @@ cdef int intake(object obj, const char* name, cbool is_output, CallStream* st,
         if <uintptr_t>current == st.handle:
             return 0  # produced on the stream we run on: no synchronisation needed
         # Another stream: let the producer order its work before ours through the protocol.
-        release(owned, 1)
+        owned.release()
         view.present = False
     elif from_cupy:
         if kind == ProducerKind.cupy_ndarray and intake_cupy(obj, name, st, view):
@@ -245,16 +267,11 @@ def _can_read(x):
     """Whether cuDNN can read ``x`` as an attention input as it lies (the validator's stride and
     alignment rules); adapters copy a gradient autograd hands over only when this is False."""
     cdef TensorView view
-    cdef Owned owned
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
-    owned.versioned = NULL
-    owned.legacy = NULL
     parse_stream(None, &st)
-    try:
-        intake(x, b"x", False, &st, &view, &owned)
-        return view.device_type == kDLCUDA and cudnn_can_read(view)
-    finally:
-        release(&owned, 1)
+    intake(x, b"x", False, &st, &view, &owned[0])
+    return view.device_type == kDLCUDA and cudnn_can_read(view)
 
 
 cdef int intake_lengths(object seqlens_q, object seqlens_kv, CallStream* st, TensorView* q_view,

@@ -30,7 +30,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     layout axes, dense in q's memory order; lse or None)."""
     cdef SdpaOptions options
     cdef CallOperands fwd
-    cdef Owned owned[8]
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, v_layout, out_layout
@@ -43,9 +43,6 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(8):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
     parse_stream(None, &st)
     try:
         intake(packed, b"packed", False, &st, &packed_view, &owned[0])
@@ -89,7 +86,6 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
             lse_tensor = NULL
         return out, lse
     finally:
-        release(owned, 8)
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
         if lse_tensor != NULL:
@@ -107,7 +103,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     bias' shape, when `with_grad_bias`)."""
     cdef SdpaOptions options
     cdef CallOperands bwd
-    cdef Owned owned[11]
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
@@ -122,9 +118,6 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_to_logical(to_logical, perm)
     cdef const DLPackExchangeAPI* api = allocating_api(packed)
-    for i in range(11):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
     parse_stream(None, &st)
     try:
         intake(packed, b"packed", False, &st, &packed_view, &owned[0])
@@ -192,7 +185,6 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             bias_grad = NULL
         return grad_packed, grad_q, grad_sinks, grad_bias
     finally:
-        release(owned, 11)
         if bias_grad != NULL:
             bias_grad.deleter(bias_grad)
         if grad_packed_tensor != NULL:

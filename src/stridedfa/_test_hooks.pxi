@@ -8,7 +8,7 @@ def _allocate_like(like, shape, strides):
     allocated through the exchange API the way _forward_alloc allocates (a test hook: it runs on
     CPU tensors too)."""
     cdef TensorView view
-    cdef Owned owned
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef int64_t c_shape[8]
     cdef int64_t c_strides[8]
@@ -21,13 +21,9 @@ def _allocate_like(like, shape, strides):
     for i in range(n):
         c_shape[i] = shape[i]
         c_strides[i] = strides[i]
-    owned.versioned = NULL
-    owned.legacy = NULL
     parse_stream(None, &st)
-    try:
-        intake(like, b"like", False, &st, &view, &owned)
-    finally:
-        release(&owned, 1)
+    intake(like, b"like", False, &st, &view, &owned[0])
+    owned[0].release()  # only its layout is needed
     return to_framework_object(api, allocate_strided(api, n, c_shape, c_strides, view.dtype,
                                                      view.device_id, view.device_type))
 
@@ -102,38 +98,27 @@ def _cupy_allocate_like_forward(q, v, bint with_lse, hooks):
     """The outputs stridedfa.cupy.attention would allocate for q and v (the same code), without a
     call: for the tests of the layout rule on machines without a GPU."""
     cdef CallOperands fwd
-    cdef Owned owned[2]
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
-    owned[0].versioned = owned[0].legacy = NULL
-    owned[1].versioned = owned[1].legacy = NULL
     parse_stream(0, &st)
-    try:
-        intake(q, b"q", False, &st, &fwd.slot[kQ], &owned[0])
-        intake(v, b"v", False, &st, &fwd.slot[kV], &owned[1])
-        return cupy_forward_outputs(q, hooks, None, with_lse, &fwd)
-    finally:
-        release(owned, 2)
+    intake(q, b"q", False, &st, &fwd.slot[kQ], &owned[0])
+    intake(v, b"v", False, &st, &fwd.slot[kV], &owned[1])
+    return cupy_forward_outputs(q, hooks, None, with_lse, &fwd)
 
 
 def _cupy_allocate_gradients(q, k, v, hooks):
     """The gradients stridedfa.cupy.attention_backward would allocate (see
     _cupy_allocate_like_forward)."""
     cdef CallOperands bwd
-    cdef Owned owned[3]
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef int i
     bwd.op = GraphOp.backward
-    for i in range(3):
-        owned[i].versioned = NULL
-        owned[i].legacy = NULL
     parse_stream(0, &st)
-    try:
-        intake(q, b"q", False, &st, &bwd.slot[kQ], &owned[0])
-        intake(k, b"k", False, &st, &bwd.slot[kK], &owned[1])
-        intake(v, b"v", False, &st, &bwd.slot[kV], &owned[2])
-        return cupy_gradients((q, k, v), hooks, None, &bwd)
-    finally:
-        release(owned, 3)
+    intake(q, b"q", False, &st, &bwd.slot[kQ], &owned[0])
+    intake(k, b"k", False, &st, &bwd.slot[kK], &owned[1])
+    intake(v, b"v", False, &st, &bwd.slot[kV], &owned[2])
+    return cupy_gradients((q, k, v), hooks, None, &bwd)
 
 
 def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None, sinks=None,
