@@ -118,12 +118,12 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         const char* shape_meaning
         Reach backward_reach
 
-    const OperandInfo kOperands[20]
+    const OperandInfo kOperands[kNumSlots]
 
     # One call: its op and its operands in slot order (sdpa_types.hpp).
     cdef cppclass CallOperands:
         GraphOp op
-        TensorView slot[20]
+        TensorView slot[kNumSlots]
 
     cdef cppclass Problem:
         int64_t b, h_q, h_kv, s_q, s_kv, d_qk, d_v
