@@ -183,13 +183,11 @@ void set_mask(fe::graph::Graph& graph, Attributes& attributes, const GraphSpec& 
   }
 }
 
-// ALiBi as pointwise nodes: score - slope_h * |i - j + offset| (+ seqlens_kv[b] - seqlens_q[b]
-// per sequence), the indices those of the scores cuDNN computes.
+// ALiBi as pointwise nodes: score - slope_h * |i - j + offset|, the indices those of the scores
+// cuDNN computes.
 std::shared_ptr<Tensor_attributes> add_alibi(const std::shared_ptr<fe::graph::Graph>& sub,
                                              std::shared_ptr<Tensor_attributes> score,
-                                             const std::shared_ptr<Tensor_attributes>& slopes, int64_t offset,
-                                             const std::shared_ptr<Tensor_attributes>& seq_q,
-                                             const std::shared_ptr<Tensor_attributes>& seq_kv) {
+                                             const std::shared_ptr<Tensor_attributes>& slopes, int64_t offset) {
   using fe::graph::Pointwise_attributes;
   using Mode = fe::PointwiseMode_t;
   auto int_op = [&](auto a, auto b, Mode mode, const char* name) {
@@ -212,7 +210,6 @@ std::shared_ptr<Tensor_attributes> add_alibi(const std::shared_ptr<fe::graph::Gr
     distance =
         int_op(distance, std::make_shared<Tensor_attributes>(static_cast<int32_t>(offset)), Mode::ADD, "alibi_offset");
   }
-  if (seq_q) distance = int_op(int_op(distance, seq_kv, Mode::ADD, "alibi_plus_kv"), seq_q, Mode::SUB, "alibi_minus_q");
   auto magnitude = sub->pointwise(
       distance,
       Pointwise_attributes().set_name("alibi_abs").set_mode(Mode::ABS).set_compute_data_type(fe::DataType_t::FLOAT));
@@ -243,12 +240,10 @@ void set_score_modifier(fe::graph::Graph& graph, Attributes& attributes, const G
   const float cap = spec.softcap;
   const int64_t s_q = spec.operands[kQ].dims[2], s_kv = spec.operands[kK].dims[2];
   const int64_t alibi_offset = spec.alibi_offset;
-  const bool per_sequence = spec.alibi_per_sequence;
   attributes.set_score_mod([=](std::shared_ptr<fe::graph::Graph> sub, std::shared_ptr<Tensor_attributes> score) {
     if (softcap) score = softcap->forward(sub, score, std::make_shared<Tensor_attributes>(cap));
     if (slopes) {
-      score =
-          add_alibi(sub, score, slopes, alibi_offset, per_sequence ? seq_q : nullptr, per_sequence ? seq_kv : nullptr);
+      score = add_alibi(sub, score, slopes, alibi_offset);
     }
     if (seq_q) score = mods::padding_mask(sub, score, seq_kv, seq_q);
     if (left || right) {

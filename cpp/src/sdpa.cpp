@@ -148,7 +148,6 @@ void set_alibi(GraphSpec& spec, const Plan& plan, const SdpaOptions& o) {
         "ALiBi with bottom-right alignment and padding lengths (a distance offset per sequence) is not "
         "supported yet; use top-left alignment with padding, or bottom-right without padding lengths.");
   }
-  spec.alibi_per_sequence = false;  // the graph builder's per-sequence path, kept for when it runs right
   const int64_t full_offset = bottom_right && !lengths_given ? plan.full_s_kv - plan.full_s_q : 0;
   spec.alibi_offset = plan.row_begin - plan.key_begin + full_offset;
 }
@@ -375,7 +374,6 @@ int GraphSpec::write_key(int64_t* out) const {
   std::memcpy(&softcap_bits, &softcap, sizeof softcap_bits);
   out[n++] = softcap_bits;
   out[n++] = alibi_offset;
-  out[n++] = alibi_per_sequence;
   int32_t dropout_bits;
   std::memcpy(&dropout_bits, &dropout_p, sizeof dropout_bits);
   out[n++] = dropout_bits;

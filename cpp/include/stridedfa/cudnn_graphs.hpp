@@ -31,9 +31,8 @@ struct GraphSpec {
   bool deterministic = false;                     // backward only
   float softcap = 0.0f;                           // > 0: scores -> softcap * tanh(scores / softcap)
   // ALiBi (with operands[kAlibiSlopes]): scores -= slope_h * |i - j + alibi_offset| in the indices
-  // cuDNN sees, plus seqlens_kv[b] - seqlens_q[b] when alibi_per_sequence (bottom-right, padded).
+  // cuDNN sees (bottom-right with padding lengths, a per-sequence offset, is refused: set_alibi).
   int64_t alibi_offset = 0;
-  bool alibi_per_sequence = false;
   float dropout_p = 0.0f;  // > 0 with operands[kRngState]: Philox dropout, the same mask forward and backward
   // A variable-length call: every token-axis operand has a ragged offset tensor (UID
   // kRaggedOffsetTensor + slot + 1), and cuDNN sizes its workspace by these token counts.
