@@ -11,6 +11,9 @@ A decode step is host-bound at small batches, so an eager call skips the dispatc
 attention() does: one C call reads the tensors, allocates out through torch and launches (GPU run
 40: the operator through torch.library.custom_op cost 55-64 µs of host time per step against
 15-17 µs for attention() on a dense cache).
+
+append_slots / append_tokens are this module's entry points for the FlashAttention interface
+(flash_attn_with_kvcache appends the same way over a (num_blocks, block_size, h, d) cache).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ paged_forward = _define(
     _paged_forward_impl, _paged_forward_fake)
 
 
-def _append_slots(block_table: torch.Tensor, cache_seqlens: torch.Tensor, s_new: int, block_size: int,
+def append_slots(block_table: torch.Tensor, cache_seqlens: torch.Tensor, s_new: int, block_size: int,
                   num_blocks: int):
     """(block ids, offsets in the block), each (b, s_new): where the new tokens cache_seqlens[b] + i
     go, computed on the device. Positions beyond the table and ids beyond the cache are clamped
@@ -73,8 +76,8 @@ def _append_slots(block_table: torch.Tensor, cache_seqlens: torch.Tensor, s_new:
     return blocks, positions % block_size
 
 
-def _append(cache: torch.Tensor, new: torch.Tensor, slots) -> None:
-    """Writes new (b, h, s_new, d) into the cache at `slots` (_append_slots), in place."""
+def append_tokens(cache: torch.Tensor, new: torch.Tensor, slots) -> None:
+    """Writes new (b, h, s_new, d) into the cache at `slots` (append_slots), in place."""
     blocks, offsets = slots
     cache[blocks, :, offsets] = new.permute(0, 2, 1, 3).to(cache.dtype)
 
@@ -110,10 +113,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError("attention_with_kvcache appends keys and values together: give both k and v, or neither")
     seqlens = cache_seqlens
     if k is not None and v is not None:
-        slots = _append_slots(block_table, cache_seqlens, k.shape[2], k_cache.shape[2],
+        slots = append_slots(block_table, cache_seqlens, k.shape[2], k_cache.shape[2],
                               min(k_cache.shape[0], v_cache.shape[0]))
-        _append(k_cache, k, slots)
-        _append(v_cache, v, slots)
+        append_tokens(k_cache, k, slots)
+        append_tokens(v_cache, v, slots)
         seqlens = (cache_seqlens + k.shape[2]).to(torch.int32)
     if _plain_eager(q, k_cache, v_cache):  # one C call, the core parses the window itself
         return _forward_alloc(q, k_cache, v_cache, scale, bool(causal), causal_alignment, False, False, window, softcap,

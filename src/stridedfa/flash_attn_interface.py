@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 import stridedfa.torch as _st
 from stridedfa._errors import BoundsError, LayoutError, UnsupportedError
-from stridedfa._torch_paged import _append, _append_slots
+from stridedfa._torch_paged import append_slots, append_tokens
 from stridedfa._torch_varlen import cut_rows
 
 __all__ = [
@@ -420,10 +420,10 @@ def _paged_gathered(q, k_cache, v_cache, k, v, block_table, cache_seqlens, alibi
     capacity = block_table.shape[1] * k_cache.shape[1]
     lengths = cache_seqlens
     if k is not None:
-        slots = _append_slots(block_table, cache_seqlens, k.shape[1], k_cache.shape[1],
+        slots = append_slots(block_table, cache_seqlens, k.shape[1], k_cache.shape[1],
                               min(k_cache.shape[0], v_cache.shape[0]))
-        _append(k_cache.transpose(1, 2), k.transpose(1, 2), slots)
-        _append(v_cache.transpose(1, 2), v.transpose(1, 2), slots)
+        append_tokens(k_cache.transpose(1, 2), k.transpose(1, 2), slots)
+        append_tokens(v_cache.transpose(1, 2), v.transpose(1, 2), slots)
         lengths = cache_seqlens + k.shape[1]
     keys, values = _gathered_pages(k_cache, v_cache, block_table)
     return _cache_attend(q, keys, values, lengths.clamp(max=capacity).to(torch.int32), alibi_slopes, return_lse,
