@@ -5,6 +5,7 @@
 #include <string>
 
 #include "stridedfa/errors.hpp"
+#include "stridedfa/cudnn_quirks.hpp"
 #include "stridedfa/memops.hpp"
 
 namespace stridedfa {
@@ -190,14 +191,15 @@ void one_query_one_key_backward(Plan& plan) {
   plan.unmasked = true;  // every row of the fold sees the one key, whatever the mask said
 }
 
-// cuDNN (9.19) refuses attention sinks with one query row ("decode only mode ... not supported with
-// sink_token"): every decoding step of a model with sinks (gpt-oss). Under a mask that leaves the
-// one row all of the sub-problem's keys, the row is described twice -- q, out and lse get a query
-// axis of 2 with stride 0 -- so that cuDNN computes the same row twice and writes the same bytes to
-// the same place: no copy, the numbers of the one-row call. The core's own lengths then say 2 rows;
-// the caller's seqlens_q still decide the empty rows' fill (fill_empty_rows).
+// Quirk sinks_with_one_query: cuDNN refuses attention sinks with one query row ("decode only mode
+// ... not supported with sink_token"): every decoding step of a model with sinks (gpt-oss). Under a mask that leaves
+// the one row all of the sub-problem's keys, the row is described twice -- q, out and lse get a query axis of 2 with
+// stride 0 -- so that cuDNN computes the same row twice and writes the same bytes to the same place: no copy, the
+// numbers of the one-row call. The core's own lengths then say 2 rows; the caller's seqlens_q still decide the empty
+// rows' fill (fill_empty_rows).
 void one_query_with_sinks(GraphOp op, const SdpaOptions& options, bool has_lengths, Plan& plan) {
   if (op != GraphOp::forward || !plan.slots[kSinks] || plan.nothing_for_cudnn || plan.problem.s_q != 1) return;
+  if (!quirk_applies(Quirk::sinks_with_one_query)) return;
   const char* why = nullptr;
   if (plan.slots[kAlibiSlopes]) why = "ALiBi (its distance differs between the two rows)";
   if (plan.slots[kRngState]) why = "dropout (its mask differs between the two rows)";
@@ -240,12 +242,13 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
     plan.nothing_for_cudnn = true;
     return;
   }
-  if (op == GraphOp::backward && operands[kSinks] && cudnn_version < 92600) {
+  if (op == GraphOp::backward && operands[kSinks] && quirk_applies(Quirk::varlen_backward_sinks, cudnn_version)) {
     throw UnsupportedError(
         "attention sinks in a variable-length backward need cuDNN 9.26 or newer (earlier versions read out of "
         "bounds there); this process runs cuDNN " +
         std::to_string(cudnn_version / 10000) + "." + std::to_string(cudnn_version / 100 % 100) +
-        " (fixed sinks too). Use padded tensors with seqlens_q / seqlens_kv, or no sinks in training.");
+        " (fixed sinks too). Use padded tensors with seqlens_q / seqlens_kv, or no sinks in training. [cuDNN "
+        "quirk varlen_backward_sinks]");
   }
   RaggedPlan& r = plan.ragged;
   r.on = true;
@@ -265,15 +268,15 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
   plan.problem.s_q = r.max_q;
   plan.problem.s_kv = r.max_kv;
   const int64_t group = full.h_kv > 0 ? full.h_q / full.h_kv : 1;
-  if (op == GraphOp::backward && full.h_kv == 1 && group > 1) {
-    // GPU run 39 (cuDNN 9.19): every MQA case computed a wrong dK, at every layout, while GQA with two
-    // or more key/value heads was right.
+  if (op == GraphOp::backward && full.h_kv == 1 && group > 1 && quirk_applies(Quirk::varlen_backward_mqa_dk)) {
+    // Quirk varlen_backward_mqa_dk: every MQA case computed a wrong dK, at every layout, while GQA
+    // with two or more key/value heads was right.
     throw UnsupportedError(
         "grad_k: cuDNN 9.19's variable-length backward computes a wrong dK when one key/value head serves " +
         std::to_string(full.h_q) +
-        " query heads (MQA, GPU run 39). Repeat k and v to two heads (k.expand(-1, 2, -1).contiguous(), "
+        " query heads (MQA). Repeat k and v to two heads (k.expand(-1, 2, -1).contiguous(), "
         "grouped-query attention) and sum their two gradients; stridedfa.torch, stridedfa.cupy and "
-        "stridedfa.jax do so themselves.");
+        "stridedfa.jax do so themselves. [cuDNN quirk varlen_backward_mqa_dk]");
   }
   for (int s = 0; s < kNumSlots; ++s) {
     const OperandKind kind = kOperands[s].kind;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "stridedfa/errors.hpp"
+#include "stridedfa/cudnn_quirks.hpp"
 #include "stridedfa/overlap.hpp"
 #include "stridedfa/validate.hpp"
 #include "stridedfa/validate_ragged.hpp"
@@ -224,7 +225,7 @@ class Validator {
                                " is shared; cuDNN reads a bias only with a column for every key (a bias constant "
                                "along a row changes no probability: leave it out).");
       }
-      if (bias) {
+      if (bias && quirk_applies(Quirk::bias_grad_shared_rows)) {
         const std::string s_q = std::to_string(full[0]), s_kv = std::to_string(full[1]);
         throw UnsupportedError("grad_bias: the gradient of a bias shared over query rows (" +
                                scores_axis_str(shape_of, axis) +
@@ -232,7 +233,8 @@ class Validator {
                                "Give the bias a row per query -- a broadcast is enough, and the framework sums the "
                                "gradient back: bias.expand(-1, -1, " +
                                s_q + ", -1) in torch, jnp.broadcast_to(bias, (b, h, " + s_q + ", " + s_kv +
-                               ")) in JAX -- or leave its gradient out (a constant mask).");
+                               ")) in JAX -- or leave its gradient out (a constant mask). [cuDNN quirk "
+                               "bias_grad_shared_rows]");
       }
     }
     for (int axis = 0; axis < 4; ++axis) {

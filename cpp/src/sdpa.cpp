@@ -12,6 +12,7 @@
 #include "stridedfa/bounds_check.hpp"
 #include "stridedfa/call_plan.hpp"
 #include "stridedfa/cudnn_graphs.hpp"
+#include "stridedfa/cudnn_quirks.hpp"
 #include "stridedfa/errors.hpp"
 #include "stridedfa/graph_cache.hpp"
 #include "stridedfa/memops.hpp"
@@ -152,60 +153,63 @@ void set_alibi(GraphSpec& spec, const Plan& plan, const SdpaOptions& o) {
   spec.alibi_offset = plan.row_begin - plan.key_begin + full_offset;
 }
 
-// What cuDNN 9.19 computes wrongly or refuses without saying why, refused here by name (GPU run
-// 30): dbias under a score modifier (softcap, ALiBi) comes back wrong, and cuDNN writes dbias only
-// as a packed tensor.
+// Quirks bias_grad_under_score_modifier and bias_grad_packed_only (cudnn_quirks.hpp).
 void check_bias_gradient(const GraphSpec& spec) {
   const OperandDesc& g = spec.operands[kGradBias];
   if (!g.present) return;
-  if (spec.softcap > 0 || spec.operands[kAlibiSlopes].present) {
+  if ((spec.softcap > 0 || spec.operands[kAlibiSlopes].present) &&
+      quirk_applies(Quirk::bias_grad_under_score_modifier, spec.cudnn_version)) {
     throw UnsupportedError(std::string("the bias' gradient with ") + (spec.softcap > 0 ? "a softcap" : "ALiBi") +
                            " is not supported (cuDNN 9.19 computes it wrongly under a score modifier); leave "
-                           "grad_bias out (a bias that does not require grad).");
+                           "grad_bias out (a bias that does not require grad). [cuDNN quirk "
+                           "bias_grad_under_score_modifier]");
   }
-  if (!is_packed(g)) {
+  if (!is_packed(g) && quirk_applies(Quirk::bias_grad_packed_only, spec.cudnn_version)) {
     throw UnsupportedError(
         "grad_bias: cuDNN writes the bias' gradient only as a packed (row-major) tensor; its "
         "strides as cuDNN would see them are " +
         strides_of(g, 4) +
         " (the mask cuts rows or keys, or the buffer is strided). Pass a contiguous "
-        "grad_bias, or a mask under which every row and key takes part.");
+        "grad_bias, or a mask under which every row and key takes part. [cuDNN quirk bias_grad_packed_only]");
   }
 }
 
-// What cuDNN 9.19 gets wrong with these operands, refused by name (GPU run 32): the sinks'
-// gradient under dropout comes back scaled by 1 - dropout_p; and at s_q = s_kv = 1 (here: the one
-// row and key a mask left, of a (1, h, 33, 1) bias) a bias that is not packed is misread into lse
-// (out, one key's value, is right; a packed bias there is read right, run 31), which the
-// backward's P = exp(S - lse) would carry into the gradients.
+// Quirks sinks_grad_under_dropout and unpacked_bias_one_by_one (cudnn_quirks.hpp): at s_q = s_kv = 1
+// (e.g. the one row and key a mask left, of a (1, h, 33, 1) bias) a bias that is not packed is
+// misread into lse (out is right), which the backward's P = exp(S - lse) would carry into the
+// gradients.
 void check_known_wrong(const GraphSpec& spec) {
-  if (spec.operands[kGradSinks].present && spec.dropout_p > 0) {
+  if (spec.operands[kGradSinks].present && spec.dropout_p > 0 &&
+      quirk_applies(Quirk::sinks_grad_under_dropout, spec.cudnn_version)) {
     throw UnsupportedError(
         "the sinks' gradient with dropout is not supported: cuDNN 9.19 returns it scaled by 1 - dropout_p. "
-        "Use dropout_p=0 with trainable sinks, or sinks that do not require grad.");
+        "Use dropout_p=0 with trainable sinks, or sinks that do not require grad. [cuDNN quirk "
+        "sinks_grad_under_dropout]");
   }
   const OperandDesc& bias = spec.operands[kBias];
   const bool one_by_one = spec.operands[kQ].dims[2] == 1 && spec.operands[kK].dims[2] == 1;
   if (spec.op != GraphOp::forward || !one_by_one || !bias.present || !spec.operands[kLse].present) return;
-  if (!is_packed(bias)) {
+  if (!is_packed(bias) && quirk_applies(Quirk::unpacked_bias_one_by_one, spec.cudnn_version)) {
     throw UnsupportedError(
         "bias: with s_q = s_kv = 1 (after the mask leaves one row and one key) cuDNN 9.19 reads only a packed "
         "bias into lse; this one has strides " +
         strides_of(bias, 4) +
         " as cuDNN would see them. Pass a contiguous bias (e.g. its slice for that row, .contiguous()), "
-        "or call without lse (inference), whose output is right.");
+        "or call without lse (inference), whose output is right. [cuDNN quirk unpacked_bias_one_by_one]");
   }
 }
 
-// cudnn-frontend 1.32 refuses a variable-length backward on SM8x and SM12x (ragged statistics,
-// which stridedfa's THD lse always are): refused by name instead of by the frontend's wording.
+// Quirk varlen_backward_sm8x_sm12x (ragged statistics, which stridedfa's THD lse always are):
+// refused by name instead of by the frontend's wording.
 void check_ragged_backward(const GraphSpec& spec) {
   const int32_t major = spec.sm_version / 10;
   if (!spec.ragged || spec.op != GraphOp::backward || (major != 8 && major != 12)) return;
+  if (!quirk_applies(Quirk::varlen_backward_sm8x_sm12x, spec.cudnn_version)) return;
   throw UnsupportedError("the variable-length (cu_seqlens) backward is not supported on compute capability " +
                          std::to_string(major) +
                          ".x: cuDNN runs it with ragged statistics on Hopper and "
-                         "datacenter Blackwell only. Train with padded tensors and seqlens_q / seqlens_kv there.");
+                         "datacenter Blackwell only. Train with padded tensors and seqlens_q / seqlens_kv there. "
+                         "[cuDNN quirk varlen_backward_sm8x_sm12x]");
 }
 
 GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t sm_version, int64_t cudnn_version) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "stridedfa/errors.hpp"
+#include "stridedfa/cudnn_quirks.hpp"
 #include "stridedfa/overlap.hpp"
 #include "stridedfa/validate.hpp"
 #include "stridedfa/validate_ragged.hpp"
@@ -88,7 +89,7 @@ void require_nonempty_problem(const Problem& p) {
   }
 }
 
-// cuDNN's backward addresses its operands with 32-bit arithmetic (GPU runs 13 and 14, cuDNN 9.19):
+// Quirk backward_32bit_reach: cuDNN's backward addresses its operands with 32-bit arithmetic:
 // out or grad_out reaching past 4 GiB (2^32 bytes) gives wrong or NaN dq/dk (its dO.O kernel,
 // cudnn::fusion::compute_dot_do_o); q and dq with a batch stride of 2^32 + 64 elements leave half of
 // dq unwritten, while 2^31 + 64 is read and written correctly. The forward reads and writes every
@@ -102,7 +103,8 @@ void require_32bit_reach(const TensorView& t, bool bytes) {
                          (bytes ? " bytes" : " elements") + " past its data pointer; cuDNN's backward addresses " +
                          (bytes ? "out and grad_out within 4 GiB (2^32 bytes)" : "its operands within 2^32 elements") +
                          " and computes wrong gradients beyond. Pass a compact copy (x.contiguous()), or split " +
-                         "the batch over several calls if the tensor itself is that large.");
+                         "the batch over several calls if the tensor itself is that large. [cuDNN quirk " +
+                         "backward_32bit_reach]");
 }
 
 }  // namespace
@@ -272,7 +274,7 @@ Problem validate_call(const CallOperands& call) {
       check.scores_memory(*t[s], role_in(op, s) == Role::output, seqs, s == kGradBias ? t[kBias] : nullptr);
     }
   }
-  if (op == GraphOp::backward) {
+  if (op == GraphOp::backward && quirk_applies(Quirk::backward_32bit_reach)) {
     for (int s = 0; s < kNumSlots; ++s) {
       if (t[s] && kOperands[s].backward_reach != Reach::unlimited) {
         require_32bit_reach(*t[s], kOperands[s].backward_reach == Reach::bytes_2_32);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "stridedfa/errors.hpp"
+#include "stridedfa/cudnn_quirks.hpp"
 
 namespace stridedfa {
 
@@ -38,13 +39,13 @@ void check_ragged_operands(const TensorView* const* t) {
   }
 }
 
-// GPU run 37 (cuDNN 9.19, probe in ci/results/2026-12-03-run37-varlen-probe): in a variable-length
-// backward only q and dQ must be dense token-major -- with q or dQ at any other strides (head-major,
+// Quirk varlen_backward_dense_queries: in a variable-length backward only q and dQ must be dense
+// token-major -- with q or dQ at any other strides (head-major,
 // padded or wider token rows, a view of a qkv projection) dQ came out wrong, with grouped heads dK
 // or dV were overwritten, and one layout crashed the kernel (an illegal instruction); k, v, out,
 // dO, dK and dV were right at every layout tried, and so was the forward. Refused by name.
 void require_dense_queries(const TensorView* const* t, bool backward) {
-  if (!backward) return;
+  if (!backward || !quirk_applies(Quirk::varlen_backward_dense_queries)) return;
   for (int s : {kQ, kGradQ}) {
     const TensorView* x = t[s];
     if (!x || x->numel() == 0) continue;
@@ -59,7 +60,8 @@ void require_dense_queries(const TensorView* const* t, bool backward) {
                            std::to_string(x->strides[2]) + ", head stride " + std::to_string(x->strides[1]) +
                            " and dim stride " + std::to_string(x->strides[3]) +
                            " (cuDNN 9.19 computes a wrong dQ otherwise). Pass q.contiguous() and a "
-                           "contiguous grad_q; stridedfa.torch and stridedfa.cupy do so themselves.");
+                           "contiguous grad_q; stridedfa.torch and stridedfa.cupy do so themselves. [cuDNN quirk "
+                           "varlen_backward_dense_queries]");
   }
 }
 
