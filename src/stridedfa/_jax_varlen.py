@@ -92,7 +92,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
     options = _VarlenOptions(base, int(max_seqlen_q or 0), int(max_seqlen_kv or 0))
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
     if k.ndim == 3 and q.ndim == 3 and k.shape[1] == 1 < q.shape[1]:
-        # cuDNN 9.19's varlen backward gets MQA's dK wrong (GPU run 39; the core refuses it): k and
+        # cuDNN quirk varlen_backward_mqa_dk (the core refuses MQA's varlen backward): k and
         # v repeated to grouped heads, whose cotangents JAX sums back into the one head
         heads = 2 if q.shape[1] % 2 == 0 else q.shape[1]
         k, v = jnp.repeat(k, heads, axis=1), jnp.repeat(v, heads, axis=1)

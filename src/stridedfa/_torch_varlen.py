@@ -98,8 +98,9 @@ varlen_forward = _define("varlen_forward", f"(Tensor q, Tensor k, Tensor v, Tens
 def _varlen_backward_impl(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, *options):
     """(grad_q, grad_k, grad_v), token-major (tokens, heads, dim) whatever q, k, v's strides:
     cuDNN sums grouped heads only into token-major gradients, and its variable-length backward
-    computes dQ right only from a dense q into a dense dQ (GPU run 37), so a q at other strides
-    (a view of a qkv projection, head-major, ...) is copied for the backward."""
+    computes dQ right only from a dense q into a dense dQ (cuDNN quirk
+    varlen_backward_dense_queries), so a q at other strides (a view of a qkv projection,
+    head-major, ...) is copied for the backward."""
     grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     _varlen_backward_into(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, grad_q, grad_k, grad_v, options)
     return grad_q, grad_k, grad_v
@@ -264,7 +265,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             one after another. Any valid token and head strides (head-major, padded rows, slices
             of one fused (total, 3, h, d) projection, ...): read in place by the forward; the
             backward reads a contiguous copy of a q at other strides (cuDNN 9.19's variable-length
-            backward computes a wrong dQ from one, GPU run 37). k and v are never copied.
+            backward computes a wrong dQ from one: quirk varlen_backward_dense_queries). k and v
+            are never copied.
         k: (total_kv, h_kv, d_qk); h_q a multiple of h_kv (GQA). v: (total_kv, h_kv, d_v). With
             one key/value head (MQA) and a backward to come, k and v are repeated to two heads
             first (cuDNN 9.19's varlen backward gets MQA's dK wrong; the gradients sum back).
@@ -304,7 +306,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                    "torch.no_grad(), or use attention() on padded tensors with seqlens_q / "
                                    "seqlens_kv.")
     if k.shape[1] == 1 < q.shape[1] and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        # cuDNN 9.19's varlen backward gets MQA's dK wrong (GPU run 39; the core refuses it): k and v
+        # cuDNN quirk varlen_backward_mqa_dk (the core refuses MQA's varlen backward): k and v
         # repeated to grouped heads, whose gradients autograd sums back into the one head
         heads = _mqa_repeat(q.shape[1])
         k, v = (t.expand(-1, heads, -1).contiguous() for t in (k, v))

@@ -195,8 +195,8 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
     heads, dim) arrays from CuPy's pool (token-major: cuDNN sums grouped heads only into those).
     Tokens in no sequence get zero gradients. Use the forward's arguments. A q that is not
     C-contiguous is copied first: cuDNN 9.19's variable-length backward computes dQ right only
-    from a dense q (GPU run 37); one key/value head (MQA) is repeated to two and its gradients
-    summed (cuDNN 9.19 gets MQA's dK wrong, GPU run 39)."""
+    from a dense q (cuDNN quirk varlen_backward_dense_queries); one key/value head (MQA) is repeated
+    to two and its gradients summed (quirk varlen_backward_mqa_dk)."""
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("varlen_attention_backward", q))
     handle, allocation = _call(stream, q.data.device_id)
@@ -206,7 +206,7 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
             grad_out = cupy.ascontiguousarray(grad_out)
         q = cupy.ascontiguousarray(q)  # no copy when it already is
         mqa = k.shape[1] == 1 < q.shape[1]
-        if mqa:  # cuDNN 9.19 gets MQA's dK wrong (GPU run 39): repeated to grouped heads, summed after
+        if mqa:  # cuDNN quirk varlen_backward_mqa_dk: repeated to grouped heads, summed after
             heads = 2 if q.shape[1] % 2 == 0 else q.shape[1]
             k, v = (cupy.ascontiguousarray(cupy.broadcast_to(t, (t.shape[0], heads, t.shape[2]))) for t in (k, v))
             grad_k, grad_v = (cupy.empty(t.shape, dtype=t.dtype) for t in (k, v))

@@ -22,7 +22,7 @@ void check_ragged_operands(const TensorView* const* t);
 // cuDNN's ragged offsets are int32 elements: every start an operand's sequences can have must fit.
 void require_int32_offsets(const TensorView* const* t);
 
-// A backward's q and grad_q must be dense token-major (GPU run 37, cuDNN 9.19): refused by name.
+// A backward's q and grad_q must be dense token-major (cuDNN quirk varlen_backward_dense_queries).
 void require_dense_queries(const TensorView* const* t, bool backward);
 
 }  // namespace stridedfa
