@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace stridedfa {
@@ -30,6 +31,13 @@ bool quirk_applies(Quirk q, int64_t cudnn_version) {
   const QuirkInfo& info = quirk_info(q);
   if (lifted.quirk[static_cast<int>(q)]) return false;
   return info.fixed_in == 0 || cudnn_version == 0 || cudnn_version < info.fixed_in;
+}
+
+bool quirk_applies_named(const char* name, int64_t cudnn_version) {
+  for (const QuirkInfo& q : kQuirks) {
+    if (std::strcmp(q.name, name) == 0) return quirk_applies(q.id, cudnn_version);
+  }
+  throw std::invalid_argument(std::string("no cuDNN quirk named ") + name);
 }
 
 }  // namespace stridedfa

@@ -48,7 +48,7 @@ from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOper
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint
                              set_error_translator, set_libraries, stream_wait_stream,  # no-cython-lint
                              TensorView, to_core_axes, trim_pools, validate_call,  # no-cython-lint
-                             validate_options, view_from_dltensor)  # no-cython-lint
+                             validate_options, view_from_dltensor, quirk_applies_named)  # no-cython-lint
 from stridedfa._dlpack cimport (DLDataType, DLManagedTensor, DLManagedTensorVersioned,  # no-cython-lint
                                 DLPackExchangeAPI, DLPACK_FLAG_READ_ONLY, DLPACK_MAJOR_VERSION,  # no-cython-lint
                                 DLPACK_MINOR_VERSION, DLDeviceType, DLTensor, kDLCUDA)  # no-cython-lint

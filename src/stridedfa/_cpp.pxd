@@ -271,3 +271,7 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
     void* jax_forward_handler "stridedfa::jax_ffi::forward_handler"()
     void* jax_forward_inference_handler "stridedfa::jax_ffi::forward_inference_handler"()
     void* jax_backward_handler "stridedfa::jax_ffi::backward_handler"()
+
+
+cdef extern from "stridedfa/cudnn_quirks.hpp" namespace "stridedfa" nogil:
+    cbool quirk_applies_named(const char* name, int64_t cudnn_version) except +

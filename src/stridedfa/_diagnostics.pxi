@@ -130,3 +130,10 @@ def _inspect_dlpack(obj, stream=None):
         "capsule": capsule,
         "stream": st.handle if st.decided else None,
     }
+
+
+def _quirk_applies(str name, int64_t cudnn_version=0):
+    """Whether stridedfa refuses or works around the cuDNN quirk ``name`` (a row of
+    cpp/include/stridedfa/cudnn_quirks.hpp) on cuDNN ``cudnn_version`` (0: not known): what an
+    adapter asks, once at import, instead of restating the rule."""
+    return quirk_applies_named(name.encode(), cudnn_version)

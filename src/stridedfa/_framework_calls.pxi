@@ -3,6 +3,10 @@
 # (_framework_alloc.pxi), validates, launches and returns the framework's tensors.
 
 
+# cuDNN quirk sinks_grad_under_dropout, asked of the quirks table once (a test may lift it).
+cdef bint SINKS_GRAD_UNDER_DROPOUT = quirk_applies_named(b"sinks_grad_under_dropout", 0)
+
+
 cdef PreparedCall prepared(const CallOperands& operands, const SdpaOptions& options) except *:
     """prepare_call, loading cuDNN on the first call (after validation, so bad input is reported
     even where cuDNN is missing)."""
@@ -193,8 +197,8 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
                 grads[i] = allocate_strided(api, 4, inputs[i].dims, grad_strides[i], inputs[i].dtype,
                                             inputs[i].device_id)
             outputs[i][0] = view_from_dltensor(grads[i].dl_tensor, False, names[i], ExportQuirk.none)
-        # With dropout cuDNN 9.19 gets the sinks' gradient wrong: not asked for (the core refuses it).
-        if sinks is not None and options.dropout_p == 0:
+        # Under dropout the sinks' gradient is not asked for (cuDNN quirk sinks_grad_under_dropout).
+        if sinks is not None and (options.dropout_p == 0 or not SINKS_GRAD_UNDER_DROPOUT):
             sinks_grad = allocate_per_head(api, bwd.slot[kQ])
             bwd.slot[kGradSinks] = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
         if (with_grad_bias and bias is not None and bwd.slot[kBias].device_type == kDLCUDA

@@ -158,8 +158,8 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             bwd.slot[kGradQ] = to_core_axes(grad_q_layout, perm, b"grad_q")
             bwd.slot[kGradK] = select_packed(grad_packed_view, dim, 0, perm, b"grad_k")
             bwd.slot[kGradV] = select_packed(grad_packed_view, dim, 1, perm, b"grad_v")
-        # With dropout cuDNN 9.19 gets the sinks' gradient wrong: not asked for (the core refuses it).
-        if sinks is not None and options.dropout_p == 0:
+        # Under dropout the sinks' gradient is not asked for (cuDNN quirk sinks_grad_under_dropout).
+        if sinks is not None and (options.dropout_p == 0 or not SINKS_GRAD_UNDER_DROPOUT):
             sinks_grad = allocate_per_head(api, bwd.slot[kQ])
             bwd.slot[kGradSinks] = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
         if (with_grad_bias and bias is not None and bwd.slot[kBias].device_type == kDLCUDA

@@ -113,18 +113,23 @@ def _option_grads(grad_sinks, grad_bias):
     return (None,) * _SINKS + (grad_sinks, None, grad_bias) + (None,) * (_N_OPTIONS - _BIAS)
 
 
+# cuDNN quirk sinks_grad_under_dropout (cudnn_quirks.hpp), asked once: a constant while tracing.
+_SINKS_GRAD_UNDER_DROPOUT = _core._quirk_applies("sinks_grad_under_dropout")
+
+
 def _graded_sinks(opts):
-    """The sinks whose gradient the backward computes: none with dropout (cuDNN 9.19 gets it wrong
-    there; attention() refuses sinks that require grad with dropout before the forward)."""
-    return opts[_SINKS] if not opts[_DROPOUT] else None
+    """The sinks whose gradient the backward computes: none with dropout (the quirk above;
+    attention() refuses sinks that require grad with dropout before the forward)."""
+    return opts[_SINKS] if not (opts[_DROPOUT] and _SINKS_GRAD_UNDER_DROPOUT) else None
 
 
 def _refuse_sinks_gradient_with_dropout(wanted: bool, opts) -> None:
     """A backward asked for the sinks' gradient under dropout (the operators called directly, past
     attention()'s check): refused rather than answered with None."""
-    if wanted and opts[_DROPOUT]:
+    if wanted and opts[_DROPOUT] and _SINKS_GRAD_UNDER_DROPOUT:
         raise UnsupportedError("the sinks' gradient with dropout is not supported: cuDNN 9.19 returns it scaled "
-                               "by 1 - dropout_p. Use dropout_p=0 with trainable sinks, or detach them.")
+                               "by 1 - dropout_p. Use dropout_p=0 with trainable sinks, or detach them. [cuDNN quirk "
+                               "sinks_grad_under_dropout]")
 
 
 def _grad_or_none(grad, option):

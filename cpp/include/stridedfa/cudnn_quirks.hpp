@@ -50,10 +50,10 @@ inline constexpr QuirkInfo kQuirks[] = {
      "test_cudnn_quirks.py::test_bias_grad_shared_rows"},
     {Quirk::sinks_grad_under_dropout, "sinks_grad_under_dropout", 91900, 0, Handling::refused,
      "the sinks' gradient under dropout comes back scaled by 1 - dropout_p",
-     "test_cudnn_quirks.py::test_sinks_grad_under_dropout"},
+     "to write: test_cudnn_quirks.py::test_sinks_grad_under_dropout"},
     {Quirk::unpacked_bias_one_by_one, "unpacked_bias_one_by_one", 91900, 0, Handling::refused,
      "with s_q = s_kv = 1 a bias that is not packed is misread into lse",
-     "test_cudnn_quirks.py::test_unpacked_bias_one_by_one"},
+     "to write: test_cudnn_quirks.py::test_unpacked_bias_one_by_one"},
     {Quirk::sinks_with_one_query, "sinks_with_one_query", 91900, 0, Handling::worked_around,
      "sinks with s_q = 1 are refused ('decode only mode ... not supported with sink_token'); the row is "
      "described twice at one address (call_plan.cpp one_query_with_sinks)",
@@ -64,11 +64,11 @@ inline constexpr QuirkInfo kQuirks[] = {
      "none: a reproduction needs tensors of more than 4 GiB (validate.cpp require_32bit_reach)"},
     {Quirk::varlen_backward_dense_queries, "varlen_backward_dense_queries", 91900, 0, Handling::refused,
      "a variable-length backward computes dQ right only from dense token-major q and dQ",
-     "test_cudnn_quirks.py::test_varlen_backward_dense_queries"},
+     "to write: test_cudnn_quirks.py::test_varlen_backward_dense_queries"},
     {Quirk::varlen_backward_mqa_dk, "varlen_backward_mqa_dk", 91900, 0, Handling::refused,
      "a variable-length backward computes a wrong dK when one key/value head serves several query heads "
      "(the adapters repeat k and v to two heads and sum the gradients)",
-     "test_cudnn_quirks.py::test_varlen_backward_mqa_dk"},
+     "to write: test_cudnn_quirks.py::test_varlen_backward_mqa_dk"},
     {Quirk::varlen_backward_sinks, "varlen_backward_sinks", 91900, 92600, Handling::refused,
      "a variable-length backward with sinks reads out of bounds",
      "none: fixed in 9.26 (an out-of-bounds read is not reproduced on purpose)"},
@@ -86,5 +86,9 @@ const QuirkInfo& quirk_info(Quirk q);
 // lifted it (STRIDEDFA_LIFT_QUIRKS, a comma-separated list of names, read once: for the GPU tests
 // that check a quirk still reproduces; never for real work).
 bool quirk_applies(Quirk q, int64_t cudnn_version = 0);
+
+// quirk_applies for the row of this name (the adapters' question, asked once at import); throws
+// std::invalid_argument for a name the table does not have.
+bool quirk_applies_named(const char* name, int64_t cudnn_version = 0);
 
 }  // namespace stridedfa
