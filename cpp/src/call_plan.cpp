@@ -247,8 +247,8 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
         "attention sinks in a variable-length backward need cuDNN 9.26 or newer (earlier versions read out of "
         "bounds there); this process runs cuDNN " +
         std::to_string(cudnn_version / 10000) + "." + std::to_string(cudnn_version / 100 % 100) +
-        " (fixed sinks too). Use padded tensors with seqlens_q / seqlens_kv, or no sinks in training. [cuDNN "
-        "quirk varlen_backward_sinks]");
+        " (fixed sinks too). Use padded tensors with seqlens_q / seqlens_kv, or no sinks in training." +
+        quirk_tag(Quirk::varlen_backward_sinks));
   }
   RaggedPlan& r = plan.ragged;
   r.on = true;
@@ -276,7 +276,8 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
         std::to_string(full.h_q) +
         " query heads (MQA). Repeat k and v to two heads (k.expand(-1, 2, -1).contiguous(), "
         "grouped-query attention) and sum their two gradients; stridedfa.torch, stridedfa.cupy and "
-        "stridedfa.jax do so themselves. [cuDNN quirk varlen_backward_mqa_dk]");
+        "stridedfa.jax do so themselves." +
+        quirk_tag(Quirk::varlen_backward_mqa_dk));
   }
   for (int s = 0; s < kNumSlots; ++s) {
     const OperandKind kind = kOperands[s].kind;

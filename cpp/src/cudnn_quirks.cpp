@@ -26,6 +26,8 @@ struct Lifted {
 
 const QuirkInfo& quirk_info(Quirk q) { return kQuirks[static_cast<int>(q)]; }
 
+std::string quirk_tag(Quirk q) { return std::string(" [cuDNN quirk ") + quirk_info(q).name + "]"; }
+
 bool quirk_applies(Quirk q, int64_t cudnn_version) {
   static const Lifted lifted;
   const QuirkInfo& info = quirk_info(q);

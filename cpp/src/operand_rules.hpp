@@ -227,14 +227,13 @@ class Validator {
       }
       if (bias && quirk_applies(Quirk::bias_grad_shared_rows)) {
         const std::string s_q = std::to_string(full[0]), s_kv = std::to_string(full[1]);
-        throw UnsupportedError("grad_bias: the gradient of a bias shared over query rows (" +
-                               scores_axis_str(shape_of, axis) +
-                               " of extent 1) is not supported: cuDNN 9.19 computes it wrongly and writes past it. "
-                               "Give the bias a row per query -- a broadcast is enough, and the framework sums the "
-                               "gradient back: bias.expand(-1, -1, " +
-                               s_q + ", -1) in torch, jnp.broadcast_to(bias, (b, h, " + s_q + ", " + s_kv +
-                               ")) in JAX -- or leave its gradient out (a constant mask). [cuDNN quirk "
-                               "bias_grad_shared_rows]");
+        throw UnsupportedError(
+            "grad_bias: the gradient of a bias shared over query rows (" + scores_axis_str(shape_of, axis) +
+            " of extent 1) is not supported: cuDNN 9.19 computes it wrongly and writes past it. "
+            "Give the bias a row per query -- a broadcast is enough, and the framework sums the "
+            "gradient back: bias.expand(-1, -1, " +
+            s_q + ", -1) in torch, jnp.broadcast_to(bias, (b, h, " + s_q + ", " + s_kv +
+            ")) in JAX -- or leave its gradient out (a constant mask)." + quirk_tag(Quirk::bias_grad_shared_rows));
       }
     }
     for (int axis = 0; axis < 4; ++axis) {

@@ -161,8 +161,8 @@ void check_bias_gradient(const GraphSpec& spec) {
       quirk_applies(Quirk::bias_grad_under_score_modifier, spec.cudnn_version)) {
     throw UnsupportedError(std::string("the bias' gradient with ") + (spec.softcap > 0 ? "a softcap" : "ALiBi") +
                            " is not supported (cuDNN 9.19 computes it wrongly under a score modifier); leave "
-                           "grad_bias out (a bias that does not require grad). [cuDNN quirk "
-                           "bias_grad_under_score_modifier]");
+                           "grad_bias out (a bias that does not require grad)." +
+                           quirk_tag(Quirk::bias_grad_under_score_modifier));
   }
   if (!is_packed(g) && quirk_applies(Quirk::bias_grad_packed_only, spec.cudnn_version)) {
     throw UnsupportedError(
@@ -170,7 +170,8 @@ void check_bias_gradient(const GraphSpec& spec) {
         "strides as cuDNN would see them are " +
         strides_of(g, 4) +
         " (the mask cuts rows or keys, or the buffer is strided). Pass a contiguous "
-        "grad_bias, or a mask under which every row and key takes part. [cuDNN quirk bias_grad_packed_only]");
+        "grad_bias, or a mask under which every row and key takes part." +
+        quirk_tag(Quirk::bias_grad_packed_only));
   }
 }
 
@@ -183,8 +184,8 @@ void check_known_wrong(const GraphSpec& spec) {
       quirk_applies(Quirk::sinks_grad_under_dropout, spec.cudnn_version)) {
     throw UnsupportedError(
         "the sinks' gradient with dropout is not supported: cuDNN 9.19 returns it scaled by 1 - dropout_p. "
-        "Use dropout_p=0 with trainable sinks, or sinks that do not require grad. [cuDNN quirk "
-        "sinks_grad_under_dropout]");
+        "Use dropout_p=0 with trainable sinks, or sinks that do not require grad." +
+        quirk_tag(Quirk::sinks_grad_under_dropout));
   }
   const OperandDesc& bias = spec.operands[kBias];
   const bool one_by_one = spec.operands[kQ].dims[2] == 1 && spec.operands[kK].dims[2] == 1;
@@ -195,7 +196,8 @@ void check_known_wrong(const GraphSpec& spec) {
         "bias into lse; this one has strides " +
         strides_of(bias, 4) +
         " as cuDNN would see them. Pass a contiguous bias (e.g. its slice for that row, .contiguous()), "
-        "or call without lse (inference), whose output is right. [cuDNN quirk unpacked_bias_one_by_one]");
+        "or call without lse (inference), whose output is right." +
+        quirk_tag(Quirk::unpacked_bias_one_by_one));
   }
 }
 
@@ -208,8 +210,8 @@ void check_ragged_backward(const GraphSpec& spec) {
   throw UnsupportedError("the variable-length (cu_seqlens) backward is not supported on compute capability " +
                          std::to_string(major) +
                          ".x: cuDNN runs it with ragged statistics on Hopper and "
-                         "datacenter Blackwell only. Train with padded tensors and seqlens_q / seqlens_kv there. "
-                         "[cuDNN quirk varlen_backward_sm8x_sm12x]");
+                         "datacenter Blackwell only. Train with padded tensors and seqlens_q / seqlens_kv there." +
+                         quirk_tag(Quirk::varlen_backward_sm8x_sm12x));
 }
 
 GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t sm_version, int64_t cudnn_version) {

@@ -103,8 +103,8 @@ void require_32bit_reach(const TensorView& t, bool bytes) {
                          (bytes ? " bytes" : " elements") + " past its data pointer; cuDNN's backward addresses " +
                          (bytes ? "out and grad_out within 4 GiB (2^32 bytes)" : "its operands within 2^32 elements") +
                          " and computes wrong gradients beyond. Pass a compact copy (x.contiguous()), or split " +
-                         "the batch over several calls if the tensor itself is that large. [cuDNN quirk " +
-                         "backward_32bit_reach]");
+                         "the batch over several calls if the tensor itself is that large." +
+                         quirk_tag(Quirk::backward_32bit_reach));
 }
 
 }  // namespace

@@ -40,10 +40,10 @@ void check_ragged_operands(const TensorView* const* t) {
 }
 
 // Quirk varlen_backward_dense_queries: in a variable-length backward only q and dQ must be dense
-// token-major -- with q or dQ at any other strides (head-major,
-// padded or wider token rows, a view of a qkv projection) dQ came out wrong, with grouped heads dK
-// or dV were overwritten, and one layout crashed the kernel (an illegal instruction); k, v, out,
-// dO, dK and dV were right at every layout tried, and so was the forward. Refused by name.
+// token-major -- with q or dQ at any other strides (head-major, padded or wider token rows, a view
+// of a qkv projection) dQ came out wrong, with grouped heads dK or dV were overwritten, and one layout crashed the
+// kernel (an illegal instruction); k, v, out, dO, dK and dV were right at every layout tried, and so was the forward.
+// Refused by name.
 void require_dense_queries(const TensorView* const* t, bool backward) {
   if (!backward || !quirk_applies(Quirk::varlen_backward_dense_queries)) return;
   for (int s : {kQ, kGradQ}) {
@@ -60,8 +60,8 @@ void require_dense_queries(const TensorView* const* t, bool backward) {
                            std::to_string(x->strides[2]) + ", head stride " + std::to_string(x->strides[1]) +
                            " and dim stride " + std::to_string(x->strides[3]) +
                            " (cuDNN 9.19 computes a wrong dQ otherwise). Pass q.contiguous() and a "
-                           "contiguous grad_q; stridedfa.torch and stridedfa.cupy do so themselves. [cuDNN quirk "
-                           "varlen_backward_dense_queries]");
+                           "contiguous grad_q; stridedfa.torch and stridedfa.cupy do so themselves." +
+                           quirk_tag(Quirk::varlen_backward_dense_queries));
   }
 }
 

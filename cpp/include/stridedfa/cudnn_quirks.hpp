@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace stridedfa {
 
@@ -80,6 +81,9 @@ inline constexpr QuirkInfo kQuirks[] = {
 static_assert(sizeof(kQuirks) / sizeof(kQuirks[0]) == static_cast<std::size_t>(Quirk::kCount), "one row per quirk");
 
 const QuirkInfo& quirk_info(Quirk q);
+
+// " [cuDNN quirk <name>]": how a refusal's message cites its row.
+std::string quirk_tag(Quirk q);
 
 // Whether stridedfa must refuse or work around `q` on cuDNN `cudnn_version` (0: not known, as in
 // validation, which needs no cuDNN): the version is before the row's fixed_in, and a test has not
