@@ -40,7 +40,8 @@ Tensor_attributes describe(const GraphSpec& spec, Slot slot) {
                .set_uid(uid_of(slot))
                .set_dim({d.dims[0], d.dims[1], d.dims[2], d.dims[3]})
                .set_stride({d.strides[0], d.strides[1], d.strides[2], d.strides[3]});
-  if (kOperands[slot].kind == OperandKind::stats || kOperands[slot].kind == OperandKind::per_head) {
+  if (kOperands[slot].kind == OperandKind::stats || kOperands[slot].kind == OperandKind::per_head ||
+      kOperands[slot].kind == OperandKind::fp8_scale) {
     t.set_data_type(fe::DataType_t::FLOAT);
   }
   const OperandKind kind = kOperands[slot].kind;

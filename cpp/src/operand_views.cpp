@@ -87,6 +87,7 @@ TensorView as_4d(const TensorView& t, OperandKind kind, bool ragged) {
     case OperandKind::scores:
       return scores_as_4d(t);
     case OperandKind::philox:
+    case OperandKind::fp8_scale:
       return vector_as_4d(t, 3);
     default:
       return t;

@@ -206,6 +206,9 @@ Problem validate_call(const CallOperands& call) {
       case OperandKind::philox:
         check.philox(*given[s]);
         break;
+      case OperandKind::fp8_scale:
+        check.fp8_scale(*given[s]);
+        break;
     }
     as4[s] = as_4d(*given[s], kOperands[s].kind, ragged);
     t[s] = &as4[s];

@@ -23,14 +23,14 @@ cdef tuple int_tuple(const int64_t* values, int n, int64_t factor):
 
 
 _EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1, 2, "batch+1", "blocks")
-KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores", "philox", "cumulative", "page_table")
+KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores", "philox", "cumulative", "page_table", "fp8_scale")
 
 
 def _operands():
     """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
     one dict per operand with its name, its role in the forward and the backward (None, "input" or
     "output"), whether each op may leave it out, its kind ("attention", "stats", "lengths",
-    "per_head", "scores", "philox", "cumulative" or "page_table") and the logical extents of its (b, h, s, d)
+    "per_head", "scores", "philox", "cumulative", "page_table" or "fp8_scale") and the logical extents of its (b, h, s, d)
     axes. Intake, validation, the cache key and the graph builder all walk this table."""
     cdef int slot, n = kNumSlots
     cdef const OperandInfo* info
@@ -128,80 +128,72 @@ cdef ensure_libraries():
     set_libraries(<void*><uintptr_t>libs.cudnn.handle, cudart)
 
 
-cdef enum Mode:
-    RUN = 0       # validate, look up or build the graph, execute
-    VALIDATE = 1  # validate only (returns what validation established)
-    KEY = 2       # validate and return the graph-cache key for given device facts
-
-
 cdef dict problem_dict(Problem p):
     return {"b": p.b, "h_q": p.h_q, "h_kv": p.h_kv, "s_q": p.s_q, "s_kv": p.s_kv, "d_qk": p.d_qk,
             "d_v": p.d_v, "device": p.device, "dtype": dtype_name(p.dtype).decode(),
             "nothing_to_do": p.nothing_to_do, "sequences": p.sequences if p.ragged else None}
 
 
-cdef object run(bint backward, tuple tensors, SdpaOptions options, object stream,
-                object workspace_allocator, Mode mode=RUN, int sm_version=0, int64_t cudnn_version=0,
-                int64_t repeats=1):
-    """One call: intake of every tensor (`tensors` in slot order, None where not given), then
-    validation / preparation / execution. Consumed DLPack tensors are released on every path,
-    exactly once."""
+cdef tuple SLOT_KEYS = tuple(kOperands[_slot].name.decode() for _slot in range(<int>kNumSlots))
+cdef object NOT_GIVEN = object()
+
+
+cdef int intake_named(dict tensors, CallStream* st, CallOperands* call, IntakeHold* owned) except -1:
+    """Reads `tensors` (operand name -> tensor, None where not given) into the call's slots of
+    those names, walking the operand table; call.op says which operands the op has, and a name it
+    has none of is a TypeError. owned[slot] holds what intake consumed."""
+    cdef int i, named = 0
+    cdef Role role
+    for i in range(kNumSlots):
+        obj = tensors.get(SLOT_KEYS[i], NOT_GIVEN)
+        if obj is NOT_GIVEN:
+            continue
+        named += 1
+        role = kOperands[i].backward if call.op == GraphOp.backward else kOperands[i].forward
+        if obj is None:
+            continue
+        if role == Role.absent:
+            raise TypeError(f"the {'backward' if call.op == GraphOp.backward else 'forward'} has no operand "
+                            f"{SLOT_KEYS[i]}")
+        intake(obj, kOperands[i].name, role == Role.output, st, &call.slot[i], &owned[0][i])
+    if named != len(tensors):
+        raise TypeError(f"no operand is called {sorted(set(tensors) - set(SLOT_KEYS))}; the operands are "
+                        f"{', '.join(SLOT_KEYS)}")
+    return 0
+
+
+cdef object run(bint backward, dict tensors, SdpaOptions options, object stream, object workspace_allocator):
+    """One call: intake of every tensor by name, validation, the graph (cached) and the launch.
+    Consumed DLPack tensors are released on every path, exactly once."""
     cdef CallOperands operands
-    cdef TensorView* views[kNumSlots]
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     cdef PreparedCall call
-    cdef Problem problem
-    cdef vector[int64_t] key
     cdef void* workspace = NULL
     cdef uintptr_t workspace_address
-    cdef int i, n = kNumSlots
-    cdef Role role
-    op_slots(backward, &operands, views)
-    keep_alive = []
+    operands.op = GraphOp.backward if backward else GraphOp.forward
     parse_stream(stream, &st)
-    for i in range(n):
-        if tensors[i] is not None and views[i] != NULL:
-            role = kOperands[i].backward if backward else kOperands[i].forward
-            intake(tensors[i], SLOT_NAMES[i], role == Role.output, &st, views[i], &owned[i])
-    if mode == VALIDATE:
-        with nogil:
-            problem = validate_call(operands)
-            validate_options(options, problem)
-        return problem_dict(problem)
-    if mode == KEY:
-        with nogil:
-            key = call_graph_key(operands, options, sm_version, cudnn_version)
-        return tuple(key)
+    intake_named(tensors, &st, &operands, &owned)
+    call = prepared(operands, options)
+    owner = None  # the workspace's owner lives until the launch is queued
+    if call.workspace_bytes > 0 and workspace_allocator is not None:
+        workspace_address, owner = workspace_allocator(call.workspace_bytes, call.problem.device)
+        workspace = <void*>workspace_address
+    with nogil:
+        execute(call, st.handle, workspace)
+
+
+cdef PreparedCall prepared(const CallOperands& operands, const SdpaOptions& options) except *:
+    """prepare_call, loading cuDNN on the first call (after validation, so bad input is reported
+    even where cuDNN is missing)."""
+    cdef PreparedCall call
     if not libraries_loaded():
-        with nogil:  # bad input is reported even where cuDNN is missing
-            problem = validate_call(operands)
+        with nogil:
+            validate_call(operands)
         ensure_libraries()
     with nogil:
         call = prepare_call(operands, options)
-    if call.workspace_bytes > 0 and workspace_allocator is not None:
-        workspace_address, owner = workspace_allocator(call.workspace_bytes, call.problem.device)
-        keep_alive.append(owner)
-        workspace = <void*>workspace_address
-    with nogil:
-        for i in range(repeats):
-            execute(call, st.handle, workspace)
-
-
-cdef inline tuple forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                                rng_state, cu_seqlens_q=None, cu_seqlens_kv=None, block_table=None):
-    """A forward call's tensors in slot order (the operand table's): None where not given or where
-    the forward has no such operand."""
-    return (q, k, v, out, lse, None, None, None, None, seqlens_q, seqlens_kv, sinks, None, bias, None,
-            alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv, block_table)
-
-
-cdef inline tuple backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q,
-                                 seqlens_kv, sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state,
-                                 cu_seqlens_q=None, cu_seqlens_kv=None):
-    """A backward call's tensors in slot order."""
-    return (q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks,
-            bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv, None)
+    return call
 
 
 cdef int parse_max_seqlen(object max_seqlen_q, object max_seqlen_kv, SdpaOptions* options) except -1:
@@ -344,9 +336,9 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                             rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options, stream,
-        None)
+    run(False, dict(q=q, k=k, v=v, out=out, lse=lse, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks,
+                    bias=bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                    cu_seqlens_kv=cu_seqlens_kv, block_table=block_table), options, stream, None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
@@ -390,9 +382,11 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
-    run(True, slots, options, stream, None)
+    tensors = dict(q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v,
+                   seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks, grad_sinks=grad_sinks, bias=bias,
+                   grad_bias=grad_bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_kv=cu_seqlens_kv)
+    run(True, tensors, options, stream, None)
 
 
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
@@ -404,9 +398,9 @@ def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspa
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                             rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options, stream,
-        workspace_allocator)
+    run(False, dict(q=q, k=k, v=v, out=out, lse=lse, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks,
+                    bias=bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                    cu_seqlens_kv=cu_seqlens_kv, block_table=block_table), options, stream, workspace_allocator)
 
 
 def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
@@ -418,6 +412,8 @@ def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
-    run(True, slots, options, stream, workspace_allocator)
+    tensors = dict(q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v,
+                   seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks, grad_sinks=grad_sinks, bias=bias,
+                   grad_bias=grad_bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_kv=cu_seqlens_kv)
+    run(True, tensors, options, stream, workspace_allocator)

@@ -96,6 +96,7 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         philox
         cumulative
         page_table
+        fp8_scale
 
     cdef enum class Reach(int32_t):
         unlimited

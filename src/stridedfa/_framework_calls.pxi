@@ -7,19 +7,6 @@
 cdef bint SINKS_GRAD_UNDER_DROPOUT = quirk_applies_named(b"sinks_grad_under_dropout", 0)
 
 
-cdef PreparedCall prepared(const CallOperands& operands, const SdpaOptions& options) except *:
-    """prepare_call, loading cuDNN on the first call (after validation, so bad input is reported
-    even where cuDNN is missing)."""
-    cdef PreparedCall call
-    if not libraries_loaded():
-        with nogil:
-            validate_call(operands)
-        ensure_libraries()
-    with nogil:
-        call = prepare_call(operands, options)
-    return call
-
-
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
                    window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
                    alibi_slopes=None, dropout_p=0.0, rng_state=None, block_table=None):

@@ -63,7 +63,7 @@ cdef extern from *:
       ~StridedfaIntakeHold() { for (StridedfaOwned& o : items_) o.release(); }
       StridedfaOwned& operator[](int i) noexcept { return items_[i]; }
      private:
-      StridedfaOwned items_[24];  // every operand slot, and a few more for the packed calls' layouts
+      StridedfaOwned items_[stridedfa::kNumSlots + 4];  // every operand slot, and a few more for the packed calls' layouts
     };
     """
     cdef cppclass Owned "StridedfaOwned":

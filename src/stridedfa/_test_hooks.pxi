@@ -66,8 +66,17 @@ def _execute_repeatedly(q, k, v, out, lse=None, *, int64_t repeats, scale=None, 
     host-overhead benchmark's floor: per-call cost of the core's execute alone."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, None, None, False, 0.0, &options)
-    run(False, forward_slots(q, k, v, out, lse, None, None, None, None, None, None), options, stream, None, RUN, 0, 0,
-        repeats)
+    cdef CallOperands operands
+    cdef IntakeHold owned
+    cdef CallStream st
+    cdef PreparedCall call
+    cdef int64_t i
+    parse_stream(stream, &st)
+    intake_named(dict(q=q, k=k, v=v, out=out, lse=lse), &st, &operands, &owned)
+    call = prepared(operands, options)
+    with nogil:
+        for i in range(repeats):
+            execute(call, st.handle, NULL)
 
 
 cdef dict BUFFER_DTYPES = {"float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32)}
@@ -121,19 +130,57 @@ def _cupy_allocate_gradients(q, k, v, hooks):
     return cupy_gradients((q, k, v), hooks, None, &bwd)
 
 
+cdef dict forward_operands(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state,
+                           cu_seqlens_q, cu_seqlens_kv, block_table):
+    return dict(q=q, k=k, v=v, out=out, lse=lse, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks, bias=bias,
+                alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_kv=cu_seqlens_kv, block_table=block_table)
+
+
+cdef dict validated(bint backward, dict tensors, SdpaOptions options, object stream):
+    """Intake and validation of a call, nothing else: what validation established."""
+    cdef CallOperands operands
+    cdef IntakeHold owned
+    cdef CallStream st
+    cdef Problem problem
+    operands.op = GraphOp.backward if backward else GraphOp.forward
+    parse_stream(stream, &st)
+    intake_named(tensors, &st, &operands, &owned)
+    with nogil:
+        problem = validate_call(operands)
+        validate_options(options, problem)
+    return problem_dict(problem)
+
+
+cdef tuple graph_key(bint backward, dict tensors, SdpaOptions options, int sm_version, int64_t cudnn_version):
+    """Intake, validation and the graph-cache key for these device facts."""
+    cdef CallOperands operands
+    cdef IntakeHold owned
+    cdef CallStream st
+    cdef vector[int64_t] key
+    operands.op = GraphOp.backward if backward else GraphOp.forward
+    parse_stream(None, &st)
+    intake_named(tensors, &st, &operands, &owned)
+    with nogil:
+        key = call_graph_key(operands, options, sm_version, cudnn_version)
+    return tuple(key)
+
+
 def _validate_forward(q, k, v, out, lse=None, stream=None, *, seqlens_q=None, seqlens_kv=None, sinks=None,
                       bias=None, alibi_slopes=None, dropout_p=0.0, rng_state=None, scale=None, causal=False,
                       causal_alignment="top_left",
                       window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
-                      max_seqlen_kv=None, block_table=None):
+                      max_seqlen_kv=None, block_table=None, **operands):
     """Intake and validation of a forward call, nothing else (for tests on machines without a GPU;
-    the pointers are never dereferenced). Returns what validation established, or raises."""
+    the pointers are never dereferenced); `operands` are further tensors under the operand table's
+    names. Returns what validation established, or raises."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                                    rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options,
-               stream, None, VALIDATE)
+    tensors = forward_operands(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state,
+                               cu_seqlens_q, cu_seqlens_kv, block_table)
+    tensors.update(operands)
+    return validated(False, tensors, options, stream)
 
 
 def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stream=None, *,
@@ -141,14 +188,17 @@ def _validate_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, stre
                        alibi_slopes=None, dropout_p=0.0, rng_state=None,
                        scale=None, causal=False,
                        causal_alignment="top_left", window=None, softcap=None, deterministic=False,
-                       cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None):
+                       cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, **operands):
     """Intake and validation of a backward call, nothing else (see _validate_forward)."""
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
-    return run(True, slots, options, stream, None, VALIDATE)
+    tensors = dict(q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v,
+                   seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks, grad_sinks=grad_sinks, bias=bias,
+                   grad_bias=grad_bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_kv=cu_seqlens_kv)
+    tensors.update(operands)
+    return validated(True, tensors, options, stream)
 
 
 def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, causal_alignment="top_left",
@@ -162,9 +212,9 @@ def _forward_graph_key(q, k, v, out, lse=None, *, scale=None, causal=False, caus
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    return run(False, forward_slots(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
-                                    rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options,
-               None, None, KEY, sm_version, cudnn_version)
+    return graph_key(False, forward_operands(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes,
+                                             rng_state, cu_seqlens_q, cu_seqlens_kv, block_table), options,
+                     sm_version, cudnn_version)
 
 
 def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
@@ -178,9 +228,11 @@ def _backward_graph_key(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, 
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    slots = backward_slots(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv,
-                           sinks, grad_sinks, bias, grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
-    return run(True, slots, options, None, None, KEY, sm_version, cudnn_version)
+    tensors = dict(q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v,
+                   seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks, grad_sinks=grad_sinks, bias=bias,
+                   grad_bias=grad_bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_kv=cu_seqlens_kv)
+    return graph_key(True, tensors, options, sm_version, cudnn_version)
 
 
 # A plan store of its own directory per call (the process-wide one is plan_store(), configured from

@@ -61,6 +61,29 @@ enum Slot : int {
   kCuSeqlensQ,
   kCuSeqlensKV,
   kBlockTable,
+  // FP8 attention's scaling operands (cuDNN's sdpa_fp8 names): the descale of each FP8 input, the
+  // scale of each FP8 output and of the intermediate S = softmax(QK^T) and dP, and the absolute
+  // maxima cuDNN measures for the next step's scales. Reserved: the validator refuses them until
+  // FP8 attention lands (issue 34), which adds their graph lines.
+  kDescaleQ,
+  kDescaleK,
+  kDescaleV,
+  kDescaleO,
+  kDescaleGradO,
+  kDescaleS,
+  kDescaleDP,
+  kScaleS,
+  kScaleO,
+  kScaleDP,
+  kScaleGradQ,
+  kScaleGradK,
+  kScaleGradV,
+  kAmaxS,
+  kAmaxO,
+  kAmaxDP,
+  kAmaxGradQ,
+  kAmaxGradK,
+  kAmaxGradV,
   kNumSlots
 };
 
@@ -90,6 +113,8 @@ enum class Role : int32_t { absent = 0, input = 1, output = 2 };
 // page_table: int32 (batch, blocks per sequence) of a paged KV cache, each row contiguous;
 // with it k and v are caches of (num_blocks, heads of k, block_size, head_dim) and seqlens_kv the
 // cached length of each sequence. Read on the device only, every id clamped into the cache.
+// fp8_scale: one float32 on the device, (1,): an FP8 operand's scale or descale, or an amax
+// output (reserved until FP8 attention lands).
 // scores: one value per score, the attention dtype, broadcastable to (batch, heads of q, seq of q,
 // seq of k) (NumPy rules: fewer axes are leading 1s; an axis of extent 1 or stride 0 is shared).
 enum class OperandKind : int32_t {
@@ -100,7 +125,8 @@ enum class OperandKind : int32_t {
   scores = 4,
   philox = 5,
   cumulative = 6,
-  page_table = 7
+  page_table = 7,
+  fp8_scale = 8
 };
 
 // The logical extents an operand's axes must have (kOne: extent 1, kTwo: extent 2).
@@ -176,6 +202,25 @@ inline constexpr OperandInfo kOperands[kNumSlots] = {
      "(batch + 1,): 0, then each key sequence's end", Reach::unlimited},
     {"block_table", Role::input, Role::absent, true, false, OperandKind::page_table, {kBatch, kOne, kBlocks, kOne},
      "(batch, blocks per sequence)", Reach::unlimited},
+    {"descale_q", Role::input, Role::input, true, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"descale_k", Role::input, Role::input, true, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"descale_v", Role::input, Role::input, true, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"descale_out", Role::absent, Role::input, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"descale_grad_out", Role::absent, Role::input, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"descale_s", Role::input, Role::input, true, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"descale_dp", Role::absent, Role::input, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"scale_s", Role::input, Role::input, true, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"scale_out", Role::input, Role::absent, true, false, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"scale_dp", Role::absent, Role::input, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"scale_grad_q", Role::absent, Role::input, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"scale_grad_k", Role::absent, Role::input, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"scale_grad_v", Role::absent, Role::input, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"amax_s", Role::output, Role::absent, true, false, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"amax_out", Role::output, Role::absent, true, false, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"amax_dp", Role::absent, Role::output, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"amax_grad_q", Role::absent, Role::output, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"amax_grad_k", Role::absent, Role::output, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
+    {"amax_grad_v", Role::absent, Role::output, false, true, OperandKind::fp8_scale, {kOne, kOne, kOne, kOne}, "(1,)", Reach::unlimited},
 };
 // clang-format on
 
