@@ -1,7 +1,7 @@
 """Context parallel attention on CPUs: several gloo processes, each holding a shard of the
-sequence, with the NumPy reference standing in for the kernel; the gathered output, lse and every
-gradient equal the full-sequence reference (float64: to rounding). The GPU tests run the same code
-on cuDNN (tests/gpu/test_context_parallel.py)."""
+sequence, with the NumPy reference standing in for the kernel (ring_worker.use_reference_kernels);
+the gathered output, lse and every gradient equal the full-sequence reference (float64: to
+rounding). The GPU tests run the same code on cuDNN (tests/gpu/test_context_parallel.py)."""
 
 import numpy as np
 import pytest
@@ -94,10 +94,26 @@ def test_the_cudnn_block_calls_are_well_formed_operator_calls():
     assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
 
 
-def test_an_odd_load_balanced_shard_is_refused(tmp_path):
-    """A load-balanced shard is two equal chunks whatever the mask: an odd one would lose a row."""
+def test_cpu_tensors_are_refused_by_the_cudnn_ring(tmp_path):
     import stridedfa
     from stridedfa.torch import context_parallel_attention
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        q = torch.zeros(1, 2, 8, 8, dtype=torch.bfloat16)
+        with pytest.raises(stridedfa.LayoutError, match="must be CUDA tensors"):
+            context_parallel_attention(q, q, q)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_odd_load_balanced_shard_is_refused(tmp_path, monkeypatch):
+    """A load-balanced shard is two equal chunks whatever the mask: an odd one would lose a row."""
+    import stridedfa
+    from stridedfa import _torch_context_parallel
+    from stridedfa.torch import context_parallel_attention
+
+    monkeypatch.setattr(_torch_context_parallel, "_kernels", ring_worker.reference_kernels)
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

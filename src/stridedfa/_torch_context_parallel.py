@@ -19,8 +19,9 @@ Causal attention is load-balanced: the sequence is cut into 2W chunks and rank r
 0 the local block is causal; the k/v shard of a lower rank is seen whole by the local queries'
 first half of keys only (its head chunk); that of a higher rank by the local tail queries only.
 
-CUDA tensors run stridedfa's cuDNN kernels; CPU tensors (the gloo backend) run the NumPy reference
-(stridedfa.reference) in float64, for tests and debugging at small sizes. Under torch.compile the
+Each block runs stridedfa's registered operators (torch.ops.stridedfa.attention_forward and
+attention_backward) on CUDA tensors; the ranks talk through any torch.distributed backend (NCCL
+for CUDA tensors). Under torch.compile the
 ring's P2P calls are graph breaks (dynamo compiles P2P only with TORCHDYNAMO_ENABLE_P2P_COMPILATION=1),
 so fullgraph=True is not supported.
 """
@@ -33,8 +34,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+import stridedfa._torch_ops  # noqa: F401 -- registers torch.ops.stridedfa, the kernels each block runs
+from stridedfa import _core
 from stridedfa._errors import LayoutError
-from stridedfa._torch_ops import _attention_backward, _attention_forward, _bounds, _window
 
 __all__ = ["context_parallel_attention", "shard_sequence", "unshard_sequence"]
 
@@ -72,49 +74,27 @@ def unshard_sequence(x: torch.Tensor, group=None, *, dim: int = 2, load_balanced
 
 # --- The kernels a block runs on -------------------------------------------------------------------
 
-# stridedfa's attention operators (_torch_ops), with the options of one block: the forward with its
-# statistics, and the backward from given out and lse.
+# stridedfa's registered operators (README: torch.ops.stridedfa), with the options of one block by
+# name: the forward with its statistics, and the backward from given out and lse.
+
+def _block_options(causal, window, lengths, scale) -> dict:
+    left, right = _core._window_bounds(window)  # the one parse of a window
+    return dict(scale=scale, causal=causal, causal_alignment="top_left", window_left=left, window_right=right,
+                softcap=None, seqlens_q=lengths[0], seqlens_kv=lengths[1], sinks=None, deterministic=False,
+                bias=None, alibi_slopes=None, dropout_p=0.0, rng_state=None)
+
 
 def _cudnn_forward(q, k, v, causal, window, lengths, scale):
-    left, right = _bounds(window)
     with torch.no_grad():
-        return _attention_forward(q, k, v, scale, causal, "top_left", left, right, None, lengths[0], lengths[1],
-                                  None, False, None, None, 0.0, None, True)
+        return torch.ops.stridedfa.attention_forward(q, k, v, **_block_options(causal, window, lengths, scale),
+                                                     with_lse=True)
 
 
 def _cudnn_backward(q, k, v, out, lse, grad_out, causal, window, lengths, scale):
-    left, right = _bounds(window)
-    dq, dk, dv, _, _ = _attention_backward(q, k, v, out, lse.contiguous(), grad_out, scale, causal, "top_left",
-                                           left, right, None, lengths[0], lengths[1], None, False, None, None, 0.0,
-                                           None, False)
+    dq, dk, dv, _, _ = torch.ops.stridedfa.attention_backward(
+        q, k, v, out, lse.contiguous(), grad_out, **_block_options(causal, window, lengths, scale),
+        with_grad_bias=False)
     return dq, dk, dv
-
-
-def _numpy(t: torch.Tensor):
-    return t.detach().to(torch.float64).numpy()
-
-
-def _lengths_numpy(lengths):
-    return [None if t is None else t.numpy() for t in lengths]
-
-
-def _reference_forward(q, k, v, causal, window, lengths, scale):
-    from stridedfa import reference  # NumPy: imported only where CPU tensors need it
-
-    seqlens_q, seqlens_kv = _lengths_numpy(lengths)
-    out, lse = reference.sdpa_forward(_numpy(q), _numpy(k), _numpy(v), scale=scale, causal=causal, window=window,
-                                      seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, dtype="float64")
-    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(_accumulator(q))
-
-
-def _reference_backward(q, k, v, out, lse, grad_out, causal, window, lengths, scale):
-    from stridedfa import reference
-
-    seqlens_q, seqlens_kv = _lengths_numpy(lengths)
-    grads = reference.sdpa_backward_from_stats(_numpy(q), _numpy(k), _numpy(v), _numpy(out), _numpy(grad_out),
-                                               _numpy(lse), scale=scale, causal=causal, window=window,
-                                               seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, dtype="float64")
-    return tuple(torch.from_numpy(g).to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
 def _accumulator(q: torch.Tensor) -> torch.dtype:
@@ -123,7 +103,11 @@ def _accumulator(q: torch.Tensor) -> torch.dtype:
 
 
 def _kernels(q: torch.Tensor):
-    return (_cudnn_forward, _cudnn_backward) if q.is_cuda else (_reference_forward, _reference_backward)
+    """The forward and backward each block runs (the CPU tests put a float64 reference here)."""
+    if not q.is_cuda:
+        raise LayoutError(f"context_parallel_attention runs stridedfa's cuDNN kernels: q, k and v must be CUDA "
+                          f"tensors (with an NCCL process group), got q on {q.device}")
+    return _cudnn_forward, _cudnn_backward
 
 
 # --- The ring ---------------------------------------------------------------------------------------
@@ -324,8 +308,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             any valid strides, as for :func:`stridedfa.torch.attention`.
         k, v: (batch, h_kv, s_local, d), the shards of the keys and values at the same positions
             (h_q a multiple of h_kv: GQA and MQA).
-        group: the torch.distributed process group (NCCL for CUDA tensors; gloo runs CPU tensors
-            on the NumPy reference, for tests).
+        group: the torch.distributed process group (NCCL).
         causal: causal attention over the whole sequence (query i sees keys j <= i).
         window: ``(left, right)`` sliding window over the whole sequence, as in
             :func:`stridedfa.torch.attention` (top-left: query i sees keys i - left .. i + right;
@@ -353,7 +336,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise LayoutError(f"a load-balanced shard holds two equal chunks: its seq extent {q.shape[2]} must be even "
                           f"(shard_sequence cuts it so); pass load_balanced=False for shards of one chunk")
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
-    window = _window(*_bounds(window))  # the torch adapter's parse: None when unbounded on both sides
+    left, right = _core._window_bounds(window)  # the one parse of a window
+    window = None if left < 0 and right < 0 else (None if left < 0 else left, None if right < 0 else right)
     for name, lengths in (("seqlens_q", seqlens_q), ("seqlens_kv", seqlens_kv)):
         if lengths is not None and (lengths.dim() != 1 or lengths.shape[0] != q.shape[0]
                                     or lengths.is_floating_point()):

@@ -1,7 +1,8 @@
 """One rank of a CPU context-parallel run (gloo): shards a full problem, runs
 stridedfa.torch.context_parallel_attention forward and backward, gathers the results and writes
 them for the test to compare with the full-sequence reference. Spawned by
-tests/test_context_parallel.py; the kernels are stridedfa.reference's (CPU tensors)."""
+tests/test_context_parallel.py. Each block runs stridedfa.reference's float64 NumPy kernels on
+CPU tensors in place of cuDNN's (use_reference_kernels): the ring itself is what is tested."""
 
 from __future__ import annotations
 
@@ -11,6 +12,46 @@ import zlib
 
 import torch
 import torch.distributed as dist
+
+
+def _numpy(t: torch.Tensor):
+    return t.detach().to(torch.float64).numpy()
+
+
+def _lengths_numpy(lengths):
+    return [None if t is None else t.numpy() for t in lengths]
+
+
+def _reference_forward(q, k, v, causal, window, lengths, scale):
+    from stridedfa import reference
+
+    seqlens_q, seqlens_kv = _lengths_numpy(lengths)
+    out, lse = reference.sdpa_forward(_numpy(q), _numpy(k), _numpy(v), scale=scale, causal=causal, window=window,
+                                      seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, dtype="float64")
+    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(torch.promote_types(q.dtype, torch.float32))
+
+
+def _reference_backward(q, k, v, out, lse, grad_out, causal, window, lengths, scale):
+    from stridedfa import reference
+
+    seqlens_q, seqlens_kv = _lengths_numpy(lengths)
+    grads = reference.sdpa_backward_from_stats(_numpy(q), _numpy(k), _numpy(v), _numpy(out), _numpy(grad_out),
+                                               _numpy(lse), scale=scale, causal=causal, window=window,
+                                               seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, dtype="float64")
+    return tuple(torch.from_numpy(g).to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+
+def reference_kernels(q):
+    """The NumPy reference in place of the cuDNN operators (stands for _torch_context_parallel._kernels)."""
+    return _reference_forward, _reference_backward
+
+
+def use_reference_kernels() -> None:
+    """Every block of this process's rings runs the NumPy reference (CPU tensors, float64)."""
+    from stridedfa import _torch_context_parallel
+
+    _torch_context_parallel._kernels = reference_kernels
+
 
 CASES = [  # (causal, load_balanced, h_q, h_kv, s per rank, d, window)
     (False, True, 4, 2, 24, 8, None),
@@ -99,6 +140,7 @@ def compiled_case():
 def run(rank: int, world: int, store: str, out_dir: str) -> None:
     from stridedfa.torch import context_parallel_attention, shard_sequence, unshard_sequence
 
+    use_reference_kernels()
     # A ring that sends without a matching receive must fail the test, not hang it.
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
