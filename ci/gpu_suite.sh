@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The current GPU suite runner, for one lent device host (ci/gpu_host.md): the whole GPU suite in
+# two halves of one `run` command each (-v: a half cut by its timeout still names what passed),
+# then the stride fuzz with what device time is left. Carry the wheel in .whl/ (built by
+# ci/build_wheel_for_gpu_host.sh); the working tree's Python files are copied over the wheel's.
+#   PART=suite1 | suite2 | fuzz  bash ci/gpu_suite.sh    (the fuzz: FUZZ_VALID, FUZZ_INVALID, FUZZ_LIMIT)
+# Logs and env.txt go to $OUT; record the run as ci/results/README.md says. Every file of
+# tests/gpu/ is in one half except test_cudnn_quirks.py (run it alone: ci/next-gpu-session.md) and
+# test_stride_fuzz.py (PART=fuzz). First run as GPU runs 56-57 (2026-12-05; its copy there:
+# `git show records:ci/results/2026-12-05-run56/run.sh`).
+set -u
+: "${PART:?set PART=suite1, suite2 or fuzz}"
+ls .whl/*.whl || exit 3
+repo=$(pwd)
+rm -rf /tmp/sfa && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sfa .whl/*.whl
+cp src/stridedfa/*.py /tmp/sfa/stridedfa/
+export PYTHONPATH=/tmp/sfa PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export STRIDEDFA_CACHE_DIR="$OUT/plans-$PART"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/env.txt"
+run_tests() {  # name, timeout, files...
+  local name=$1 limit=$2; shift 2
+  (cd "$repo/tests/gpu" && timeout "$limit" python3 -m pytest -p no:cacheprovider -v -rfEs --tb=short "$@" \
+    -o cache_dir=/tmp/.c) > "$OUT/$name.log" 2>&1
+  echo "$name rc $?"; tail -1 "$OUT/$name.log"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/$name.log" | cut -c1-250 | head -20
+  grep -E "::" "$OUT/$name.log" | tail -1 | cut -c1-200
+}
+case "$PART" in
+  suite1)
+    run_tests suite1 570 test_empty_sequences.py test_sinks_decode.py test_bounds_check.py test_variants.py \
+      test_varlen.py test_paged.py test_bitexact.py test_cupy.py test_flash_attn_interface.py \
+      test_forward_backward.py test_generic_buffer.py test_gpu_cache.py test_gpu_validation.py test_hardening.py \
+      test_import_order.py test_jax.py test_paged_adapters.py test_producers.py ;;
+  suite2)
+    run_tests suite2 570 test_transformers.py test_persisted_plans.py test_warm_up.py test_context_parallel.py \
+      test_bias.py test_dropout.py test_torch_attention.py test_torch_packed.py test_streams.py \
+      test_torch_compile.py test_torch_ops.py test_torch_streams.py test_variants_adapters.py test_zero_size.py ;;
+  fuzz)
+    STRIDEDFA_FUZZ_INVALID=${FUZZ_INVALID:-1000} STRIDEDFA_FUZZ_VALID=${FUZZ_VALID:-4000} \
+      STRIDEDFA_FUZZ_REPORT="$OUT/fuzz.json" timeout "${FUZZ_LIMIT:-400}" \
+      python3 -m pytest -p no:cacheprovider -q -rfEs --tb=short "$repo/tests/gpu/test_stride_fuzz.py" > "$OUT/fuzz.log" 2>&1
+    echo "fuzz rc $?"; tail -1 "$OUT/fuzz.log"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/fuzz.log" | cut -c1-250 | head -8
+    python3 -c "import json; d=json.load(open('$OUT/fuzz.json')); print({k: (v['cases'], v['counts']) for k, v in d.items() if isinstance(v, dict) and 'cases' in v})" ;;
+esac
+rm -rf "${OUT:?}/plans-$PART"
