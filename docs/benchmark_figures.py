@@ -1,4 +1,4 @@
-"""The documentation's benchmark plots, each read from committed JSON under benchmarks/results/
+"""The documentation's benchmark plots, each read from committed JSON under benchmarks/results/latest/
 (each plot names its run and file). Called by make_figures.py."""
 
 from __future__ import annotations
@@ -104,8 +104,7 @@ def fig_variants(out):
 
 
 def fig_bench_varlen(out):
-    candidates = [p for p in RESULTS.glob("*/varlen.json") if run_number(p) == 42]
-    path = candidates[0] if candidates else newest("*/varlen.json")
+    path = newest("*/varlen.json")
     data = json.loads(path.read_text())
     cfg = data["config"]
     names = {"stridedfa_thd": "stridedfa varlen (THD)", "stridedfa_thd_max": "stridedfa varlen, max_seqlen given",
@@ -215,7 +214,7 @@ def fig_host(out):
 
 
 def fig_transformers(out):
-    path = RESULTS / "2026-12-04-h200-run47" / "transformers.json"
+    path = newest("*/transformers.json")
     data = json.loads(path.read_text())
     rows = data["training"]
     fig, ax = plt.subplots(figsize=(12, 4.6))

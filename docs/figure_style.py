@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "results" / "latest"  # the latest result of each benchmark
 OUT = Path(__file__).resolve().parent / "pages" / "img"
 
 SEEN, UNSEEN, PAD = "#2b6cb0", "#edf2f7", "#cbd5e0"

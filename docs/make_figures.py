@@ -9,8 +9,8 @@ Three kinds of pictures, none drawn by hand:
   sinks), so they show the semantics the tests check cuDNN against;
 - memory layouts, from NumPy views of ``arange`` buffers: every cell is labelled with the offset the
   view really reads, and the strides printed are those of the view;
-- benchmark plots, read from the committed JSON under benchmarks/results/ (each plot names its run
-  and file).
+- benchmark plots, read from the committed JSON under benchmarks/results/latest/ (each plot names
+  its run and file).
 
 Needs numpy, matplotlib and stridedfa's light import only: no GPU, no torch / CuPy / JAX, no network.
 """
