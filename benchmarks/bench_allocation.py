@@ -14,7 +14,7 @@ typed StridedMemoryView over it). This benchmark times both for the sizes a call
 Each row is timed back to back (the stream synchronised once per round) and reported as the
 median over rounds of host microseconds per iteration; ratios are cuda.core over stridedfa.
 
-    python benchmarks/bench_allocation.py --out benchmarks/results/<run>/allocation.json
+    python benchmarks/bench_allocation.py --out benchmarks/results/latest/<run>/allocation.json
 """
 
 from __future__ import annotations
