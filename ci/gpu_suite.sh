@@ -5,8 +5,7 @@
 # ci/build_wheel_for_gpu_host.sh); the working tree's Python files are copied over the wheel's.
 #   PART=suite1 | suite2 | fuzz  bash ci/gpu_suite.sh    (the fuzz: FUZZ_VALID, FUZZ_INVALID, FUZZ_LIMIT)
 # Logs and env.txt go to $OUT; record the run as ci/results/README.md says. Every file of
-# tests/gpu/ is in one half except test_cudnn_quirks.py (run it alone: ci/next-gpu-session.md) and
-# test_stride_fuzz.py (PART=fuzz). First run as GPU runs 56-57 (2026-12-05; its copy there:
+# tests/gpu/ is in one half except test_stride_fuzz.py (PART=fuzz). First run as GPU runs 56-57 (2026-12-05; its copy there:
 # `git show records:ci/results/2026-12-05-run56/run.sh`).
 set -u
 : "${PART:?set PART=suite1, suite2 or fuzz}"
@@ -26,7 +25,7 @@ run_tests() {  # name, timeout, files...
 }
 case "$PART" in
   suite1)
-    run_tests suite1 570 test_empty_sequences.py test_sinks_decode.py test_bounds_check.py test_variants.py \
+    run_tests suite1 570 test_cudnn_quirks.py test_empty_sequences.py test_sinks_decode.py test_bounds_check.py test_variants.py \
       test_varlen.py test_paged.py test_bitexact.py test_cupy.py test_flash_attn_interface.py \
       test_forward_backward.py test_generic_buffer.py test_gpu_cache.py test_gpu_validation.py test_hardening.py \
       test_import_order.py test_jax.py test_paged_adapters.py test_producers.py ;;

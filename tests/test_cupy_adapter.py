@@ -198,7 +198,7 @@ def test_inputs_that_are_not_4d_are_layout_errors(adapter):
     from stridedfa import _core
 
     q = FakeTensor((4, 128, 64), dtype="float16")
-    with pytest.raises(stridedfa.LayoutError, match=r"q must be 4-D"):
+    with pytest.raises(stridedfa.LayoutError, match=r"^q: expected 4 axes \(batch, heads, seq, head_dim\), got 3"):
         _core._cupy_allocate_like_forward(q, q, False, adapter._HOOKS)
     assert adapter.record["allocations"] == []
 

@@ -90,4 +90,80 @@ TensorView to_core_axes(const TensorView& layout_view, const int* to_logical, co
   return out;
 }
 
+void contiguous_strides(const int64_t* shape, int ndim, int64_t* strides) {
+  int64_t inner = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    strides[i] = inner;
+    inner *= shape[i] > 1 ? shape[i] : 1;
+  }
+}
+
+OutputLayout output_layout(const CallOperands& call, int slot) {
+  OutputLayout out;
+  const TensorView& q = call.slot[kQ];
+  const TensorView& v = call.slot[kV];
+  const bool ragged = call.slot[kCuSeqlensQ].present;
+  const int rank = ragged ? 3 : 4;  // (tokens, heads, head_dim) or (batch, heads, seq, head_dim)
+  if (!q.present || q.ndim != rank) return out;
+  constexpr DLDataType kFloat32{kDLFloat, 32, 1};
+  switch (slot) {
+    case kO:
+      if (!v.present || v.ndim != rank) return out;
+      out.ndim = rank;
+      for (int i = 0; i < rank - 1; ++i) out.shape[i] = q.dims[i];
+      out.shape[rank - 1] = v.dims[rank - 1];
+      if (ragged) {
+        contiguous_strides(out.shape, rank, out.strides);
+      } else {
+        dense_strides_like(out.shape, q.strides, rank, out.strides);
+      }
+      out.dtype = q.dtype;
+      return out;
+    case kLse:
+      out.dtype = kFloat32;
+      if (ragged) {  // (heads, tokens) over (tokens, heads) memory
+        out.ndim = 2;
+        out.shape[0] = q.dims[1];
+        out.shape[1] = q.dims[0];
+        out.strides[0] = 1;
+        out.strides[1] = q.dims[1];
+        return out;
+      }
+      out.ndim = 3;
+      for (int i = 0; i < 3; ++i) out.shape[i] = q.dims[i];
+      out.strides[2] = 1;  // packed whatever the extents: cuDNN before 9.26 ignores the strides
+      out.strides[1] = q.dims[2];
+      out.strides[0] = q.dims[1] * q.dims[2];
+      return out;
+    case kGradQ:
+    case kGradK:
+    case kGradV: {
+      const TensorView& input = call.slot[slot == kGradQ ? kQ : slot == kGradK ? kK : kV];
+      if (!input.present || input.ndim != rank) return OutputLayout{};
+      out.ndim = rank;
+      for (int i = 0; i < rank; ++i) out.shape[i] = input.dims[i];
+      gradient_strides(input, out.strides);
+      out.dtype = input.dtype;
+      return out;
+    }
+    case kGradSinks:
+      out.ndim = 1;
+      out.shape[0] = q.dims[1];
+      out.strides[0] = 1;
+      out.dtype = kFloat32;
+      return out;
+    case kGradBias: {
+      const TensorView& bias = call.slot[kBias];
+      if (!bias.present || bias.ndim < 1 || bias.ndim > 4) return out;
+      out.ndim = bias.ndim;
+      for (int i = 0; i < bias.ndim; ++i) out.shape[i] = bias.dims[i];
+      contiguous_strides(out.shape, out.ndim, out.strides);
+      out.dtype = bias.dtype;
+      return out;
+    }
+    default:
+      return out;
+  }
+}
+
 }  // namespace stridedfa

@@ -133,3 +133,66 @@ TEST_CASE("a layout no memory can hold is refused; an empty tensor passes whatev
   TensorView empty = view("k", {0, 8}, kBF16, 0x1000, {int64_t(1) << 60, -5});
   CHECK_NOTHROW(check_addressable(empty));
 }
+
+TEST_CASE("what is allocated for each output follows one rule per slot") {
+  CallOperands call;
+  // q: bshd memory of (2, 8, 16, 64); k, v: packed kv (2, 32, 2, 2, 64) viewed as (b, h, s, d).
+  call.slot[kQ] = bshd("q", 2, 8, 16, 64, 0x10000000);
+  call.slot[kK] = view("k", {2, 2, 32, 64}, kBF16, 0x20000000, {32 * 256, 64, 256, 1});
+  call.slot[kV] = view("v", {2, 2, 32, 128}, kBF16, 0x30000000, {32 * 2 * 128, 128, 2 * 128, 1});
+  call.slot[kBias] = view("bias", {1, 8, 1, 32}, kBF16, 0x40000000, {0, 32, 0, 1});
+
+  const OutputLayout out = output_layout(call, kO);  // dense in q's (bshd) axis order, v's head_dim
+  CHECK(out.ndim == 4);
+  CHECK(out.shape[3] == 128);
+  CHECK(out.strides[0] == 16 * 8 * 128);
+  CHECK(out.strides[1] == 128);
+  CHECK(out.strides[2] == 8 * 128);
+  CHECK(out.dtype.code == kDLBfloat);
+
+  const OutputLayout lse = output_layout(call, kLse);  // packed float32 (b, h, s)
+  CHECK(lse.ndim == 3);
+  CHECK(lse.strides[0] == 8 * 16);
+  CHECK(lse.strides[1] == 16);
+  CHECK(lse.strides[2] == 1);
+  CHECK(lse.dtype.bits == 32);
+
+  const OutputLayout grad_q = output_layout(call, kGradQ);  // q is dense: its own strides
+  for (int i = 0; i < 4; ++i) CHECK(grad_q.strides[i] == call.slot[kQ].strides[i]);
+  const OutputLayout grad_v = output_layout(call, kGradV);  // a strided view: dense in its axis order
+  CHECK(grad_v.strides[3] == 1);
+  CHECK(grad_v.strides[1] == 128);
+  CHECK(grad_v.strides[2] == 2 * 128);
+
+  const OutputLayout grad_sinks = output_layout(call, kGradSinks);
+  CHECK(grad_sinks.ndim == 1);
+  CHECK(grad_sinks.shape[0] == 8);
+
+  const OutputLayout grad_bias = output_layout(call, kGradBias);  // contiguous, bias' shape
+  CHECK(grad_bias.ndim == 4);
+  CHECK(grad_bias.strides[3] == 1);
+  CHECK(grad_bias.strides[1] == 32);
+  CHECK(grad_bias.dtype.code == kDLBfloat);
+
+  CHECK(output_layout(call, kQ).ndim == 0);  // an input: nothing to allocate
+  call.slot[kQ] = view("q", {16, 64}, kBF16, 0x10000000);
+  CHECK(output_layout(call, kO).ndim == 0);  // q of the wrong rank: the validator says so
+}
+
+TEST_CASE("a variable-length call's out is contiguous and its lse (heads, tokens) over token-major memory") {
+  CallOperands call;
+  call.slot[kQ] = view("q", {100, 8, 64}, kBF16, 0x10000000, {3 * 8 * 64, 64, 1});  // a slice of packed qkv
+  call.slot[kV] = view("v", {120, 2, 32}, kBF16, 0x20000000);
+  call.slot[kCuSeqlensQ] = view("cu_seqlens_q", {3}, kI32, 0x30000000);
+  const OutputLayout out = output_layout(call, kO);
+  CHECK(out.ndim == 3);
+  CHECK(out.shape[2] == 32);
+  CHECK(out.strides[0] == 8 * 32);
+  CHECK(out.strides[1] == 32);
+  const OutputLayout lse = output_layout(call, kLse);
+  CHECK(lse.ndim == 2);
+  CHECK(lse.shape[0] == 8);
+  CHECK(lse.shape[1] == 100);
+  CHECK(lse.strides[0] == 1);
+  CHECK(lse.strides[1] == 8);
+}

@@ -8,10 +8,19 @@
 # to other (or unknown) streams is freed only after the device has finished its work.
 #
 # Memory comes from the core's pool (cpp/src/runtime.cpp), not cuda.core: in GPU run 20
-# (benchmarks/results/2026-12-03-h200-run20/allocation.json, cuda.core 1.2.0) cuda.core's
+# (benchmarks/results/latest/2026-12-03-h200-run20/allocation.json, cuda.core 1.2.0) cuda.core's
 # DeviceMemoryResource alloc+free alone cost 0.52-0.85x ours, but a whole call with its output
 # typed through cuda.core cost 1.10x (18.95 vs 17.20 us). Allocating DeviceBuffer's memory from
 # cuda.core's resource while keeping this typed export is the open experiment.
+
+
+cdef tuple int_tuple(const int64_t* values, int n, int64_t factor):
+    """(values[0] * factor, ...) without a generator (a generator costs a microsecond here)."""
+    cdef list items = [None] * n
+    cdef int i
+    for i in range(n):
+        items[i] = values[i] * factor
+    return tuple(items)
 
 
 cdef extern from "Python.h":

@@ -1,122 +1,7 @@
-# Included by _core.pyx: the call layer. Options parsed into one SdpaOptions, every operand read
-# in slot order (the core's operand table, kOperands), then validation, the graph lookup and the
-# launch in C++ with the GIL released; the public sdpa_forward / sdpa_backward and the variants
-# adapters and tests use.
-
-cdef const char* SLOT_NAMES[kNumSlots]  # the argument names, from the operand table
-cdef int _slot
-for _slot in range(<int>kNumSlots):
-    SLOT_NAMES[_slot] = kOperands[_slot].name
-
-
-cdef object role_name(Role role):
-    return "input" if role == Role.input else "output" if role == Role.output else None
-
-
-cdef tuple int_tuple(const int64_t* values, int n, int64_t factor):
-    """(values[0] * factor, ...) without a generator (a generator costs a microsecond here)."""
-    cdef list items = [None] * n
-    cdef int i
-    for i in range(n):
-        items[i] = values[i] * factor
-    return tuple(items)
-
-
-_EXTENTS = ("batch", "h_q", "h_kv", "s_q", "s_kv", "d_qk", "d_v", 1, 2, "batch+1", "blocks")
-KIND_NAMES = ("attention", "stats", "lengths", "per_head", "scores", "philox", "cumulative", "page_table", "fp8_scale")
-
-
-def _operands():
-    """The core's operand table (cpp/include/stridedfa/sdpa_types.hpp, kOperands) in slot order:
-    one dict per operand with its name, its role in the forward and the backward (None, "input" or
-    "output"), whether each op may leave it out, its kind ("attention", "stats", "lengths",
-    "per_head", "scores", "philox", "cumulative", "page_table" or "fp8_scale") and the logical extents of its (b, h, s, d)
-    axes. Intake, validation, the cache key and the graph builder all walk this table."""
-    cdef int slot, n = kNumSlots
-    cdef const OperandInfo* info
-    rows = []
-    for slot in range(n):
-        info = &kOperands[slot]
-        rows.append({"slot": slot, "name": info.name.decode(), "forward": role_name(info.forward),
-                     "backward": role_name(info.backward), "forward_optional": info.forward_optional,
-                     "backward_optional": info.backward_optional, "kind": KIND_NAMES[<int>info.kind],
-                     "shape": tuple(_EXTENTS[info.shape[axis]] for axis in range(4))})
-    return rows
-
-
-cdef int64_t window_bound(object bound, const char* side) except -2:
-    if bound is None:
-        return -1  # SdpaOptions::kUnbounded
-    # A Python or NumPy integer (JAX callers pass NumPy's); never a bool, whatever its kind.
-    if isinstance(bound, bool) or type(bound).__name__ == "bool_" or not hasattr(type(bound), "__index__"):
-        raise TypeError(f"window {side.decode()} bound must be an int >= 0 or None, got {bound!r}")
-    bound = bound.__index__()
-    if bound < 0:
-        raise ValueError(f"window {side.decode()} bound must be >= 0 (None: unbounded; FlashAttention's -1 is "
-                         f"None here), got {bound}")
-    if bound >= 2**31 - 1:
-        raise ValueError(f"window {side.decode()} bound must be below 2**31 - 1 tokens (None: unbounded), got {bound}")
-    return bound
-
-
-def _window_bounds(window):
-    """The one parse of ``window=(left, right)`` (None sides unbounded): (left, right) as ints, -1
-    for an unbounded side, or (-1, -1) for None. parse_options and the adapters (the torch
-    operators' two ints, JAX's static options) all read it here."""
-    if window is None:
-        return -1, -1
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"window must be None or a pair (left, right) of token counts (each an int "
-                        f"or None), got {window!r}")
-    return window_bound(window[0], b"left"), window_bound(window[1], b"right")
-
-
-cdef int parse_options(object scale, object causal, object causal_alignment, object window,
-                       object softcap, object deterministic, object dropout_p, SdpaOptions* options) except -1:
-    """The one parse of a call's options (every entry point goes through it)."""
-    if scale is None:
-        options.has_scale = False
-    else:
-        if isinstance(scale, bool):
-            raise TypeError("scale must be a number, got bool")
-        options.has_scale = True
-        options.scale = float(scale)
-    options.causal = bool(causal)
-    if causal_alignment == "top_left":
-        options.alignment = CausalAlignment.top_left
-    elif causal_alignment == "bottom_right":
-        options.alignment = CausalAlignment.bottom_right
-    else:
-        raise ValueError(f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}")
-    options.window_left, options.window_right = _window_bounds(window)
-    options.deterministic = bool(deterministic)
-    if softcap is None:
-        options.softcap = 0.0
-    else:
-        if isinstance(softcap, bool):
-            raise TypeError("softcap must be a number or None, got bool")
-        options.softcap = float(softcap)
-        if not 1.1754943508222875e-38 <= options.softcap <= 3.4028234663852886e38:  # a float32 > 0
-            raise ValueError(f"softcap must be a positive finite float32 (None: no cap), got {softcap!r}")
-    if isinstance(dropout_p, bool) or dropout_p is None:
-        raise TypeError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
-    options.dropout_p = float(dropout_p)
-    if not 0.0 <= options.dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p!r}")
-    return 0
-
-
-cdef void op_slots(bint backward, CallOperands* call, TensorView** views) noexcept:
-    """Sets the call's op, and views[slot] to its operand of each slot the op has in the operand
-    table (NULL where it has none)."""
-    call.op = GraphOp.backward if backward else GraphOp.forward
-    cdef int i
-    cdef Role role
-    for i in range(kNumSlots):
-        role = kOperands[i].backward if backward else kOperands[i].forward
-        views[i] = &call.slot[i]
-        if role == Role.absent:
-            views[i] = NULL
+# Included by _core.pyx: the one call path. Every entry point parses its options (_options.pxi),
+# reads its tensors into the call's slots by name (_intake.pxi intake_slots), picks where its
+# outputs come from (_allocators.pxi) and calls attend(): outputs allocated by the layout rule,
+# validation, the graph (cached) and the launch, in C++ with the GIL released.
 
 
 cdef ensure_libraries():
@@ -126,61 +11,6 @@ cdef ensure_libraries():
     libs = _loader.load()  # raises BackendError saying what was looked for
     cdef string cudart = libs.cudart.path.encode()
     set_libraries(<void*><uintptr_t>libs.cudnn.handle, cudart)
-
-
-cdef dict problem_dict(Problem p):
-    return {"b": p.b, "h_q": p.h_q, "h_kv": p.h_kv, "s_q": p.s_q, "s_kv": p.s_kv, "d_qk": p.d_qk,
-            "d_v": p.d_v, "device": p.device, "dtype": dtype_name(p.dtype).decode(),
-            "nothing_to_do": p.nothing_to_do, "sequences": p.sequences if p.ragged else None}
-
-
-cdef tuple SLOT_KEYS = tuple(kOperands[_slot].name.decode() for _slot in range(<int>kNumSlots))
-cdef object NOT_GIVEN = object()
-
-
-cdef int intake_named(dict tensors, CallStream* st, CallOperands* call, IntakeHold* owned) except -1:
-    """Reads `tensors` (operand name -> tensor, None where not given) into the call's slots of
-    those names, walking the operand table; call.op says which operands the op has, and a name it
-    has none of is a TypeError. owned[slot] holds what intake consumed."""
-    cdef int i, named = 0
-    cdef Role role
-    for i in range(kNumSlots):
-        obj = tensors.get(SLOT_KEYS[i], NOT_GIVEN)
-        if obj is NOT_GIVEN:
-            continue
-        named += 1
-        role = kOperands[i].backward if call.op == GraphOp.backward else kOperands[i].forward
-        if obj is None:
-            continue
-        if role == Role.absent:
-            raise TypeError(f"the {'backward' if call.op == GraphOp.backward else 'forward'} has no operand "
-                            f"{SLOT_KEYS[i]}")
-        intake(obj, kOperands[i].name, role == Role.output, st, &call.slot[i], &owned[0][i])
-    if named != len(tensors):
-        raise TypeError(f"no operand is called {sorted(set(tensors) - set(SLOT_KEYS))}; the operands are "
-                        f"{', '.join(SLOT_KEYS)}")
-    return 0
-
-
-cdef object run(bint backward, dict tensors, SdpaOptions options, object stream, object workspace_allocator):
-    """One call: intake of every tensor by name, validation, the graph (cached) and the launch.
-    Consumed DLPack tensors are released on every path, exactly once."""
-    cdef CallOperands operands
-    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
-    cdef CallStream st
-    cdef PreparedCall call
-    cdef void* workspace = NULL
-    cdef uintptr_t workspace_address
-    operands.op = GraphOp.backward if backward else GraphOp.forward
-    parse_stream(stream, &st)
-    intake_named(tensors, &st, &operands, &owned)
-    call = prepared(operands, options)
-    owner = None  # the workspace's owner lives until the launch is queued
-    if call.workspace_bytes > 0 and workspace_allocator is not None:
-        workspace_address, owner = workspace_allocator(call.workspace_bytes, call.problem.device)
-        workspace = <void*>workspace_address
-    with nogil:
-        execute(call, st.handle, workspace)
 
 
 cdef PreparedCall prepared(const CallOperands& operands, const SdpaOptions& options) except *:
@@ -196,25 +26,87 @@ cdef PreparedCall prepared(const CallOperands& operands, const SdpaOptions& opti
     return call
 
 
-cdef int parse_max_seqlen(object max_seqlen_q, object max_seqlen_kv, SdpaOptions* options) except -1:
-    """A variable-length call's promised longest sequences (None: bounded by the token count)."""
-    cdef int side
-    cdef int64_t values[2]
-    for side, value in enumerate((max_seqlen_q, max_seqlen_kv)):
-        if value is None:
-            values[side] = 0
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            if hasattr(value, "__index__") and not isinstance(value, bool):
-                value = value.__index__()
-            else:
-                raise TypeError(f"max_seqlen_{'q' if side == 0 else 'kv'} must be a Python int or None (a tensor "
-                                f"would need a host synchronisation), got {type(value).__name__}")
-        if value < 1 or value >= 2**31:
-            raise ValueError(f"max_seqlen_{'q' if side == 0 else 'kv'} must be in [1, 2**31) or None, got {value}")
-        values[side] = value
-    options.max_seqlen_q, options.max_seqlen_kv = values[0], values[1]
-    return 0
+cdef inline uint64_t bit(int slot) noexcept:
+    return (<uint64_t>1) << slot
+
+
+cdef int allocate_outputs(CallOperands* call, Outputs outputs, uint64_t wanted) except -1:
+    """The `wanted` outputs (a bit per slot) allocated through `outputs` by the layout rule
+    (layout_rules.hpp output_layout) into the call's slots. Where the inputs cannot determine an
+    output (a tensor of another rank, or not on a CUDA device) the validator names the problem
+    before anything is allocated."""
+    cdef OutputLayout layouts[8]
+    cdef int slots[8]
+    cdef int s, n = 0
+    cdef bint derivable = True
+    for s in range(kNumSlots):
+        if (wanted >> s) & 1:
+            layouts[n] = output_layout(call[0], s)
+            slots[n] = s
+            derivable = derivable and layouts[n].ndim > 0
+            n += 1
+    for s in (kQ, kK, kV):
+        derivable = derivable and (not call.slot[s].present or call.slot[s].device_type == kDLCUDA)
+    if not derivable:
+        with nogil:
+            validate_call(call[0])
+        raise LayoutError("the inputs do not determine the outputs' shapes")
+    return outputs.allocate(call, n, slots, layouts)
+
+
+cdef int attend(CallOperands* call, const SdpaOptions& options, CallStream* st, Outputs outputs,
+                uint64_t wanted) except -1:
+    """The call, once its operands are read: the wanted outputs allocated, then validation, the
+    graph (cached) and the launch."""
+    if wanted:
+        allocate_outputs(call, outputs, wanted)
+    return outputs.launch(prepared(call[0], options), st.handle)
+
+
+# cuDNN quirk sinks_grad_under_dropout, asked of the quirks table once (a test may lift it).
+cdef bint SINKS_GRAD_UNDER_DROPOUT = quirk_applies_named(b"sinks_grad_under_dropout", 0)
+
+
+cdef uint64_t gradients_wanted(const CallOperands* call, const SdpaOptions& options, bint with_grad_bias):
+    """The gradients an allocating backward computes: dQ, dK, dV; the sinks' with sinks (not under
+    dropout while cuDNN quirk sinks_grad_under_dropout applies); the bias' when asked for and the
+    bias can have one (else the validator names the bias' problem)."""
+    cdef uint64_t wanted = bit(kGradQ) | bit(kGradK) | bit(kGradV)
+    cdef const TensorView* bias = &call.slot[kBias]
+    if call.slot[kSinks].present and (options.dropout_p == 0 or not SINKS_GRAD_UNDER_DROPOUT):
+        wanted |= bit(kGradSinks)
+    if with_grad_bias and bias.present and bias.device_type == kDLCUDA and 1 <= bias.ndim <= 4:
+        wanted |= bit(kGradBias)
+    return wanted
+
+
+cdef Outputs caller_outputs(object workspace_allocator):
+    cdef Outputs outputs = Outputs.__new__(Outputs)
+    outputs.workspace_allocator = workspace_allocator
+    return outputs
+
+
+# The entry points' tensor arguments, named once (each tuple below passes them in this order).
+cdef SlotList SDPA_FORWARD = slot_list("q k v out lse seqlens_q seqlens_kv sinks bias alibi_slopes rng_state "
+                                       "cu_seqlens_q cu_seqlens_kv block_table")
+cdef SlotList SDPA_BACKWARD = slot_list("q k v out grad_out lse grad_q grad_k grad_v seqlens_q seqlens_kv sinks "
+                                        "grad_sinks bias grad_bias alibi_slopes rng_state cu_seqlens_q cu_seqlens_kv")
+cdef SlotList FORWARD_INPUTS = slot_list("q k v seqlens_q seqlens_kv sinks bias alibi_slopes rng_state block_table")
+cdef SlotList BACKWARD_INPUTS = slot_list("q k v out lse grad_out seqlens_q seqlens_kv sinks bias alibi_slopes "
+                                          "rng_state")
+cdef SlotList VARLEN_INPUTS = slot_list("q k v cu_seqlens_q cu_seqlens_kv sinks rng_state")
+
+
+cdef int run(bint backward, tuple tensors, const SlotList* names, const SdpaOptions& options, object stream,
+             object workspace_allocator) except -1:
+    """A call into the caller's outputs."""
+    cdef CallOperands call
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
+    cdef CallStream st
+    call.op = GraphOp.backward if backward else GraphOp.forward
+    parse_stream(stream, &st)
+    intake_slots(tensors, names, &st, &call, &owned)
+    return attend(&call, options, &st, caller_outputs(workspace_allocator), 0)
 
 
 def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_alignment="top_left",
@@ -336,9 +228,8 @@ def sdpa_forward(q, k, v, out, *, lse=None, scale=None, causal=False, causal_ali
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    run(False, dict(q=q, k=k, v=v, out=out, lse=lse, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks,
-                    bias=bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
-                    cu_seqlens_kv=cu_seqlens_kv, block_table=block_table), options, stream, None)
+    run(False, (q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, cu_seqlens_q,
+                cu_seqlens_kv, block_table), &SDPA_FORWARD, options, stream, None)
 
 
 def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=None,
@@ -382,11 +273,9 @@ def sdpa_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, *, scale=
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    tensors = dict(q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v,
-                   seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks, grad_sinks=grad_sinks, bias=bias,
-                   grad_bias=grad_bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
-                   cu_seqlens_kv=cu_seqlens_kv)
-    run(True, tensors, options, stream, None)
+    tensors = (q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks, bias,
+               grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
+    run(True, tensors, &SDPA_BACKWARD, options, stream, None)
 
 
 def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspace_allocator,
@@ -398,9 +287,8 @@ def _forward(q, k, v, out, lse, scale, causal, causal_alignment, stream, workspa
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    run(False, dict(q=q, k=k, v=v, out=out, lse=lse, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks,
-                    bias=bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
-                    cu_seqlens_kv=cu_seqlens_kv, block_table=block_table), options, stream, workspace_allocator)
+    run(False, (q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, cu_seqlens_q,
+                cu_seqlens_kv, block_table), &SDPA_FORWARD, options, stream, workspace_allocator)
 
 
 def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal,
@@ -412,8 +300,138 @@ def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal
     cdef SdpaOptions options
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
-    tensors = dict(q=q, k=k, v=v, out=out, grad_out=grad_out, lse=lse, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v,
-                   seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, sinks=sinks, grad_sinks=grad_sinks, bias=bias,
-                   grad_bias=grad_bias, alibi_slopes=alibi_slopes, rng_state=rng_state, cu_seqlens_q=cu_seqlens_q,
-                   cu_seqlens_kv=cu_seqlens_kv)
-    run(True, tensors, options, stream, workspace_allocator)
+    tensors = (q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, seqlens_q, seqlens_kv, sinks, grad_sinks, bias,
+               grad_bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv)
+    run(True, tensors, &SDPA_BACKWARD, options, stream, workspace_allocator)
+
+
+# --- Calls that allocate their outputs ---------------------------------------------------------------
+
+def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
+                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
+                   alibi_slopes=None, dropout_p=0.0, rng_state=None, block_table=None):
+    """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
+    exchange API, as torch >= 2.10 does), on its current stream, by the layout rule; with
+    `together`, out and lse in one allocation (FrameworkOutputs). cuDNN's workspace comes from the
+    same allocator. With a block_table, k and v are paged caches (see sdpa_forward).
+    Returns (out, lse or None) as the framework's tensors."""
+    cdef SdpaOptions options
+    cdef CallOperands call
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
+    cdef CallStream st
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    cdef FrameworkOutputs outputs = framework_outputs(q, together)
+    parse_stream(None, &st)
+    intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, block_table),
+                 &FORWARD_INPUTS, &st, &call, &owned)
+    attend(&call, options, &st, outputs, bit(kO) | (bit(kLse) if with_lse else 0))
+    return outputs.take(kO), outputs.take(kLse)
+
+
+def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
+                    bint together, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
+                    deterministic=False, bias=None, bint with_grad_bias=False, alibi_slopes=None,
+                    dropout_p=0.0, rng_state=None):
+    """Backward with the gradients allocated by q's framework (DLPack C exchange API) on its current
+    stream, by the layout rule (each gradient with its input's strides when the input is dense,
+    else dense in its axis order); with `together` (eager autograd wanting all three, which then
+    live alike as the .grad of three parameters), dQ, dK and dV in one allocation. grad_out is
+    passed through make_readable (a copy) only when cuDNN cannot read it. Returns (grad_q, grad_k,
+    grad_v, grad_sinks or None, grad_bias or None) as the framework's tensors (gradients_wanted
+    says which are computed)."""
+    cdef SdpaOptions options
+    cdef CallOperands call
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
+    cdef CallStream st
+    call.op = GraphOp.backward
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    cdef FrameworkOutputs outputs = framework_outputs(q, together)
+    keep_alive = []
+    parse_stream(None, &st)
+    intake_slots((q, k, v, out, lse, grad_out, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state),
+                 &BACKWARD_INPUTS, &st, &call, &owned)
+    make_readable_grad_out(&call, grad_out, make_readable, &st, &owned, keep_alive)
+    attend(&call, options, &st, outputs, gradients_wanted(&call, options, with_grad_bias))
+    return (outputs.take(kGradQ), outputs.take(kGradK), outputs.take(kGradV), outputs.take(kGradSinks),
+            outputs.take(kGradBias))
+
+
+def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks,
+                  window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
+                  alibi_slopes=None, dropout_p=0.0, rng_state=None, block_table=None):
+    """stridedfa.cupy.attention in one C call, outputs from CuPy's pool (CupyOutputs): returns (out,
+    lse or None)."""
+    cdef SdpaOptions options
+    cdef CallOperands call
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
+    cdef CallStream st
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_stream(stream, &st)
+    intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, block_table),
+                 &FORWARD_INPUTS, &st, &call, &owned)
+    outputs = cupy_outputs(hooks, allocation, q.dtype)
+    attend(&call, options, &st, outputs, bit(kO) | (bit(kLse) if with_lse else 0))
+    return outputs.take(kO), outputs.take(kLse)
+
+
+def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
+                   hooks, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, deterministic=False,
+                   bias=None, bint with_grad_bias=False, alibi_slopes=None, dropout_p=0.0, rng_state=None):
+    """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v, grad_sinks
+    or None, grad_bias or None), as _backward_alloc computes them."""
+    cdef SdpaOptions options
+    cdef CallOperands call
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
+    cdef CallStream st
+    call.op = GraphOp.backward
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    keep_alive = []
+    parse_stream(stream, &st)
+    intake_slots((q, k, v, out, lse, grad_out, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state),
+                 &BACKWARD_INPUTS, &st, &call, &owned)
+    # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced.
+    make_readable_grad_out(&call, grad_out, hooks.contiguous, &st, &owned, keep_alive)
+    outputs = cupy_outputs(hooks, allocation, q.dtype)
+    attend(&call, options, &st, outputs, gradients_wanted(&call, options, with_grad_bias))
+    return (outputs.take(kGradQ), outputs.take(kGradK), outputs.take(kGradV), outputs.take(kGradSinks),
+            outputs.take(kGradBias))
+
+
+def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, stream, window=None, softcap=None,
+                       seqlens_q=None, seqlens_kv=None, sinks=None, bias=None, alibi_slopes=None, dropout_p=0.0,
+                       rng_state=None):
+    """stridedfa.attention for producers without an adapter: outputs are DeviceBuffers allocated on
+    the call's stream (the explicit one, else the one intake settles on: the producer's current work
+    stream where it exports the DLPack C exchange API, else the legacy default stream); each input
+    is read once; cuDNN's workspace comes from the core's pool."""
+    cdef SdpaOptions options
+    cdef CallOperands call
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
+    cdef CallStream st
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_stream(stream, &st)
+    intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, None),
+                 &FORWARD_INPUTS, &st, &call, &owned)
+    outputs = buffer_outputs(st.handle, stream if stream is not None and not isinstance(stream, int) else None)
+    attend(&call, options, &st, outputs, bit(kO) | (bit(kLse) if return_lse else 0))
+    return (outputs.take(kO), outputs.take(kLse)) if return_lse else outputs.take(kO)
+
+
+def _varlen_generic(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale, causal,
+                    causal_alignment, return_lse, stream, window=None, softcap=None, sinks=None, dropout_p=0.0,
+                    rng_state=None):
+    """stridedfa.varlen_attention for producers without an adapter: q (total_q, h_q, d_qk), k and v
+    (total_kv, h_kv, d), int32 cu_seqlens (b + 1,); out (total_q, h_q, d_v) contiguous and lse
+    (h_q, total_q) over token-major memory as DeviceBuffers on the call's stream (see
+    _attention_generic)."""
+    cdef SdpaOptions options
+    cdef CallOperands call
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
+    cdef CallStream st
+    parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
+    parse_stream(stream, &st)
+    intake_slots((q, k, v, cu_seqlens_q, cu_seqlens_kv, sinks, rng_state), &VARLEN_INPUTS, &st, &call, &owned)
+    outputs = buffer_outputs(st.handle, stream if stream is not None and not isinstance(stream, int) else None)
+    attend(&call, options, &st, outputs, bit(kO) | (bit(kLse) if return_lse else 0))
+    return (outputs.take(kO), outputs.take(kLse)) if return_lse else outputs.take(kO)

@@ -15,7 +15,7 @@ from cpython.exc cimport PyErr_Occurred  # no-cython-lint
 from cpython.pycapsule cimport (PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New,  # no-cython-lint
                                 PyCapsule_SetName)  # no-cython-lint
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject  # no-cython-lint
-from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t  # no-cython-lint
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t  # no-cython-lint
 from libc.stdlib cimport free, malloc  # no-cython-lint
 from libc.string cimport memcpy, memset, strncpy  # no-cython-lint
 from libcpp cimport bool as cbool  # no-cython-lint
@@ -27,7 +27,8 @@ from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOper
                              buffer_free, CacheStats, CausalAlignment, classify_current_exception,  # no-cython-lint
                              compiled_cuda_version, compiled_cudnn_version,  # no-cython-lint
                              compiled_frontend_version, cuda_driver_version, cuda_runtime_version,  # no-cython-lint
-                             cudnn_can_read, cudnn_runtime_version, dense_strides_like,  # no-cython-lint
+                             contiguous_strides, cudnn_can_read, cudnn_runtime_version,  # no-cython-lint
+                             dense_strides_like,  # no-cython-lint
                              device_count, device_info, DeviceInfo, dtype_name, ErrorKind, execute,  # no-cython-lint
                              ExportQuirk, GraphOp, gradient_strides,  # no-cython-lint
                              graph_cache, jax_array_view, jax_backward_handler, jax_forward_handler,  # no-cython-lint
@@ -42,6 +43,7 @@ from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOper
                              kWithGradBias, kWithGradSinks, kWithLengths, kWithRngState,  # no-cython-lint
                              kWithSinks, OptionalOperand,  # no-cython-lint
                              length_bucket, libraries_loaded, OperandInfo, OperandKind,  # no-cython-lint
+                             output_layout, OutputLayout,  # no-cython-lint
                              own_workspace_allocations,  # no-cython-lint
                              plan_store, PlanStore, PlanStoreStats,  # no-cython-lint
                              pool_stats, PoolStats, prepare_call, PreparedCall,  # no-cython-lint
@@ -61,14 +63,13 @@ from stridedfa._errors import (BackendError, BoundsError, LayoutError, StridedFA
 # One concern per file; the C++ declarations they call are all in _cpp.pxd.
 include "_errors.pxi"            # C++ exceptions -> stridedfa errors
 include "_streams.pxi"           # which stream a call runs on
-include "_intake.pxi"            # DLPack (and CuPy attribute) intake into TensorViews
-include "_calls.pxi"             # options, run(), sdpa_forward / sdpa_backward
-include "_framework_alloc.pxi"   # outputs allocated through a producer's exchange API
-include "_framework_calls.pxi"   # stridedfa.torch's calls: intake, allocation, launch in one C call
-include "_packed.pxi"            # the packed entry point: q/k/v views, one packed gradient
+include "_table.pxi"             # the operand table as the boundary reads it
+include "_intake.pxi"            # DLPack (and CuPy attribute) intake into a call's slots, by name
+include "_options.pxi"           # the one parse of a call's options
 include "_buffer.pxi"            # DeviceBuffer: memory stridedfa owns and exports by DLPack
-include "_generic_calls.pxi"     # the framework-free path: outputs as DeviceBuffers
-include "_cupy_calls.pxi"        # stridedfa.cupy's calls: CuPy's allocator through hooks
+include "_allocators.pxi"        # where outputs and workspace come from: one strategy per caller kind
+include "_calls.pxi"             # the one call path (attend) and every entry point into it
+include "_packed.pxi"            # the packed entry point: q/k/v views, one packed gradient
 include "_jax_ffi.pxi"           # XLA FFI targets and JAX's trace-time validation
 include "_shape_calls.pxi"       # calls described by shapes: JAX's and torch's checks, warm-up
 include "_diagnostics.pxi"       # cache and pool counters, versions, devices, intake inspection

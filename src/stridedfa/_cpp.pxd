@@ -159,6 +159,13 @@ cdef extern from "stridedfa/layout_rules.hpp" namespace "stridedfa" nogil:
                              const char* name) noexcept
     TensorView to_core_axes(const TensorView& layout_view, const int* to_logical,
                             const char* name) noexcept
+    cdef cppclass OutputLayout:
+        int ndim
+        int64_t shape[8]
+        int64_t strides[8]
+        DLDataType dtype
+    OutputLayout output_layout(const CallOperands& call, int slot) noexcept
+    void contiguous_strides(const int64_t* shape, int ndim, int64_t* strides) noexcept
 
 
 cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:

@@ -63,7 +63,8 @@ cdef extern from *:
       ~StridedfaIntakeHold() { for (StridedfaOwned& o : items_) o.release(); }
       StridedfaOwned& operator[](int i) noexcept { return items_[i]; }
      private:
-      StridedfaOwned items_[stridedfa::kNumSlots + 4];  // every operand slot, and a few more for the packed calls' layouts
+      // every operand slot, and a few more for what the packed calls read in their layout
+      StridedfaOwned items_[stridedfa::kNumSlots + 4];
     };
     """
     cdef cppclass Owned "StridedfaOwned":
@@ -274,18 +275,67 @@ def _can_read(x):
     return view.device_type == kDLCUDA and cudnn_can_read(view)
 
 
-cdef int intake_lengths(object seqlens_q, object seqlens_kv, CallStream* st, TensorView* q_view,
-                        TensorView* kv_view, Owned* owned) except -1:
-    """Reads the optional padding lengths (owned[0], owned[1]); the validator checks them."""
-    if seqlens_q is not None:
-        intake(seqlens_q, b"seqlens_q", False, st, q_view, &owned[0])
-    if seqlens_kv is not None:
-        intake(seqlens_kv, b"seqlens_kv", False, st, kv_view, &owned[1])
+# --- A call's operands, by name ---------------------------------------------------------------------
+#
+# An entry point names its tensor arguments once (slot_list, at import: a name that is not in the
+# operand table fails there) and passes them in that order; intake_slots reads each into its slot.
+
+cdef struct SlotList:
+    int n
+    int slot[64]
+
+
+cdef SlotList slot_list(str names) except *:
+    """The operand table's slots of these space-separated names, in their order."""
+    cdef SlotList slots
+    cdef int i
+    slots.n = 0
+    for name in names.split():
+        for i in range(kNumSlots):
+            if kOperands[i].name.decode() == name:
+                break
+        else:
+            raise ValueError(f"no operand is called {name!r} (cpp/include/stridedfa/sdpa_types.hpp kOperands)")
+        slots.slot[slots.n] = i
+        slots.n += 1
+    return slots
+
+
+cdef int intake_slots(tuple tensors, const SlotList* slots, CallStream* st, CallOperands* call,
+                      IntakeHold* owned) except -1:
+    """Reads tensors[i] (None: not given) into the call's slot slots.slot[i]; call.op says which
+    operands the op has, and one it has none of is a TypeError. owned[slot] holds what intake
+    consumed."""
+    cdef int i, slot
+    cdef Role role
+    for i in range(slots.n):
+        obj = tensors[i]
+        if obj is None:
+            continue
+        slot = slots.slot[i]
+        role = kOperands[slot].backward if call.op == GraphOp.backward else kOperands[slot].forward
+        if role == Role.absent:
+            raise TypeError(f"the {'backward' if call.op == GraphOp.backward else 'forward'} has no operand "
+                            f"{kOperands[slot].name.decode()}")
+        intake(obj, kOperands[slot].name, role == Role.output, st, &call.slot[slot], &owned[0][slot])
     return 0
 
 
-cdef int intake_optional(object obj, const char* name, CallStream* st, TensorView* view, Owned* owned) except -1:
-    """Reads an optional input (attention sinks, ...) when given; the validator checks it."""
-    if obj is not None:
-        intake(obj, name, False, st, view, owned)
+cdef int intake_named(dict tensors, CallStream* st, CallOperands* call, IntakeHold* owned) except -1:
+    """intake_slots for {operand name: tensor} (tests and diagnostics: names chosen per call)."""
+    cdef SlotList slots = slot_list(" ".join(tensors))
+    return intake_slots(tuple(tensors.values()), &slots, st, call, owned)
+
+
+cdef int make_readable_grad_out(CallOperands* call, object grad_out, object make_readable, CallStream* st,
+                                IntakeHold* owned, list keep_alive) except -1:
+    """grad_out as autograd handed it over, unless cuDNN cannot read that layout (a broadcast from
+    out.sum().backward(), say): then make_readable(grad_out), a copy, in its place."""
+    cdef TensorView* view = &call.slot[kGradO]
+    if not view.present or view.device_type != kDLCUDA or cudnn_can_read(view[0]):
+        return 0
+    owned[0][kGradO].release()
+    copy = make_readable(grad_out)
+    keep_alive.append(copy)
+    intake(copy, b"grad_out", False, st, view, &owned[0][kGradO])
     return 0

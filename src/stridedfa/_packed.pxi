@@ -1,6 +1,17 @@
 # Included by _core.pyx: the packed entry point. q/k/v (or k/v) are slices of one buffer, read as
 # views (layout_rules.hpp select_packed), and the backward writes dQ/dK/dV into one packed gradient
-# buffer allocated by the buffer's framework.
+# buffer allocated by the buffer's framework. The views of q, k, v and of the gradients are cut here;
+# the other operands are read, and the statistics and the sinks' and bias' gradients allocated, as
+# every call does (_calls.pxi).
+
+# The options' tensors, named once.
+cdef SlotList PACKED_OPTIONS = slot_list("seqlens_q seqlens_kv sinks bias alibi_slopes rng_state")
+# What intake holds beyond the slots: the packed buffer, and q, out and grad_out in layout axes.
+cdef enum:
+    kHeldPacked = kNumSlots
+    kHeldQ
+    kHeldOut
+    kHeldGradOut
 
 
 cdef int parse_to_logical(object to_logical, int* out) except -1:
@@ -35,29 +46,26 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     cdef PreparedCall call
     cdef TensorView packed_view, q_layout, v_layout, out_layout
     cdef DLManagedTensorVersioned* out_tensor = NULL
-    cdef DLManagedTensorVersioned* lse_tensor = NULL
     cdef int perm[4]
     cdef int64_t out_shape[4]
     cdef int64_t out_strides[4]
     cdef int i
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_to_logical(to_logical, perm)
-    cdef const DLPackExchangeAPI* api = allocating_api(packed)
+    cdef FrameworkOutputs outputs = framework_outputs(packed, False)
+    cdef const DLPackExchangeAPI* api = outputs.api
     parse_stream(None, &st)
     try:
-        intake(packed, b"packed", False, &st, &packed_view, &owned[0])
+        intake(packed, b"packed", False, &st, &packed_view, &owned[kHeldPacked])
         check_packed(packed_view, dim, 3 if q is None else 2)
-        intake_lengths(seqlens_q, seqlens_kv, &st, &fwd.slot[kSeqLensQ], &fwd.slot[kSeqLensKV], &owned[2])
-        intake_optional(sinks, b"sinks", &st, &fwd.slot[kSinks], &owned[4])
-        intake_optional(bias, b"bias", &st, &fwd.slot[kBias], &owned[5])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &fwd.slot[kAlibiSlopes], &owned[6])
-        intake_optional(rng_state, b"rng_state", &st, &fwd.slot[kRngState], &owned[7])
+        intake_slots((seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state), &PACKED_OPTIONS, &st, &fwd,
+                     &owned)
         if q is None:
             q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
             fwd.slot[kK] = select_packed(packed_view, dim, 1, perm, b"k")
             fwd.slot[kV] = select_packed(packed_view, dim, 2, perm, b"v")
         else:
-            intake(q, b"q", False, &st, &q_layout, &owned[1])
+            intake(q, b"q", False, &st, &q_layout, &owned[kHeldQ])
             if q_layout.ndim != 4:
                 raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
             fwd.slot[kK] = select_packed(packed_view, dim, 0, perm, b"k")
@@ -73,23 +81,15 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
         out_tensor = allocate_strided(api, 4, out_shape, out_strides, packed_view.dtype, packed_view.device_id)
         out_layout = view_from_dltensor(out_tensor.dl_tensor, False, b"out", ExportQuirk.none)
         fwd.slot[kO] = to_core_axes(out_layout, perm, b"out")
-        if with_lse:
-            lse_tensor = allocate_stats(api, fwd.slot[kQ])
-            fwd.slot[kLse] = view_from_dltensor(lse_tensor.dl_tensor, False, b"lse", ExportQuirk.none)
-        call = prepared(fwd, options)
-        execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
+        if with_lse:  # as every forward allocates it
+            allocate_outputs(&fwd, outputs, bit(kLse))
+        outputs.launch(prepared(fwd, options), st.handle)
         out = to_framework_object(api, out_tensor)
         out_tensor = NULL
-        lse = None
-        if lse_tensor != NULL:
-            lse = to_framework_object(api, lse_tensor)
-            lse_tensor = NULL
-        return out, lse
+        return out, outputs.take(kLse)
     finally:
         if out_tensor != NULL:
             out_tensor.deleter(out_tensor)
-        if lse_tensor != NULL:
-            lse_tensor.deleter(lse_tensor)
 
 
 def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, scale, causal,
@@ -109,27 +109,23 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     cdef TensorView packed_view, q_layout, out_layout, grad_out_layout, grad_packed_view, grad_q_layout
     cdef DLManagedTensorVersioned* grad_packed_tensor = NULL
     cdef DLManagedTensorVersioned* grad_q_tensor = NULL
-    cdef DLManagedTensorVersioned* sinks_grad = NULL
-    cdef DLManagedTensorVersioned* bias_grad = NULL
     cdef int perm[4]
     cdef int64_t strides[8]
-    cdef int i
+    cdef uint64_t wanted
     bwd.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
     parse_to_logical(to_logical, perm)
-    cdef const DLPackExchangeAPI* api = allocating_api(packed)
+    cdef FrameworkOutputs outputs = framework_outputs(packed, False)
+    cdef const DLPackExchangeAPI* api = outputs.api
     parse_stream(None, &st)
     try:
-        intake(packed, b"packed", False, &st, &packed_view, &owned[0])
+        intake(packed, b"packed", False, &st, &packed_view, &owned[kHeldPacked])
         check_packed(packed_view, dim, 3 if q is None else 2)
-        intake_lengths(seqlens_q, seqlens_kv, &st, &bwd.slot[kSeqLensQ], &bwd.slot[kSeqLensKV], &owned[5])
-        intake_optional(sinks, b"sinks", &st, &bwd.slot[kSinks], &owned[7])
-        intake_optional(bias, b"bias", &st, &bwd.slot[kBias], &owned[8])
-        intake_optional(alibi_slopes, b"alibi_slopes", &st, &bwd.slot[kAlibiSlopes], &owned[9])
-        intake_optional(rng_state, b"rng_state", &st, &bwd.slot[kRngState], &owned[10])
-        intake(out, b"out", False, &st, &out_layout, &owned[1])
-        intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[2])
-        intake(lse, b"lse", False, &st, &bwd.slot[kLse], &owned[3])
+        intake_slots((seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state), &PACKED_OPTIONS, &st, &bwd,
+                     &owned)
+        intake(out, b"out", False, &st, &out_layout, &owned[kHeldOut])
+        intake(grad_out, b"grad_out", False, &st, &grad_out_layout, &owned[kHeldGradOut])
+        intake(lse, b"lse", False, &st, &bwd.slot[kLse], &owned[kLse])
         if out_layout.ndim != 4 or grad_out_layout.ndim != 4:
             raise LayoutError("out and grad_out must have 4 axes in the packed buffer's layout")
         bwd.slot[kO] = to_core_axes(out_layout, perm, b"out")
@@ -146,7 +142,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             bwd.slot[kGradK] = select_packed(grad_packed_view, dim, 1, perm, b"grad_k")
             bwd.slot[kGradV] = select_packed(grad_packed_view, dim, 2, perm, b"grad_v")
         else:
-            intake(q, b"q", False, &st, &q_layout, &owned[4])
+            intake(q, b"q", False, &st, &q_layout, &owned[kHeldQ])
             if q_layout.ndim != 4:
                 raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
             bwd.slot[kQ] = to_core_axes(q_layout, perm, b"q")
@@ -158,38 +154,20 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
             bwd.slot[kGradQ] = to_core_axes(grad_q_layout, perm, b"grad_q")
             bwd.slot[kGradK] = select_packed(grad_packed_view, dim, 0, perm, b"grad_k")
             bwd.slot[kGradV] = select_packed(grad_packed_view, dim, 1, perm, b"grad_v")
-        # Under dropout the sinks' gradient is not asked for (cuDNN quirk sinks_grad_under_dropout).
-        if sinks is not None and (options.dropout_p == 0 or not SINKS_GRAD_UNDER_DROPOUT):
-            sinks_grad = allocate_per_head(api, bwd.slot[kQ])
-            bwd.slot[kGradSinks] = view_from_dltensor(sinks_grad.dl_tensor, False, b"grad_sinks", ExportQuirk.none)
-        if (with_grad_bias and bias is not None and bwd.slot[kBias].device_type == kDLCUDA
-                and 1 <= bwd.slot[kBias].ndim <= 4):
-            contiguous_strides(bwd.slot[kBias].dims, bwd.slot[kBias].ndim, strides)
-            bias_grad = allocate_strided(api, bwd.slot[kBias].ndim, bwd.slot[kBias].dims, strides,
-                                         bwd.slot[kBias].dtype,
-                                         bwd.slot[kBias].device_id)
-            bwd.slot[kGradBias] = view_from_dltensor(bias_grad.dl_tensor, False, b"grad_bias", ExportQuirk.none)
-        call = prepared(bwd, options)
-        execute_with_framework_workspace(api, call, st.handle, packed_view.device_id)
+        # The sinks' and the bias' gradients as every backward allocates them.
+        wanted = gradients_wanted(&bwd, options, with_grad_bias) & (bit(kGradSinks) | bit(kGradBias))
+        if wanted:
+            allocate_outputs(&bwd, outputs, wanted)
+        outputs.launch(prepared(bwd, options), st.handle)
         grad_packed = to_framework_object(api, grad_packed_tensor)
         grad_packed_tensor = NULL
-        grad_q = grad_sinks = grad_bias = None
+        grad_q = None
         if grad_q_tensor != NULL:
             grad_q = to_framework_object(api, grad_q_tensor)
             grad_q_tensor = NULL
-        if sinks_grad != NULL:
-            grad_sinks = to_framework_object(api, sinks_grad)
-            sinks_grad = NULL
-        if bias_grad != NULL:
-            grad_bias = to_framework_object(api, bias_grad)
-            bias_grad = NULL
-        return grad_packed, grad_q, grad_sinks, grad_bias
+        return grad_packed, grad_q, outputs.take(kGradSinks), outputs.take(kGradBias)
     finally:
-        if bias_grad != NULL:
-            bias_grad.deleter(bias_grad)
         if grad_packed_tensor != NULL:
             grad_packed_tensor.deleter(grad_packed_tensor)
         if grad_q_tensor != NULL:
             grad_q_tensor.deleter(grad_q_tensor)
-        if sinks_grad != NULL:
-            sinks_grad.deleter(sinks_grad)

@@ -106,28 +106,28 @@ def _device_buffer(shape, strides, dtype, device=0, stream=0):
 def _cupy_allocate_like_forward(q, v, bint with_lse, hooks):
     """The outputs stridedfa.cupy.attention would allocate for q and v (the same code), without a
     call: for the tests of the layout rule on machines without a GPU."""
-    cdef CallOperands fwd
+    cdef CallOperands call
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     parse_stream(0, &st)
-    intake(q, b"q", False, &st, &fwd.slot[kQ], &owned[0])
-    intake(v, b"v", False, &st, &fwd.slot[kV], &owned[1])
-    return cupy_forward_outputs(q, hooks, None, with_lse, &fwd)
+    intake_named(dict(q=q, v=v), &st, &call, &owned)
+    outputs = cupy_outputs(hooks, None, q.dtype)
+    allocate_outputs(&call, outputs, bit(kO) | (bit(kLse) if with_lse else 0))
+    return outputs.take(kO), outputs.take(kLse)
 
 
 def _cupy_allocate_gradients(q, k, v, hooks):
     """The gradients stridedfa.cupy.attention_backward would allocate (see
     _cupy_allocate_like_forward)."""
-    cdef CallOperands bwd
+    cdef CallOperands call
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
-    cdef int i
-    bwd.op = GraphOp.backward
+    call.op = GraphOp.backward
     parse_stream(0, &st)
-    intake(q, b"q", False, &st, &bwd.slot[kQ], &owned[0])
-    intake(k, b"k", False, &st, &bwd.slot[kK], &owned[1])
-    intake(v, b"v", False, &st, &bwd.slot[kV], &owned[2])
-    return cupy_gradients((q, k, v), hooks, None, &bwd)
+    intake_named(dict(q=q, k=k, v=v), &st, &call, &owned)
+    outputs = cupy_outputs(hooks, None, q.dtype)
+    allocate_outputs(&call, outputs, bit(kGradQ) | bit(kGradK) | bit(kGradV))
+    return outputs.take(kGradQ), outputs.take(kGradK), outputs.take(kGradV)
 
 
 cdef dict forward_operands(q, k, v, out, lse, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "stridedfa/sdpa_types.hpp"
 #include "stridedfa/tensor_view.hpp"
 
 namespace stridedfa {
@@ -29,5 +30,25 @@ TensorView select_packed(const TensorView& packed, int dim, int index, const int
 
 // A 4-axis view in layout order, permuted to the core's (b, h, s, d) axes.
 TensorView to_core_axes(const TensorView& layout_view, const int* to_logical, const char* name);
+
+// What stridedfa allocates for an output of a call whose inputs are read: every allocating entry
+// point (the framework's allocator, CuPy's pool, DeviceBuffers) asks this one rule.
+//   out: dense in q's axis order (a variable-length call's (tokens, heads, head_dim): contiguous);
+//   lse: packed float32 (batch, heads, seq), the layout every cuDNN backward reads; a
+//        variable-length call's (heads, tokens) over token-major memory;
+//   grad_q, grad_k, grad_v: gradient_strides of their input;
+//   grad_sinks: float32 (heads of q,); grad_bias: contiguous, bias' shape and dtype.
+// ndim 0 where the slot is none of these, or the inputs it derives from are missing or of another
+// rank than the call's layout has (the validator names that problem).
+struct OutputLayout {
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+  DLDataType dtype{};
+};
+OutputLayout output_layout(const CallOperands& call, int slot);
+
+// Row-major strides of `shape`, an extent-1 axis taking the next one's stride.
+void contiguous_strides(const int64_t* shape, int ndim, int64_t* strides);
 
 }  // namespace stridedfa
