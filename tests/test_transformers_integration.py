@@ -99,7 +99,7 @@ def kernels(monkeypatch):
     reference = ReferenceKernels()
     monkeypatch.setitem(sft._settings, "fallback", "raise")
     monkeypatch.setattr(sft._st, "attention", reference.attention)
-    monkeypatch.setattr(sft, "varlen_attention", reference.varlen)
+    monkeypatch.setattr(sft._st, "varlen_attention", reference.varlen)
     monkeypatch.setattr(sft, "_cannot_run", lambda query, kwargs: None if not kwargs.get("output_attentions")
                         else "output_attentions=True")
     return reference

@@ -55,7 +55,6 @@ import stridedfa.torch as _st
 from stridedfa import _hf_masks
 from stridedfa._errors import StridedFAError, UnsupportedError
 from stridedfa._hf_masks import StridedMask, bias_from_mask, stridedfa_mask
-from stridedfa._torch_varlen import varlen_attention
 
 __all__ = ["NAME", "attention_forward", "fallback", "register", "reset_stats", "set_fallback", "set_padding_check",
            "stats", "stridedfa_mask"]
@@ -285,8 +284,8 @@ def _tokens(query, key, value):
 
 
 def _varlen(q, k, v, cu_q, cu_kv, max_q, max_kv, options, sinks) -> torch.Tensor:
-    return varlen_attention(q, k, v, cu_q, cu_kv, _int(max_q), _int(max_kv), causal_alignment="bottom_right",
-                            sinks=sinks, **options)
+    return _st.varlen_attention(q, k, v, cu_q, cu_kv, _int(max_q), _int(max_kv), causal_alignment="bottom_right",
+                                sinks=sinks, **options)
 
 
 def _int(value):
