@@ -30,7 +30,8 @@ def operands(op):
     # other shapes for those operands: their rows are walked in test_varlen_validation.py and
     # test_paged_validation.py. The FP8 scaling rows are reserved until FP8 attention lands:
     # test_fp8_rows_are_reserved.
-    return [row for row in TABLE if row[op] is not None and row["kind"] not in ("cumulative", "page_table", "fp8_scale")]
+    others = ("cumulative", "page_table", "fp8_scale")
+    return [row for row in TABLE if row[op] is not None and row["kind"] not in others]
 
 
 def shape_of(row, **change):
