@@ -15,7 +15,6 @@ axis order.
 from __future__ import annotations
 
 import contextlib
-import math
 import types
 
 try:
@@ -27,7 +26,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
         f"({error}); install the wheel matching your CUDA, e.g. `pip install cupy-cuda13x`, "
         "or call stridedfa.sdpa_forward / stridedfa.attention with any DLPack tensors") from error
 
-from stridedfa import _core, _layouts
+from stridedfa import _core
 
 __all__ = ["attention", "attention_backward", "attention_with_kvcache", "paged_attention", "varlen_attention",
            "varlen_attention_backward"]
@@ -238,13 +237,8 @@ def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, *, scale: f
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("paged_attention", q))
     handle, allocation = _call(stream, q.data.device_id)
-    with allocation or contextlib.nullcontext():
-        shape = (*q.shape[:3], v_cache.shape[3])
-        strides = _layouts.output_strides(shape, [stride // q.itemsize for stride in q.strides])
-        out = cupy.ndarray(shape, q.dtype, cupy.cuda.alloc(max(1, math.prod(shape)) * q.itemsize),
-                           strides=[stride * q.itemsize for stride in strides])
-    _core._forward(q, k_cache, v_cache, out, None, scale, causal, causal_alignment, handle, _workspace(allocation),
-                   window, softcap, None, cache_seqlens, block_table=block_table)
+    out, _ = _core._cupy_forward(q, k_cache, v_cache, scale, causal, causal_alignment, False, handle, allocation,
+                                 _HOOKS, window, softcap, None, cache_seqlens, block_table=block_table)
     return out
 
 
