@@ -321,12 +321,6 @@ cdef int intake_slots(tuple tensors, const SlotList* slots, CallStream* st, Call
     return 0
 
 
-cdef int intake_named(dict tensors, CallStream* st, CallOperands* call, IntakeHold* owned) except -1:
-    """intake_slots for {operand name: tensor} (tests and diagnostics: names chosen per call)."""
-    cdef SlotList slots = slot_list(" ".join(tensors))
-    return intake_slots(tuple(tensors.values()), &slots, st, call, owned)
-
-
 cdef int make_readable_grad_out(CallOperands* call, object grad_out, object make_readable, CallStream* st,
                                 IntakeHold* owned, list keep_alive) except -1:
     """grad_out as autograd handed it over, unless cuDNN cannot read that layout (a broadcast from

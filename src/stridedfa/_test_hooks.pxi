@@ -60,6 +60,12 @@ def _gradient_strides(shape, strides):
     return tuple(out[i] for i in range(n))
 
 
+cdef int intake_named(dict tensors, CallStream* st, CallOperands* call, IntakeHold* owned) except -1:
+    """intake_slots for {operand name: tensor} (the hooks below: names chosen per call)."""
+    cdef SlotList slots = slot_list(" ".join(tensors))
+    return intake_slots(tuple(tensors.values()), &slots, st, call, owned)
+
+
 def _execute_repeatedly(q, k, v, out, lse=None, *, int64_t repeats, scale=None, causal=False,
                         causal_alignment="top_left", stream=None):
     """sdpa_forward whose prepared call is executed `repeats` times back to back in C++, for the
