@@ -160,7 +160,7 @@ def _cupy_forward(q: Any, k: Any, v: Any, scale: float | None, causal: bool, cau
                   softcap: float | None = None,
                   seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
                   alibi_slopes: Any = None, dropout_p: float = 0.0,
-                   rng_state: Any = None) -> tuple[Any, Any]: ...
+                  rng_state: Any = None, block_table: Any = None) -> tuple[Any, Any]: ...
 def _cupy_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, grad_out: Any, scale: float | None, causal: bool,
                    causal_alignment: str, stream: int, allocation: Any, hooks: Any, window: Window = None,
                    softcap: float | None = None,
