@@ -92,7 +92,8 @@ def _validate_forward(q: Any, k: Any, v: Any, out: Any, lse: Any = None, stream:
                       causal: bool = False, causal_alignment: str = "top_left",
                       window: Window = None, softcap: float | None = None, cu_seqlens_q: Any = None,
                       cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None,
-                      max_seqlen_kv: int | None = None, block_table: Any = None) -> dict[str, Any]: ...
+                      max_seqlen_kv: int | None = None, block_table: Any = None,
+                      **operands: Any) -> dict[str, Any]: ...
 def _validate_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any, grad_q: Any, grad_k: Any,
                        grad_v: Any, stream: Stream = None, *, seqlens_q: Any = None, seqlens_kv: Any = None,
                        sinks: Any = None, grad_sinks: Any = None, bias: Any = None, grad_bias: Any = None,
@@ -100,7 +101,8 @@ def _validate_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any
                        scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",
                        window: Window = None, softcap: float | None = None, deterministic: bool = False,
                        cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None,
-                       max_seqlen_kv: int | None = None) -> dict[str, Any]: ...
+                       max_seqlen_kv: int | None = None,
+                       **operands: Any) -> dict[str, Any]: ...
 def _forward_graph_key(q: Any, k: Any, v: Any, out: Any, lse: Any = None, *, scale: float | None = None,
                        causal: bool = False, causal_alignment: str = "top_left", window: Window = None,
                        softcap: float | None = None,

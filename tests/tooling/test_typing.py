@@ -42,3 +42,26 @@ def test_mypy_passes_on_the_package():
     result = subprocess.run([sys.executable, "-m", "mypy", "-p", "stridedfa"], cwd=ROOT / "src",
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def stub_parameters(path: Path) -> dict[str, list[str]]:
+    tree = ast.parse(path.read_text())
+    def names(args: ast.arguments) -> list[str]:
+        starred = [a for a in (args.vararg, args.kwarg) if a is not None]
+        return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs + starred]
+    return {node.name: names(node.args) for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_core_stub_names_each_functions_parameters_as_compiled():
+    # mypy trusts the stub, so a parameter added to a Cython function but not to its stub makes
+    # every keyword caller a type error (CI failed on exactly that once)
+    import inspect
+    differ = {}
+    for name, stubbed in stub_parameters(ROOT / "src" / "stridedfa" / "_core.pyi").items():
+        try:
+            compiled = list(inspect.signature(getattr(_core, name)).parameters)
+        except (AttributeError, ValueError, TypeError):
+            continue  # not introspectable (a cdef class member or builtin): the name test covers it
+        if compiled != stubbed:
+            differ[name] = {"compiled": compiled, "stub": stubbed}
+    assert not differ, differ
