@@ -40,6 +40,25 @@ def test_operators_are_registered_with_their_schemas():
         assert str(op._schema) == f"stridedfa::{name}{schema}"
 
 
+def test_operators_take_the_options_records_fields_in_order():
+    # The records (stridedfa._torch_options) are the schemas' options, read by name: a field added,
+    # moved or renamed there changes every operator that takes it, and nothing else has to.
+    from stridedfa._torch_options import Options, VarlenOptions
+    for name, record, first in (("attention_forward", Options, 3), ("attention_backward", Options, 6),
+                                ("packed_attention_forward", Options, 4), ("packed_attention_backward", Options, 7),
+                                ("varlen_forward", VarlenOptions, 5), ("varlen_backward", VarlenOptions, 8)):
+        arguments = getattr(torch.ops.stridedfa, name).default._schema.arguments
+        assert [a.name for a in arguments[first:first + len(record._fields)]] == list(record._fields), name
+    options = Options.of((None, True, "top_left", -1, -1, None, None, None, "sinks", False, "bias", None, 0.0,
+                          None, True))  # the flag after the options is left out
+    assert (options.sinks, options.bias, options.causal) == ("sinks", "bias", True)
+    from stridedfa._torch_ops import _option_grads
+    grads = _option_grads("grad_sinks", "grad_bias")
+    assert len(grads) == len(Options._fields) + 1  # and the flag's
+    assert {i: g for i, g in enumerate(grads) if g} == {Options._fields.index("sinks"): "grad_sinks",
+                                                        Options._fields.index("bias"): "grad_bias"}
+
+
 def _packed_views(b=2, s=64, h=4, d=64):
     qkv = torch.empty(b, s, 3, h, d, **META)
     return qkv, [qkv[:, :, i].transpose(1, 2) for i in range(3)]

@@ -11,6 +11,7 @@ import torch
 
 from stridedfa import _core, _layouts
 from stridedfa._errors import UnsupportedError
+from stridedfa._torch_options import Options, position, schema, tensor_positions, without_tensors
 
 # torch >= 2.10 exports the DLPack C exchange API: the core reads tensors and the current stream in
 # well under a microsecond and allocates through torch's allocator. Older torch goes through
@@ -89,44 +90,35 @@ def _backward_kernel(op, impl, tensor_args):
     return kernel
 
 
-# Every operator takes the options in one order (`opts` below: 14 values), spelled in its schema
-# as _OPTIONS; window bounds are -1 where unbounded (a schema int cannot be None). The lengths are
-# options 6 and 7; the sinks (option 8) and the bias (option 10) are differentiable, the ALiBi
-# slopes (option 11) not; dropout_p and the Philox rng_state (options 12, 13: drawn by
-# attention() before the operator, so that the operator itself is a function of its inputs and
-# the backward regenerates the forward's mask).
-_OPTIONS = ("float? scale, bool causal, str causal_alignment, int window_left, int window_right, "
-            "float? softcap, Tensor? seqlens_q, Tensor? seqlens_kv, Tensor? sinks, bool deterministic, "
-            "Tensor? bias, Tensor? alibi_slopes, float dropout_p, Tensor? rng_state")
-_N_OPTIONS = 14
-_LENGTHS = (6, 7)
-_SINKS = 8
-_BIAS = 10
-_ALIBI = 11
-_DROPOUT = 12
-_RNG = 13
-_TENSOR_OPTIONS = (*_LENGTHS, _SINKS, _BIAS, _ALIBI, _RNG)
+# Every operator takes its options as one record after its tensors (Options, _torch_options.py:
+# read by name; its fields are the schema), then a flag (with_lse / with_grad_bias) at _N_OPTIONS.
+_OPTIONS = schema(Options)
+_N_OPTIONS = len(Options._fields)
+_TENSOR_OPTIONS = tensor_positions(Options)
+_AT_SINKS, _AT_BIAS = position(Options, "sinks"), position(Options, "bias")  # the differentiable options
 
 
 def _option_grads(grad_sinks, grad_bias):
     """The gradients of the options and of the flag after them (with_lse / return_lse)."""
-    return (None,) * _SINKS + (grad_sinks, None, grad_bias) + (None,) * (_N_OPTIONS - _BIAS)
+    grads = [None] * (_N_OPTIONS + 1)
+    grads[_AT_SINKS], grads[_AT_BIAS] = grad_sinks, grad_bias
+    return tuple(grads)
 
 
 # cuDNN quirk sinks_grad_under_dropout (cudnn_quirks.hpp), asked once: a constant while tracing.
 _SINKS_GRAD_UNDER_DROPOUT = _core._quirk_applies("sinks_grad_under_dropout")
 
 
-def _graded_sinks(opts):
+def _graded_sinks(opts: Options):
     """The sinks whose gradient the backward computes: none with dropout (the quirk above;
     attention() refuses sinks that require grad with dropout before the forward)."""
-    return opts[_SINKS] if not (opts[_DROPOUT] and _SINKS_GRAD_UNDER_DROPOUT) else None
+    return opts.sinks if not (opts.dropout_p and _SINKS_GRAD_UNDER_DROPOUT) else None
 
 
-def _refuse_sinks_gradient_with_dropout(wanted: bool, opts) -> None:
+def _refuse_sinks_gradient_with_dropout(wanted: bool, opts: Options) -> None:
     """A backward asked for the sinks' gradient under dropout (the operators called directly, past
     attention()'s check): refused rather than answered with None."""
-    if wanted and opts[_DROPOUT] and _SINKS_GRAD_UNDER_DROPOUT:
+    if wanted and opts.dropout_p and _SINKS_GRAD_UNDER_DROPOUT:
         raise UnsupportedError("the sinks' gradient with dropout is not supported: cuDNN 9.19 returns it scaled "
                                "by 1 - dropout_p. Use dropout_p=0 with trainable sinks, or detach them. [cuDNN quirk "
                                "sinks_grad_under_dropout]")
@@ -139,7 +131,7 @@ def _grad_or_none(grad, option):
 
 def _attention_forward_impl(q, k, v, *args):  # args: the options, then with_lse
     with_lse = args[_N_OPTIONS]
-    out, lse = _forward(q, k, v, args[:_N_OPTIONS], with_lse)
+    out, lse = _forward(q, k, v, Options.of(args), with_lse)
     return out, (lse if with_lse else _no_lse(q))
 
 
@@ -155,7 +147,7 @@ _attention_forward = _define(
 
 
 def _attention_inference_impl(q, k, v, *opts):
-    return _forward(q, k, v, opts, False)[0]
+    return _forward(q, k, v, Options.of(opts), False)[0]
 
 
 def _attention_inference_fake(q, k, v, *opts):
@@ -178,7 +170,7 @@ def _direct_call(q, k, v) -> bool:
 
 def _attention_inference_autograd(q, k, v, *opts):
     if _direct_call(q, k, v):
-        return _forward(q, k, v, opts, False)[0]
+        return _forward(q, k, v, Options.of(opts), False)[0]
     with _AutoDispatchBelowAutograd():
         return _attention_inference(q, k, v, *opts)
 
@@ -190,11 +182,13 @@ _lib.impl("attention_inference", _attention_inference_autograd, "Autograd")
 # the dispatcher boxes every argument into Python on each call, so the call torch.compile'd code
 # and dispatch modes make most often takes three options, not twelve.
 _BASIC_OPTIONS = "float? scale, bool causal, str causal_alignment"
-_VARIANT_DEFAULTS = (-1, -1, None, None, None, None, False, None, None, 0.0, None)  # the others' defaults
+_VARIANT_DEFAULTS = Options(scale=None, causal=False, causal_alignment="top_left", window_left=-1, window_right=-1,
+                            softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, deterministic=False, bias=None,
+                            alibi_slopes=None, dropout_p=0.0, rng_state=None)[3:]  # the fields after the basic three
 
 
 def _attention_inference_basic_impl(q, k, v, scale, causal, causal_alignment):
-    return _forward(q, k, v, (scale, causal, causal_alignment, *_VARIANT_DEFAULTS), False)[0]
+    return _forward(q, k, v, Options(scale, causal, causal_alignment, *_VARIANT_DEFAULTS), False)[0]
 
 
 def _attention_inference_basic_fake(q, k, v, scale, causal, causal_alignment):
@@ -219,19 +213,19 @@ _lib.impl("attention_inference_basic", _attention_inference_basic_autograd, "Aut
 def _attention_backward_impl(q, k, v, out, lse, grad_out, *args, together=False):
     """(grad_q, grad_k, grad_v, grad_sinks: (h_q,) float32 or empty without sinks, grad_bias: of
     bias' shape, contiguous, or empty unless args' last flag (with_grad_bias) asks for it)."""
-    opts, with_grad_bias = args[:_N_OPTIONS], args[_N_OPTIONS] and args[_BIAS] is not None
+    opts = Options.of(args)
+    with_grad_bias = args[_N_OPTIONS] and opts.bias is not None
     if _HAS_EXCHANGE_API:  # reading, allocating dQ/dK/dV and launching in one C call
-        (scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, alibi,
-         dropout_p, rng_state) = opts
         grad_q, grad_k, grad_v, grad_sinks, grad_bias = _core._backward_alloc(
-            q, k, v, out, lse, grad_out, scale, causal, alignment, _contiguous, together, _window(left, right),
-            softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, with_grad_bias, alibi, dropout_p, rng_state)
+            q, k, v, out, lse, grad_out, opts.scale, opts.causal, opts.causal_alignment, _contiguous, together,
+            _window(opts.window_left, opts.window_right), opts.softcap, opts.seqlens_q, opts.seqlens_kv, opts.sinks,
+            opts.deterministic, opts.bias, with_grad_bias, opts.alibi_slopes, opts.dropout_p, opts.rng_state)
         return (grad_q, grad_k, grad_v, grad_sinks if grad_sinks is not None else _no_lse(q),
                 grad_bias if grad_bias is not None else _no_lse(q))
     grad_q, grad_k, grad_v = _gradient_like(q), _gradient_like(k), _gradient_like(v)
     sinks = _graded_sinks(opts)
     grad_sinks = _sinks_gradient_like(sinks, q)
-    grad_bias = _bias_gradient_like(opts[_BIAS], with_grad_bias, q)
+    grad_bias = _bias_gradient_like(opts.bias, with_grad_bias, q)
     _core_backward(_raw(q), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q, grad_k,
                    grad_v, opts, _stream(q), None if sinks is None else grad_sinks,
                    grad_bias if with_grad_bias else None)
@@ -239,8 +233,9 @@ def _attention_backward_impl(q, k, v, out, lse, grad_out, *args, together=False)
 
 
 def _attention_backward_fake(q, k, v, out, lse, grad_out, *args):
-    return (_gradient_like(q), _gradient_like(k), _gradient_like(v), _sinks_gradient_like(_graded_sinks(args), q),
-            _bias_gradient_like(args[_BIAS], args[_N_OPTIONS], q))
+    opts = Options.of(args)
+    return (_gradient_like(q), _gradient_like(k), _gradient_like(v), _sinks_gradient_like(_graded_sinks(opts), q),
+            _bias_gradient_like(opts.bias, args[_N_OPTIONS], q))
 
 
 _attention_backward = _define(
@@ -261,7 +256,7 @@ class _AttentionFunction(torch.autograd.Function):
                                    (q, k, v, *(args[i] for i in _TENSOR_OPTIONS)))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = args[:_N_OPTIONS]
+        ctx.options = Options.of(args)
         ctx.with_lse = args[_N_OPTIONS]
         return out, lse
 
@@ -273,8 +268,8 @@ class _AttentionFunction(torch.autograd.Function):
                                "with")
         q, k, v, out, lse = ctx.saved_tensors
         opts = ctx.options
-        wants_bias = ctx.needs_input_grad[3 + _BIAS]
-        _refuse_sinks_gradient_with_dropout(ctx.needs_input_grad[3 + _SINKS], opts)
+        wants_bias = ctx.needs_input_grad[3 + _AT_BIAS]
+        _refuse_sinks_gradient_with_dropout(ctx.needs_input_grad[3 + _AT_SINKS], opts)
         grad_q, grad_k, grad_v, grad_sinks, grad_bias = _attention_backward(
             q, k, v, out, lse, grad_out, *opts, wants_bias)
         return (grad_q, grad_k, grad_v, *_option_grads(_grad_or_none(grad_sinks, _graded_sinks(opts)),
@@ -293,10 +288,10 @@ class _EagerAttention(torch.autograd.Function):
     asked for."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, bias, opts, return_lse):
-        scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, _, _, alibi, dropout_p, rng = opts
-        out, lse = _forward_alloc(q, k, v, scale, causal, alignment, True, True, _window(left, right), softcap,
-                                  seqlens_q, seqlens_kv, sinks, bias, alibi, dropout_p, rng)
+    def forward(ctx, q, k, v, sinks, bias, opts: Options, return_lse):
+        out, lse = _forward_alloc(q, k, v, opts.scale, opts.causal, opts.causal_alignment, True, True,
+                                  _window(opts.window_left, opts.window_right), opts.softcap, opts.seqlens_q,
+                                  opts.seqlens_kv, sinks, bias, opts.alibi_slopes, opts.dropout_p, opts.rng_state)
         ctx.save_for_backward(q, k, v, out)
         ctx.lse = lse
         ctx.options = opts
@@ -322,8 +317,9 @@ class _EagerAttention(torch.autograd.Function):
 
 
 def _attention_forward_autograd(q, k, v, *args):
-    if _requires_grad(q, k, v, args[_SINKS], args[_BIAS]):
-        _check_backward(q, k, v, args[:_N_OPTIONS])
+    opts = Options.of(args)
+    if _requires_grad(q, k, v, opts.sinks, opts.bias):
+        _check_backward(q, k, v, opts)
         return _AttentionFunction.apply(q, k, v, *args)
     return _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
                            (q, k, v, *(args[i] for i in _TENSOR_OPTIONS)))
@@ -366,11 +362,12 @@ def _plain_eager(q, k, v) -> bool:
             and _dispatch_stack_depth() == 0 and not _functorch_active())
 
 
-def _forward(q, k, v, opts, with_lse, together=False):
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias, alibi, dropout_p, rng = opts
+def _forward(q, k, v, opts: Options, with_lse, together=False):
     if _HAS_EXCHANGE_API:
-        return _forward_alloc(q, k, v, scale, causal, alignment, with_lse, together, _window(left, right),
-                              softcap, seqlens_q, seqlens_kv, sinks, bias, alibi, dropout_p, rng)
+        return _forward_alloc(q, k, v, opts.scale, opts.causal, opts.causal_alignment, with_lse, together,
+                              _window(opts.window_left, opts.window_right), opts.softcap, opts.seqlens_q,
+                              opts.seqlens_kv, opts.sinks, opts.bias, opts.alibi_slopes, opts.dropout_p,
+                              opts.rng_state)
     out_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
     out = q.new_empty_strided(out_shape, _layouts.output_strides(out_shape, q.stride()))
     lse = _empty_lse(q) if with_lse else None
@@ -378,23 +375,22 @@ def _forward(q, k, v, opts, with_lse, together=False):
     return out, lse
 
 
-def _core_forward(q, k, v, out, lse, opts, stream):
+def _core_forward(q, k, v, out, lse, opts: Options, stream):
     """The core's forward through __dlpack__ (torch < 2.10)."""
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias, alibi, dropout_p, rng = opts
-    _core._forward(q, k, v, out, lse, scale, causal, alignment, stream, _workspace, _window(left, right),
-                   softcap, seqlens_q, seqlens_kv, None if sinks is None else _raw(sinks),
-                   None if bias is None else _raw(bias), alibi, dropout_p, rng)
+    _core._forward(q, k, v, out, lse, opts.scale, opts.causal, opts.causal_alignment, stream, _workspace,
+                   _window(opts.window_left, opts.window_right), opts.softcap, opts.seqlens_q, opts.seqlens_kv,
+                   None if opts.sinks is None else _raw(opts.sinks), None if opts.bias is None else _raw(opts.bias),
+                   opts.alibi_slopes, opts.dropout_p, opts.rng_state)
 
 
-def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts, stream, grad_sinks=None,
+def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts: Options, stream, grad_sinks=None,
                    grad_bias=None):
     """The core's backward through __dlpack__ (torch < 2.10)."""
-    (scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, alibi,
-     dropout_p, rng_state) = opts
-    _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, alignment, stream,
-                    _workspace, _window(left, right), softcap, seqlens_q, seqlens_kv,
-                    None if sinks is None else _raw(sinks), grad_sinks, deterministic,
-                    None if bias is None else _raw(bias), grad_bias, alibi, dropout_p, rng_state)
+    _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts.scale, opts.causal,
+                    opts.causal_alignment, stream, _workspace, _window(opts.window_left, opts.window_right),
+                    opts.softcap, opts.seqlens_q, opts.seqlens_kv, None if opts.sinks is None else _raw(opts.sinks),
+                    grad_sinks, opts.deterministic, None if opts.bias is None else _raw(opts.bias), grad_bias,
+                    opts.alibi_slopes, opts.dropout_p, opts.rng_state)
 
 
 def _bounds(window) -> tuple[int, int]:
@@ -453,27 +449,26 @@ def _draw_rng_state(like, dropout_p) -> torch.Tensor:
     return torch.randint(0, 1 << 62, (2,), dtype=torch.int64, device=like.device)
 
 
-def _check_backward(q, k, v, opts) -> None:
+def _check_backward(q, k, v, opts: Options) -> None:
     """Before a training forward with a bias, dropout or sinks: the core's verdict on the backward
     this step will need (its rules on the bias' gradient, dropout and sinks), from shapes alone, so
     that a step whose backward would be refused fails before anything runs. q, k, v: (b, h, s, d).
     Skipped for symbolic shapes (torch.compile with dynamic shapes): their backward is checked when
     it runs."""
-    sinks, bias, dropout_p = opts[_SINKS], opts[_BIAS], opts[_DROPOUT]
-    if bias is None and sinks is None and not dropout_p:
+    sinks, bias = opts.sinks, opts.bias
+    if bias is None and sinks is None and not opts.dropout_p:
         return
     shapes = (tuple(q.shape), tuple(k.shape), tuple(v.shape))
     if not all(type(n) is int for shape in shapes for n in shape):
         return
-    scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, _, deterministic, _, alibi, _, _ = opts
+    seqlens_q, seqlens_kv = opts.seqlens_q, opts.seqlens_kv
     # lengths: 0 none, 1 two tensors, 2 one tensor for both sides (the core aligns such a call
     # top-left where the diagonals coincide, and refuses less)
     lengths = 0 if seqlens_q is None and seqlens_kv is None else 2 if _same_memory(seqlens_q, seqlens_kv) else 1
-    _backward_verdict(shapes, str(q.dtype).removeprefix("torch."), (scale, causal, alignment, left, right, softcap,
-                                                                    deterministic, float(dropout_p)),
-                      lengths, sinks is not None and sinks.requires_grad, sinks is not None,
+    _backward_verdict(shapes, str(q.dtype).removeprefix("torch."), without_tensors(opts), lengths,
+                      sinks is not None and sinks.requires_grad, sinks is not None,
                       None if bias is None else tuple(bias.shape), bias is not None and bias.requires_grad,
-                      alibi is not None)
+                      opts.alibi_slopes is not None)
 
 
 def _same_memory(a, b) -> bool:
@@ -491,16 +486,17 @@ def _same_memory(a, b) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_verdict(shapes, dtype, options, lengths, grad_sinks, sinks, bias, grad_bias, alibi) -> None:
+def _backward_verdict(shapes, dtype, opts: Options, lengths, grad_sinks, sinks, bias, grad_bias, alibi) -> None:
     """_check_backward's core call, on dense (b, h, s, d) stand-ins (a success is cached: it
-    depends on nothing else)."""
+    depends on nothing else; opts without its tensors)."""
     q, k, v = shapes
     out = (*q[:3], v[3])
-    scale, causal, alignment, left, right, softcap, deterministic, dropout_p = options
+    dropout_p = float(opts.dropout_p)
     int32 = ((q[0],), "int32")
     _core._validate_shapes(
-        True, 1, (q, k, v, out, q[:3], out, q, k, v), dtype, scale=scale, causal=causal,
-        causal_alignment=alignment, window=_window(left, right), softcap=softcap, deterministic=deterministic,
+        True, 1, (q, k, v, out, q[:3], out, q, k, v), dtype, scale=opts.scale, causal=opts.causal,
+        causal_alignment=opts.causal_alignment, window=_window(opts.window_left, opts.window_right),
+        softcap=opts.softcap, deterministic=opts.deterministic,
         lengths=(int32, int32) if lengths else None, shared_lengths=lengths == 2,
         sinks=((q[1],), "float32") if sinks else None,
         grad_sinks=grad_sinks, bias=(bias, dtype) if bias is not None else None, grad_bias=grad_bias,

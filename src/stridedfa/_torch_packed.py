@@ -9,12 +9,11 @@ import torch
 from stridedfa import _core, _layouts
 from stridedfa._errors import LayoutError
 from stridedfa._torch_ops import (
-    _BIAS,
-    _DROPOUT,
+    _AT_BIAS,
+    _AT_SINKS,
     _HAS_EXCHANGE_API,
     _N_OPTIONS,
     _OPTIONS,
-    _SINKS,
     _TENSOR_OPTIONS,
     _backward_kernel,
     _below_autograd,
@@ -39,25 +38,25 @@ from stridedfa._torch_ops import (
     _stream,
     _window,
 )
+from stridedfa._torch_options import Options
 
 _LOGICAL = "bhsd"  # the core's axis names: batch, heads, sequence, head_dim
 
 
 def _packed_forward_impl(packed, dim, layout, q, *args):  # args: the options, then with_lse
-    (scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, _, bias, alibi, dropout_p,
-     rng_state) = args[:_N_OPTIONS]
-    with_lse = args[_N_OPTIONS]
+    opts, with_lse = Options.of(args), args[_N_OPTIONS]
     if _HAS_EXCHANGE_API:  # views, allocation and launch in one C call
-        out_l, lse = _core._packed_forward_alloc(packed, dim, _to_logical(layout), q, scale, causal, alignment,
-                                                 with_lse, _window(left, right), softcap, seqlens_q, seqlens_kv,
-                                                 sinks, bias, alibi, dropout_p, rng_state)
+        out_l, lse = _core._packed_forward_alloc(
+            packed, dim, _to_logical(layout), q, opts.scale, opts.causal, opts.causal_alignment, with_lse,
+            _window(opts.window_left, opts.window_right), opts.softcap, opts.seqlens_q, opts.seqlens_kv, opts.sinks,
+            opts.bias, opts.alibi_slopes, opts.dropout_p, opts.rng_state)
         return out_l, (lse if with_lse else _no_lse(packed))
     q_l, k_l, v_l = _unpack(packed, dim, q)
     out_l = _empty_packed_output(q_l, v_l)
     lse = _empty_lse_for(q_l, layout) if with_lse else _no_lse(packed)
     to_logical = _to_logical(layout)
     _core_forward(_raw(q_l.permute(to_logical)), _raw(k_l.permute(to_logical)), _raw(v_l.permute(to_logical)),
-                  out_l.permute(to_logical), lse if with_lse else None, args[:_N_OPTIONS], _stream(packed))
+                  out_l.permute(to_logical), lse if with_lse else None, opts, _stream(packed))
     return out_l, lse
 
 
@@ -76,19 +75,18 @@ _packed_attention_forward = _define(
 def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *args):
     """(grad_packed, grad_q or empty, grad_sinks or empty, grad_bias or empty: see
     _attention_backward_impl)."""
-    opts, with_grad_bias = args[:_N_OPTIONS], args[_N_OPTIONS] and args[_BIAS] is not None
-    sinks = opts[_SINKS]
+    opts = Options.of(args)
+    with_grad_bias = args[_N_OPTIONS] and opts.bias is not None
     if _HAS_EXCHANGE_API:
-        (scale, causal, alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, alibi,
-         dropout_p, rng_state) = opts
         to_logical = _to_logical(layout)
         logical = grad_out.permute(to_logical)
         readable = _readable(logical)
         if readable is not logical:  # copied: hand the copy over in layout axes
             grad_out = readable.permute([to_logical.index(axis) for axis in range(4)])
         grad_packed, grad_q, grad_sinks, grad_bias = _core._packed_backward_alloc(
-            packed, dim, to_logical, q, out, lse, grad_out, scale, causal, alignment, _window(left, right),
-            softcap, seqlens_q, seqlens_kv, sinks, deterministic, bias, with_grad_bias, alibi, dropout_p, rng_state)
+            packed, dim, to_logical, q, out, lse, grad_out, opts.scale, opts.causal, opts.causal_alignment,
+            _window(opts.window_left, opts.window_right), opts.softcap, opts.seqlens_q, opts.seqlens_kv, opts.sinks,
+            opts.deterministic, opts.bias, with_grad_bias, opts.alibi_slopes, opts.dropout_p, opts.rng_state)
         return (grad_packed, grad_q if grad_q is not None else _no_lse(packed),
                 grad_sinks if grad_sinks is not None else _no_lse(packed),
                 grad_bias if grad_bias is not None else _no_lse(packed))
@@ -96,7 +94,7 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *args):
     grad_q = _gradient_like(q) if q is not None else _no_lse(packed)
     sinks = _graded_sinks(opts)
     grad_sinks = _sinks_gradient_like(sinks, packed)
-    grad_bias = _bias_gradient_like(opts[_BIAS], with_grad_bias, packed)
+    grad_bias = _bias_gradient_like(opts.bias, with_grad_bias, packed)
     q_l, k_l, v_l = _unpack(packed, dim, q)
     dq_l, dk_l, dv_l = _unpack(grad_packed, dim, grad_q if q is not None else None)
     to_logical = _to_logical(layout)
@@ -108,9 +106,10 @@ def _packed_backward_impl(packed, dim, layout, q, out, lse, grad_out, *args):
 
 
 def _packed_backward_fake(packed, dim, layout, q, out, lse, grad_out, *args):
+    opts = Options.of(args)
     return (_gradient_like(packed), _gradient_like(q) if q is not None else _no_lse(packed),
-            _sinks_gradient_like(_graded_sinks(args), packed),
-            _bias_gradient_like(args[_BIAS], args[_N_OPTIONS], packed))
+            _sinks_gradient_like(_graded_sinks(opts), packed),
+            _bias_gradient_like(opts.bias, args[_N_OPTIONS], packed))
 
 
 _packed_attention_backward = _define(
@@ -134,7 +133,7 @@ class _PackedAttentionFunction(torch.autograd.Function):
                                     (packed, q, *(args[i] for i in _TENSOR_OPTIONS))))
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(packed, q, out, lse)
-        ctx.options = (dim, layout, args[:_N_OPTIONS])
+        ctx.options = (dim, layout, Options.of(args))
         ctx.eager = eager
         ctx.with_lse = args[_N_OPTIONS]
         return out, lse
@@ -147,8 +146,8 @@ class _PackedAttentionFunction(torch.autograd.Function):
                                "differentiate with")
         packed, q, out, lse = ctx.saved_tensors
         dim, layout, opts = ctx.options
-        wants_bias = ctx.needs_input_grad[5 + _BIAS]
-        _refuse_sinks_gradient_with_dropout(ctx.needs_input_grad[5 + _SINKS], opts)
+        wants_bias = ctx.needs_input_grad[5 + _AT_BIAS]
+        _refuse_sinks_gradient_with_dropout(ctx.needs_input_grad[5 + _AT_SINKS], opts)
         args = (packed, dim, layout, q, out, lse, grad_out, *opts, wants_bias)
         if ctx.eager and not _is_grad_enabled():
             grad_packed, grad_q, grad_sinks, grad_bias = _packed_backward_impl(*args)
@@ -160,8 +159,9 @@ class _PackedAttentionFunction(torch.autograd.Function):
 
 def _packed_forward_autograd(packed, dim, layout, q, *args):
     op_args = (packed, dim, layout, q, *args)
-    if _requires_grad(packed, q, args[_SINKS], args[_BIAS]):
-        _check_packed_backward(packed, dim, layout, q, args[:_N_OPTIONS])
+    opts = Options.of(args)
+    if _requires_grad(packed, q, opts.sinks, opts.bias):
+        _check_packed_backward(packed, dim, layout, q, opts)
         return _PackedAttentionFunction.apply(False, *op_args)
     return _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
                            (packed, q, *(args[i] for i in _TENSOR_OPTIONS)))
@@ -195,9 +195,9 @@ def _check_packed(packed, dim, layout, q) -> int:
     return dim
 
 
-def _check_packed_backward(packed, dim, layout, q, opts) -> None:
+def _check_packed_backward(packed, dim, layout, q, opts: Options) -> None:
     """_check_backward for a packed call: its q, k, v views in (b, h, s, d)."""
-    if opts[_BIAS] is not None or opts[_SINKS] is not None or opts[_DROPOUT]:
+    if opts.bias is not None or opts.sinks is not None or opts.dropout_p:
         perm = _to_logical(layout)
         q_l, k_l, v_l = (t.permute(perm) for t in _unpack(packed, dim, q))
         _check_backward(q_l, k_l, v_l, opts)

@@ -37,6 +37,7 @@ from stridedfa._torch_ops import (
     _window,
     _workspace,
 )
+from stridedfa._torch_options import VarlenOptions, schema, tensor_positions
 
 
 def _lse_like(q: torch.Tensor) -> torch.Tensor:
@@ -65,13 +66,10 @@ def _max(value: int):
     return value if value > 0 else None
 
 
-# Both operators take the options in one order (12 values): max_seqlen_q, max_seqlen_kv (0: bounded
-# by the token count), scale, causal, causal_alignment, window_left, window_right (-1: unbounded),
-# softcap, sinks, dropout_p, rng_state (drawn before the operator) and deterministic (the
-# backward's; the forward hands it on).
-_OPTIONS = ("int max_seqlen_q, int max_seqlen_kv, float? scale, bool causal, str causal_alignment, int window_left, "
-            "int window_right, float? softcap, Tensor? sinks, float dropout_p, Tensor? rng_state, bool deterministic")
-_SINKS, _RNG = 8, 10
+# Both operators take their options as one record after their tensors (VarlenOptions,
+# _torch_options.py: read by name; its fields are the schema).
+_OPTIONS = schema(VarlenOptions)
+_TENSOR_OPTIONS = tensor_positions(VarlenOptions)  # sinks, rng_state
 
 
 def _varlen_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale, causal,
@@ -109,14 +107,13 @@ def _varlen_backward_impl(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
 def _varlen_backward_into(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, grad_q, grad_k, grad_v, options):
     """The varlen backward into the given gradient buffers (grad_q dense, grad_k and grad_v
     token-major: see _varlen_backward_impl)."""
-    (max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window_left, window_right, softcap, sinks,
-     dropout_p, rng_state, deterministic) = options
+    opts = VarlenOptions.of(options)
     _core._backward(_raw(q.contiguous()), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q,
-                    grad_k, grad_v,
-                    scale, causal, causal_alignment, _stream(q), _workspace, _window(window_left, window_right),
-                    softcap, None, None, None if sinks is None else _raw(sinks), None, deterministic, None, None,
-                    None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-                    max_seqlen_q=_max(max_seqlen_q), max_seqlen_kv=_max(max_seqlen_kv))
+                    grad_k, grad_v, opts.scale, opts.causal, opts.causal_alignment, _stream(q), _workspace,
+                    _window(opts.window_left, opts.window_right), opts.softcap, None, None,
+                    None if opts.sinks is None else _raw(opts.sinks), None, opts.deterministic, None, None, None,
+                    opts.dropout_p, opts.rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                    max_seqlen_q=_max(opts.max_seqlen_q), max_seqlen_kv=_max(opts.max_seqlen_kv))
 
 
 def _varlen_backward_fake(grad_out, q, k, v, *args):
@@ -128,11 +125,12 @@ varlen_backward = _define(
     f"Tensor cu_seqlens_kv, {_OPTIONS}) -> (Tensor, Tensor, Tensor)", _varlen_backward_impl, _varlen_backward_fake)
 # Its tensors: grad_out, q, k, v, out, lse, the cu_seqlens, sinks and rng_state.
 _lib.impl("varlen_backward", _backward_kernel(varlen_backward, _varlen_backward_impl,
-                                              (0, 1, 2, 3, 4, 5, 6, 7, 8 + _SINKS, 8 + _RNG)), "Autograd")
+                                              (*range(8), *(8 + i for i in _TENSOR_OPTIONS))), "Autograd")
 
 
 def _forward_tensors(q, k, v, cu_seqlens_q, cu_seqlens_kv, options):
-    return q, k, v, cu_seqlens_q, cu_seqlens_kv, options[_SINKS], options[_RNG]
+    opts = VarlenOptions.of(options)
+    return q, k, v, cu_seqlens_q, cu_seqlens_kv, opts.sinks, opts.rng_state
 
 
 class _VarlenFunction(torch.autograd.Function):
@@ -242,14 +240,16 @@ def _check_max_seqlen(max_seqlen_q, max_seqlen_kv) -> None:
             raise ValueError(f"{name} must be in [1, 2**31) or None, got {value}")
 
 
-def _option_tuple(like, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap, sinks,
-                  dropout_p, deterministic) -> tuple:
-    """The operators' 12 options (_OPTIONS' order) from the entry points' keywords; dropout's
-    Philox state drawn on like's device."""
+def _varlen_options(like, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap, sinks,
+                  dropout_p, deterministic) -> VarlenOptions:
+    """The operators' options from the entry points' keywords; dropout's Philox state drawn on
+    like's device."""
     left, right = _bounds(window)
     rng_state = _draw_rng_state(like, dropout_p) if dropout_p > 0 else None
-    return (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment, left, right, softcap,
-            sinks, float(dropout_p), rng_state, bool(deterministic))
+    return VarlenOptions(max_seqlen_q=max_seqlen_q or 0, max_seqlen_kv=max_seqlen_kv or 0, scale=scale,
+                         causal=bool(causal), causal_alignment=causal_alignment, window_left=left, window_right=right,
+                         softcap=softcap, sinks=sinks, dropout_p=float(dropout_p), rng_state=rng_state,
+                         deterministic=bool(deterministic))
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -310,7 +310,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         # repeated to grouped heads, whose gradients autograd sums back into the one head
         heads = _mqa_repeat(q.shape[1])
         k, v = (t.expand(-1, heads, -1).contiguous() for t in (k, v))
-    options = _option_tuple(q, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap, sinks,
+    options = _varlen_options(q, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap, sinks,
                             dropout_p, deterministic)
     if _plain_eager(q, k, v):
         if _requires_grad(q, k, v):
@@ -362,6 +362,6 @@ def _packed_eager(packed, dim, q, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max
     """varlen_packed_attention's eager training path (sinks None and return_lse False: checked by
     the caller)."""
     _check_max_seqlen(max_seqlen_q, max_seqlen_kv)
-    options = _option_tuple(packed, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap,
+    options = _varlen_options(packed, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap,
                             None, dropout_p, deterministic)
     return _eager_varlen_packed(packed, dim, q, cu_seqlens_q, cu_seqlens_kv, *options)[0]

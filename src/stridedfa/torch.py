@@ -29,7 +29,8 @@ from stridedfa._torch_context_parallel import context_parallel_attention, shard_
 
 # The operators behind attention, their fake and autograd kernels, and the helpers every operator
 # shares, live in _torch_ops (importing it registers torch.ops.stridedfa); packed, paged-KV and
-# variable-length attention have their own operators in _torch_packed, _torch_paged, _torch_varlen.
+# variable-length attention have their own operators in _torch_packed, _torch_paged, _torch_varlen;
+# their options are one record each (_torch_options).
 from stridedfa._torch_ops import (
     _attention_forward,
     _attention_inference,
@@ -43,6 +44,7 @@ from stridedfa._torch_ops import (
     _is_grad_enabled,
     _plain_eager,
 )
+from stridedfa._torch_options import Options
 from stridedfa._torch_packed import (
     _check_packed,
     _check_packed_backward,
@@ -146,8 +148,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
                                   seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, dropout_p, rng_state)
         return (out, lse) if return_lse else out
     left, right = _bounds(window)
-    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
-            bias, alibi_slopes, float(dropout_p), rng_state)
+    opts = Options(scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks,
+                   deterministic, bias, alibi_slopes, float(dropout_p), rng_state)  # in its fields' order
     if needs_grad and _plain_eager(q, k, v):
         _check_backward(q, k, v, opts)  # the operator's Autograd kernel checks the other paths
         return _eager_attention(q, k, v, sinks, bias, opts, return_lse)
@@ -205,8 +207,8 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     dim = _check_packed(packed, dim, layout, q)
     left, right = _bounds(window)
     rng_state = _draw_rng_state(packed, dropout_p) if dropout_p else None
-    opts = (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks, deterministic,
-            bias, alibi_slopes, float(dropout_p), rng_state)
+    opts = Options(scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks,
+                   deterministic, bias, alibi_slopes, float(dropout_p), rng_state)  # in its fields' order
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad)
                                               or (sinks is not None and sinks.requires_grad)
                                               or (bias is not None and bias.requires_grad))
