@@ -516,8 +516,16 @@ def test_lowering_uses_inference_target_and_typed_attributes(sj, jax):
     f = jax.jit(lambda q, k, v: sj.attention(q, k, v, scale=0.3, causal=True, causal_alignment="bottom_right"))
     calls = _custom_calls(f.lower(q, kv, kv).as_text())
     assert len(calls) == 1 and "@stridedfa_sdpa_forward_inference(" in calls[0], calls
-    for attribute in ("causal = true", "causal_alignment = 1 : i64", "has_scale = true", "layout = 0 : i64",
-                      "scale = 3.000000e-01 : f64"):
+    # The options travel as one dictionary of the core's SdpaOptions fields (the handlers decode the
+    # same list, STRIDEDFA_SDPA_OPTION_FIELDS), typed as the handlers read them.
+    options = calls[0][calls[0].index("options = {"):]
+    options = options[:options.index("}")]
+    for attribute in ("causal = true", "alignment = 1 : i64", "has_scale = true", "scale = 3.000000e-01 : f64",
+                      "window_left = -1 : i64", "softcap = 0.000000e+00 : f64", "dropout_p = 0.000000e+00 : f64",
+                      "deterministic = false", "max_seqlen_q = 0 : i64", "max_seqlen_kv = 0 : i64"):
+        assert attribute in options, calls[0]
+    assert re.findall(r"(\w+) = ", options[len("options = {"):]) == sorted(_core._sdpa_options())  # every field
+    for attribute in ("layout = 0 : i64", "optional_operands = 0 : i64"):
         assert attribute in calls[0], calls[0]
 
 
@@ -1428,8 +1436,14 @@ def test_handlers_decode_every_operand_and_attribute(sj):
             wanted = sinks if sinks_wanted is None else sinks_wanted
             residuals = (q, k, v, lengths, sinks, wanted, bias, bias_wanted, slopes, rng, out, lse)
             return sj._attention_bwd(options, residuals, out)
-        def wrong_attribute_type(q, k, v):
-            attributes = dict(options.attributes(), scale=np.float32(0.5))
+        def wrong_attribute_type(q, k, v):  # one option's type, as the handlers decode the options
+            attributes = options.attributes()
+            attributes["options"] = dict(attributes["options"], scale=np.float32(0.5))
+            return jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))(
+                q, k, v, **attributes)
+        def missing_option(q, k, v):
+            attributes = options.attributes()
+            del attributes["options"]["softcap"]
             return jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))(
                 q, k, v, **attributes)
         calls = {
@@ -1463,6 +1477,7 @@ def test_handlers_decode_every_operand_and_attribute(sj):
             "backward_all_dropout": lambda q, k, v: backward(q, k, v, lengths, dropout_all, (), bias, (), slopes,
                                                              state),
             "control": wrong_attribute_type,
+            "control_missing": missing_option,
         }
         for name, f in calls.items():
             try:
@@ -1481,13 +1496,17 @@ def test_handlers_decode_every_operand_and_attribute(sj):
                "backward_constant_bias", "forward_all", "backward_all", "inference_alibi", "forward_alibi",
                "backward_alibi", "forward_all_alibi", "backward_all_alibi", "inference_dropout", "forward_dropout",
                "backward_dropout", "forward_all_dropout", "backward_all_dropout")
-    assert set(lines) == {*decoded, "control"}, result.stdout
+    assert set(lines) == {*decoded, "control", "control_missing"}, result.stdout
     for name in decoded:
         assert "bad operands at: 0)" in lines[name], (name, lines[name])
         assert "platform stream" in lines[name], (name, lines[name])
-    # The control passes scale as f32: decoding must report that attribute too (operand 8: after
-    # 3 contexts, 3 arguments, the remaining arguments and 1 result, scale is the first attribute).
+    # The controls pass the option scale as f32, and no softcap: decoding must report the options
+    # attribute too (operand 8: after 3 contexts, 3 arguments, the remaining arguments and 1 result,
+    # options is the first attribute), naming the field.
     assert "bad operands at: 0, 8)" in lines["control"], lines["control"]
+    assert "options.scale" in lines["control"], lines["control"]
+    assert "bad operands at: 0, 8)" in lines["control_missing"], lines["control_missing"]
+    assert "options.softcap" in lines["control_missing"], lines["control_missing"]
 
 
 def test_what_the_plan_refuses_is_refused_while_tracing():

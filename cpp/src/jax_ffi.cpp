@@ -4,6 +4,7 @@
 #include "stridedfa/jax_ffi.hpp"
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,38 @@
 struct CUstream_st;
 
 namespace ffi = xla::ffi;
+
+// The handlers' `options` attribute, decoded by XLA into the core's SdpaOptions: a dictionary of
+// its fields by name (the one list, STRIDEDFA_SDPA_OPTION_FIELDS), as stridedfa.jax encodes the
+// core's own parse of them. Decoded with the other arguments, so a missing field or a wrong type is
+// reported by XLA's decoding, before the handler runs; values are checked by the validator, as
+// every entry point's are.
+namespace xla::ffi {
+template <>
+struct AttrDecoding<stridedfa::SdpaOptions> {
+  using Type = stridedfa::SdpaOptions;
+  static std::optional<Type> Decode(XLA_FFI_AttrType type, void* attr, DiagnosticEngine& diagnostic) {
+    if (type != XLA_FFI_AttrType_DICTIONARY) {
+      diagnostic.Emit("options: expected a dictionary of the call's options");
+      return std::nullopt;
+    }
+    const Dictionary fields(reinterpret_cast<XLA_FFI_Attrs*>(attr));
+    Type options;
+    bool decoded = true;
+#define STRIDEDFA_DECODE(wire, field)                                   \
+  if (auto value = fields.get<wire>(#field); value.has_value()) {       \
+    options.field = static_cast<decltype(options.field)>(*value);       \
+  } else {                                                              \
+    diagnostic.Emit("options." #field ": ") << value.error().message(); \
+    decoded = false;                                                    \
+  }
+    STRIDEDFA_SDPA_OPTION_FIELDS(STRIDEDFA_DECODE)
+#undef STRIDEDFA_DECODE
+    if (!decoded) return std::nullopt;
+    return options;
+  }
+};
+}  // namespace xla::ffi
 
 namespace stridedfa::jax_ffi {
 namespace {
@@ -262,40 +295,6 @@ TensorView stats_of(const char* name, const ffi::AnyBuffer& buffer, ArrayLayout 
               reinterpret_cast<std::uintptr_t>(buffer.untyped_data()));
 }
 
-struct Attrs {
-  double scale;
-  bool has_scale;
-  bool causal;
-  int64_t causal_alignment;
-  int64_t window_left, window_right;
-  double softcap;
-  bool deterministic;
-  int64_t layout;
-  int64_t optional_operands;  // OptionalOperand bits
-  double dropout_p;
-  int64_t max_seqlen_q, max_seqlen_kv;  // variable-length calls: 0 bounded by the token count
-};
-
-SdpaOptions options_of(const Attrs& a) {
-  if (a.causal_alignment != 0 && a.causal_alignment != 1) {
-    throw LayoutError("unknown causal_alignment code " + std::to_string(a.causal_alignment) +
-                      " (0: top_left, 1: bottom_right)");
-  }
-  SdpaOptions o;
-  o.has_scale = a.has_scale;
-  o.scale = a.scale;
-  o.causal = a.causal;
-  o.alignment = static_cast<CausalAlignment>(a.causal_alignment);
-  o.window_left = a.window_left;
-  o.window_right = a.window_right;
-  o.softcap = a.softcap;
-  o.deterministic = a.deterministic;
-  o.dropout_p = a.dropout_p;
-  o.max_seqlen_q = a.max_seqlen_q;
-  o.max_seqlen_kv = a.max_seqlen_kv;
-  return o;
-}
-
 // How many trailing arguments the OptionalOperand bits `present` announce.
 int64_t count_optional(int64_t present, bool backward) {
   const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias | kWithGradSinks : 0) |
@@ -415,17 +414,18 @@ ffi::Error current_error() noexcept {
 
 ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch, const ffi::AnyBuffer& q,
                    const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::RemainingArgs& rest,
-                   ffi::AnyBuffer& out, const ffi::AnyBuffer* lse, const Attrs& attrs) noexcept {
+                   ffi::AnyBuffer& out, const ffi::AnyBuffer* lse, const SdpaOptions& options, int64_t array_layout,
+                   int64_t optional_operands) noexcept {
   try {
-    const auto layout = static_cast<ArrayLayout>(attrs.layout);
+    const auto layout = static_cast<ArrayLayout>(array_layout);
     CallOperands call;
     call.slot[kQ] = array_of("q", q, layout, device);
     call.slot[kK] = array_of("k", k, layout, device);
     call.slot[kV] = array_of("v", v, layout, device);
     call.slot[kO] = array_of("out", out, layout, device);
     if (lse) call.slot[kLse] = stats_of("lse", *lse, layout, device);
-    read_rest(rest, attrs.optional_operands, false, q, device, call);
-    launch(prepare_call(call, options_of(attrs)), stream, scratch);
+    read_rest(rest, optional_operands, false, q, device, call);
+    launch(prepare_call(call, options), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
     return current_error();
@@ -434,24 +434,16 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
 
 ffi::Error forward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                         ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> out,
-                        ffi::Result<ffi::AnyBuffer> lse, double scale, bool has_scale, bool causal,
-                        int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
-                        bool deterministic, int64_t layout, int64_t optional_operands, double dropout_p,
-                        int64_t max_seqlen_q, int64_t max_seqlen_kv) {
-  return forward(stream, device, scratch, q, k, v, rest, *out, &*lse,
-                 {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout,
-                  optional_operands, dropout_p, max_seqlen_q, max_seqlen_kv});
+                        ffi::Result<ffi::AnyBuffer> lse, SdpaOptions options, int64_t layout,
+                        int64_t optional_operands) {
+  return forward(stream, device, scratch, q, k, v, rest, *out, &*lse, options, layout, optional_operands);
 }
 
 ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                                   ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs rest,
-                                  ffi::Result<ffi::AnyBuffer> out, double scale, bool has_scale, bool causal,
-                                  int64_t causal_alignment, int64_t window_left, int64_t window_right, double softcap,
-                                  bool deterministic, int64_t layout, int64_t optional_operands, double dropout_p,
-                                  int64_t max_seqlen_q, int64_t max_seqlen_kv) {
-  return forward(stream, device, scratch, q, k, v, rest, *out, nullptr,
-                 {scale, has_scale, causal, causal_alignment, window_left, window_right, softcap, deterministic, layout,
-                  optional_operands, dropout_p, max_seqlen_q, max_seqlen_kv});
+                                  ffi::Result<ffi::AnyBuffer> out, SdpaOptions options, int64_t layout,
+                                  int64_t optional_operands) {
+  return forward(stream, device, scratch, q, k, v, rest, *out, nullptr, options, layout, optional_operands);
 }
 
 // The backward's trailing result `i` (the sinks' or the bias' gradient).
@@ -465,9 +457,7 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
                          ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                          ffi::AnyBuffer grad_out, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> grad_q,
                          ffi::Result<ffi::AnyBuffer> grad_k, ffi::Result<ffi::AnyBuffer> grad_v,
-                         ffi::RemainingRets more, double scale, bool has_scale, bool causal, int64_t causal_alignment,
-                         int64_t window_left, int64_t window_right, double softcap, bool deterministic, int64_t layout,
-                         int64_t optional_operands, double dropout_p, int64_t max_seqlen_q, int64_t max_seqlen_kv) {
+                         ffi::RemainingRets more, SdpaOptions options, int64_t layout, int64_t optional_operands) {
   try {
     const auto array_layout = static_cast<ArrayLayout>(layout);
     CallOperands call;
@@ -502,33 +492,21 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     if (with_bias) {
       call.slot[kGradBias] = bias_of("grad_bias", result_at(more, next++, "grad_bias"), q, call.slot[kQ], device);
     }
-    const Attrs attrs{scale,        has_scale,    causal,        causal_alignment, window_left,
-                      window_right, softcap,      deterministic, layout,           optional_operands,
-                      dropout_p,    max_seqlen_q, max_seqlen_kv};
-    launch(prepare_call(call, options_of(attrs)), stream, scratch);
+    launch(prepare_call(call, options), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
     return current_error();
   }
 }
 
-// The attributes every handler takes, in the order of the *_impl parameters.
+// The attributes every handler takes, in the order of the *_impl parameters: the call's options
+// (a dictionary, see AttrDecoding<SdpaOptions> above), the arrays' layout and the optional operands given.
 template <typename Binding>
 auto with_attrs(Binding binding) {
   return std::move(binding)
-      .template Attr<double>("scale")
-      .template Attr<bool>("has_scale")
-      .template Attr<bool>("causal")
-      .template Attr<int64_t>("causal_alignment")
-      .template Attr<int64_t>("window_left")
-      .template Attr<int64_t>("window_right")
-      .template Attr<double>("softcap")
-      .template Attr<bool>("deterministic")
+      .template Attr<SdpaOptions>("options")
       .template Attr<int64_t>("layout")
-      .template Attr<int64_t>("optional_operands")
-      .template Attr<double>("dropout_p")
-      .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<int64_t>("max_seqlen_kv");
+      .template Attr<int64_t>("optional_operands");
 }
 
 // The execution context every handler takes: XLA's stream, the device ordinal, its scratch memory.

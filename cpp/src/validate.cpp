@@ -292,6 +292,11 @@ Problem validate_call(const CallOperands& call) {
 
 void validate_options(const SdpaOptions& options, const Problem& p) {
   (void)p;
+  // Only a boundary that carries the options as codes (the JAX handlers' attribute) can get this wrong.
+  if (options.alignment != CausalAlignment::top_left && options.alignment != CausalAlignment::bottom_right) {
+    throw LayoutError("unknown causal_alignment code " + std::to_string(static_cast<int64_t>(options.alignment)) +
+                      " (0: top_left, 1: bottom_right)");
+  }
   if (options.has_scale && !std::isfinite(options.scale)) {
     throw LayoutError("scale must be a finite number, got " + std::to_string(options.scale));
   }

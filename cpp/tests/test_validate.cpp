@@ -2,6 +2,8 @@
 // launch, with a typed error that names the tensor, and accepts what cuDNN can read as given.
 #include <doctest/doctest.h>
 
+#include <string>
+
 #include "stridedfa/errors.hpp"
 #include "stridedfa/layout_rules.hpp"
 #include "stridedfa/validate.hpp"
@@ -120,6 +122,31 @@ TEST_CASE("the options' rules: a finite scale, non-negative window bounds, a pos
   options = SdpaOptions{};
   options.softcap = -1.0;
   CHECK_THROWS_WITH_AS(validate_options(options, p), doctest::Contains("softcap"), LayoutError);
+  options = SdpaOptions{};
+  options.alignment = static_cast<CausalAlignment>(2);  // a code from the JAX handlers' attribute
+  CHECK_THROWS_WITH_AS(validate_options(options, p), doctest::Contains("causal_alignment code 2"), LayoutError);
+}
+
+TEST_CASE("option_fields names every option with its wire type and value, in the list's order") {
+  SdpaOptions options;
+  options.has_scale = true;
+  options.scale = 0.125;
+  options.alignment = CausalAlignment::bottom_right;
+  options.window_left = 7;
+  options.max_seqlen_kv = 4096;
+  const auto fields = option_fields(options);
+  REQUIRE(fields.size() == 11);
+  std::string names;
+  for (const auto& f : fields) names += std::string(f.name) + f.type + " ";
+  CHECK(names ==
+        "has_scaleb scaled causalb alignmenti window_lefti window_righti deterministicb softcapd dropout_pd "
+        "max_seqlen_qi max_seqlen_kvi ");
+  CHECK(fields[0].integer == 1);
+  CHECK(fields[1].real == 0.125);
+  CHECK(fields[3].integer == 1);
+  CHECK(fields[4].integer == 7);
+  CHECK(fields[5].integer == SdpaOptions::kUnbounded);
+  CHECK(fields[10].integer == 4096);
 }
 
 TEST_CASE("a backward's gradients must match their inputs and not alias them") {

@@ -44,7 +44,7 @@ from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOper
                              kWithSinks, OptionalOperand,  # no-cython-lint
                              length_bucket, libraries_loaded, OperandInfo, OperandKind,  # no-cython-lint
                              output_layout, OutputLayout,  # no-cython-lint
-                             own_workspace_allocations,  # no-cython-lint
+                             option_fields, OptionField, own_workspace_allocations,  # no-cython-lint
                              plan_store, PlanStore, PlanStoreStats,  # no-cython-lint
                              pool_stats, PoolStats, prepare_call, PreparedCall,  # no-cython-lint
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint

@@ -78,6 +78,14 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         int64_t max_seqlen_q
         int64_t max_seqlen_kv
 
+    cdef struct OptionField:
+        const char* name
+        char type
+        double real
+        int64_t integer
+
+    vector[OptionField] option_fields(const SdpaOptions& options) except +raise_core_error
+
     cdef enum class Role(int32_t):
         absent
         input

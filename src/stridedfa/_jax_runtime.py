@@ -55,7 +55,6 @@ jnp = jax.numpy
 
 
 _LAYOUTS = {"bshd": 0, "bhsd": 1}  # the handlers' `layout` attribute (cpp/include/stridedfa/jax_ffi.hpp)
-_ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
 _DTYPES = ("float16", "bfloat16")
 _FORWARD = "stridedfa_sdpa_forward"  # (q, k, v) -> (out, lse)
 _FORWARD_INFERENCE = "stridedfa_sdpa_forward_inference"  # (q, k, v) -> out
@@ -91,29 +90,26 @@ class _Options:
     dropout_p: float = 0.0  # > 0: an rng_state operand follows the others
 
     def attributes(self, optional_operands: int = 0) -> dict[str, Any]:
-        # Typed numpy scalars fix the attribute types the handlers decode (f64, bool, i64).
-        left, right = (None, None) if self.window is None else self.window
-        return {
-            "scale": np.float64(0.0 if self.scale is None else self.scale),
-            "has_scale": np.bool_(self.scale is not None),
-            "causal": np.bool_(self.causal),
-            "causal_alignment": np.int64(_ALIGNMENTS[self.causal_alignment]),
-            "window_left": np.int64(-1 if left is None else left),
-            "window_right": np.int64(-1 if right is None else right),
-            "softcap": np.float64(0.0 if self.softcap is None else self.softcap),
-            "deterministic": np.bool_(self.deterministic),
-            "layout": np.int64(_LAYOUTS[self.layout]),
-            "optional_operands": np.int64(optional_operands),
-            "dropout_p": np.float64(self.dropout_p),
-            "max_seqlen_q": np.int64(0),  # variable-length calls only (stridedfa._jax_varlen)
-            "max_seqlen_kv": np.int64(0),
-        }
+        return _attributes(self.core_options(), _LAYOUTS[self.layout], optional_operands)
 
     def core_options(self) -> dict[str, Any]:
         """The options as the core's validation takes them."""
         return {"scale": self.scale, "causal": self.causal, "causal_alignment": self.causal_alignment,
                 "window": self.window, "softcap": self.softcap, "deterministic": self.deterministic,
                 "dropout_p": self.dropout_p}
+
+
+# Typed NumPy scalars fix the attribute types the handlers decode (bool, f64, i64).
+_WIRE_TYPES = {bool: np.bool_, float: np.float64, int: np.int64}
+
+
+def _attributes(core_options: dict[str, Any], layout: int, optional_operands: int) -> dict[str, Any]:
+    """The handlers' attributes: `options`, the core's own parse of the call's options as the
+    fields of its SdpaOptions by name (_core._sdpa_options; the handlers decode the same field
+    list), the arrays' `layout` code and the `optional_operands` bits of the operands given."""
+    fields = _core._sdpa_options(**core_options)
+    return {"options": {name: _WIRE_TYPES[type(value)](value) for name, value in fields.items()},
+            "layout": np.int64(layout), "optional_operands": np.int64(optional_operands)}
 
 
 def _rng_state(key):
@@ -136,36 +132,21 @@ def _window(window):
 
 def _options(layout, scale, causal, causal_alignment, window=None, deterministic=False, padded=False,
              softcap=None, dropout_p=0.0) -> _Options:
+    """The static options of a call, parsed once by the core (_core._sdpa_options: its rules and
+    words); what is JAX's own is only that they are compiled into the call, so never traced."""
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be 'bshd' or 'bhsd', got {layout!r}")
-    if causal_alignment not in _ALIGNMENTS:
-        raise ValueError(f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}")
-    if scale is not None:
-        if isinstance(scale, jax.core.Tracer):
-            raise TypeError("scale must be a Python number: it is compiled into the call, so it cannot be "
-                            "a traced value (pass it as a static argument of jax.jit)")
-        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
-            raise TypeError(f"scale must be a number or None, got {type(scale).__name__}")
-        scale = float(scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be a finite number, got {scale}")
-    if softcap is not None:
-        if isinstance(softcap, jax.core.Tracer):
-            raise TypeError("softcap must be a Python number: it is compiled into the call")
-        if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
-            raise TypeError(f"softcap must be a number or None, got {type(softcap).__name__}")
-        softcap = float(softcap)
-        if not (softcap > 0 and math.isfinite(softcap)):
-            raise ValueError(f"softcap must be a positive finite number (None: no cap), got {softcap}")
-    if isinstance(dropout_p, jax.core.Tracer):
-        raise TypeError("dropout_p must be a Python number: it is compiled into the call")
-    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, (int, float, np.integer, np.floating)):
-        raise TypeError(f"dropout_p must be a number in [0, 1), got {type(dropout_p).__name__}")
-    dropout_p = float(dropout_p)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p}")
-    return _Options(layout, scale, bool(causal), causal_alignment, _window(window), softcap, bool(deterministic),
-                    bool(padded), dropout_p)
+    for name, value in (("scale", scale), ("softcap", softcap), ("dropout_p", dropout_p)):
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(f"{name} must be a Python number: it is compiled into the call, so it cannot be a "
+                            f"traced value (pass it as a static argument of jax.jit)")
+    parsed = _core._sdpa_options(scale=scale, causal=causal, causal_alignment=causal_alignment, window=window,
+                                 softcap=softcap, deterministic=deterministic, dropout_p=dropout_p)
+    if parsed["has_scale"] and not math.isfinite(parsed["scale"]):  # the validator's rule, asked before tracing on
+        raise ValueError(f"scale must be a finite number, got {parsed['scale']}")
+    return _Options(layout, float(parsed["scale"]) if parsed["has_scale"] else None, bool(parsed["causal"]),
+                    causal_alignment, _window(window), float(parsed["softcap"]) or None, bool(parsed["deterministic"]),
+                    bool(padded), float(parsed["dropout_p"]))
 
 
 def _check_devices(*arrays) -> None:

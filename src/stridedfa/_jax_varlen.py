@@ -23,6 +23,7 @@ from stridedfa._jax_runtime import (
     _FORWARD,
     _WITH_CU_SEQLENS,
     _WITH_RNG_STATE,
+    _attributes,
     _check_devices,
     _ensure_runtime,
     _Options,
@@ -31,6 +32,7 @@ from stridedfa._jax_runtime import (
     jax,
     jnp,
 )
+from stridedfa._quirk_workarounds import varlen_backward_kv_heads
 
 _THD = 2  # the handlers' `layout` code for (tokens, heads, head_dim) arrays
 
@@ -45,8 +47,7 @@ class _VarlenOptions:
     max_seqlen_kv: int
 
     def attributes(self, optional_operands: int) -> dict[str, Any]:
-        return dict(self.base.attributes(optional_operands), layout=np.int64(_THD),
-                    max_seqlen_q=np.int64(self.max_seqlen_q), max_seqlen_kv=np.int64(self.max_seqlen_kv))
+        return _attributes(self.core_options(), _THD, optional_operands)
 
     def core_options(self) -> dict[str, Any]:
         return dict(self.base.core_options(), max_seqlen_q=self.max_seqlen_q or None,
@@ -91,10 +92,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
                     dropout_p=dropout_p)
     options = _VarlenOptions(base, int(max_seqlen_q or 0), int(max_seqlen_kv or 0))
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
-    if k.ndim == 3 and q.ndim == 3 and k.shape[1] == 1 < q.shape[1]:
-        # cuDNN quirk varlen_backward_mqa_dk (the core refuses MQA's varlen backward): k and
-        # v repeated to grouped heads, whose cotangents JAX sums back into the one head
-        heads = 2 if q.shape[1] % 2 == 0 else q.shape[1]
+    heads = varlen_backward_kv_heads(q.shape[1], k.shape[1]) if k.ndim == 3 and q.ndim == 3 else None
+    if heads is not None and heads != k.shape[1]:
+        # k and v repeated (quirk varlen_backward_mqa_dk); JAX sums the heads' cotangents back
         k, v = jnp.repeat(k, heads, axis=1), jnp.repeat(v, heads, axis=1)
     cu_q, cu_kv = jnp.asarray(cu_seqlens_q), jnp.asarray(cu_seqlens_kv)
     rng_state: tuple = ()

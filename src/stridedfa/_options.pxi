@@ -30,14 +30,19 @@ def _window_bounds(window):
     return window_bound(window[0], b"left"), window_bound(window[1], b"right")
 
 
+cdef bint is_number(object value):
+    """A real number of any producer's kind (Python, NumPy, a 0-d array), never a bool or a string."""
+    return not isinstance(value, bool) and type(value).__name__ != "bool_" and hasattr(type(value), "__float__")
+
+
 cdef int parse_options(object scale, object causal, object causal_alignment, object window,
                        object softcap, object deterministic, object dropout_p, SdpaOptions* options) except -1:
     """The one parse of a call's options (every entry point goes through it)."""
     if scale is None:
         options.has_scale = False
     else:
-        if isinstance(scale, bool):
-            raise TypeError("scale must be a number, got bool")
+        if not is_number(scale):
+            raise TypeError(f"scale must be a number or None, got {type(scale).__name__}")
         options.has_scale = True
         options.scale = float(scale)
     options.causal = bool(causal)
@@ -52,13 +57,13 @@ cdef int parse_options(object scale, object causal, object causal_alignment, obj
     if softcap is None:
         options.softcap = 0.0
     else:
-        if isinstance(softcap, bool):
-            raise TypeError("softcap must be a number or None, got bool")
+        if not is_number(softcap):
+            raise TypeError(f"softcap must be a number or None, got {type(softcap).__name__}")
         options.softcap = float(softcap)
         if not 1.1754943508222875e-38 <= options.softcap <= 3.4028234663852886e38:  # a float32 > 0
             raise ValueError(f"softcap must be a positive finite float32 (None: no cap), got {softcap!r}")
-    if isinstance(dropout_p, bool) or dropout_p is None:
-        raise TypeError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if not is_number(dropout_p):
+        raise TypeError(f"dropout_p must be a number in [0, 1), got {type(dropout_p).__name__}")
     options.dropout_p = float(dropout_p)
     if not 0.0 <= options.dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p!r}")
@@ -84,3 +89,27 @@ cdef int parse_max_seqlen(object max_seqlen_q, object max_seqlen_kv, SdpaOptions
         values[side] = value
     options.max_seqlen_q, options.max_seqlen_kv = values[0], values[1]
     return 0
+
+
+def _sdpa_options(scale=None, causal=False, causal_alignment="top_left", window=None, softcap=None,
+                  deterministic=False, dropout_p=0.0, max_seqlen_q=None, max_seqlen_kv=None):
+    """The one parse of a call's options, as the core's SdpaOptions fields by name (option_fields,
+    sdpa_types.hpp): bool, float or int values. stridedfa.jax sends them as its handlers' `options`
+    attribute, which the handlers decode with the same field list."""
+    cdef SdpaOptions options
+    cdef vector[OptionField] listed
+    cdef OptionField field
+    parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
+    listed = option_fields(options)
+    fields = {}
+    for i in range(listed.size()):
+        field = listed[i]
+        name = field.name.decode()
+        if field.type == c'd':
+            fields[name] = field.real
+        elif field.type == c'b':
+            fields[name] = field.integer != 0
+        else:
+            fields[name] = field.integer
+    return fields

@@ -99,14 +99,11 @@ enum OptionalOperand : int64_t {
 };
 
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
-// scale (f64), has_scale (bool: false means 1 / sqrt(d_qk)), causal (bool), causal_alignment
-// (i64: 0 top_left, 1 bottom_right), window_left and window_right (i64, -1: unbounded), softcap
-// (f64, 0: none), deterministic (bool), layout (i64: ArrayLayout), optional_operands (i64: the
-// OptionalOperand bits of the trailing arguments given), dropout_p (f64, 0: none; > 0 needs
-// rng_state), max_seqlen_q and max_seqlen_kv (i64, variable-length calls; 0: bounded by the tokens). Each takes the
-// optional trailing arguments (seqlens_q, seqlens_kv) (padding lengths), sinks, bias, alibi_slopes and rng_state. (q,
-// k, v[, seqlens_q, seqlens_kv][, sinks][, bias][, alibi_slopes][, rng_state][, cu_seqlens_q, cu_seqlens_kv]
-// [, block_table]) -> (out, lse)
+// options (a dictionary of SdpaOptions' fields by name and wire type, STRIDEDFA_SDPA_OPTION_FIELDS
+// in sdpa_types.hpp: what _core._sdpa_options gives for the call), layout (i64: ArrayLayout) and
+// optional_operands (i64: the OptionalOperand bits of the trailing arguments given). Each takes the
+// optional trailing arguments in this order: (q, k, v[, seqlens_q, seqlens_kv][, sinks][, bias]
+// [, alibi_slopes][, rng_state][, cu_seqlens_q, cu_seqlens_kv][, block_table]) -> (out, lse)
 void* forward_handler();
 void* forward_inference_handler();  // (q, k, v[, ...]) -> (out): no statistics (cuDNN's inference graph)
 // (q, k, v, out, lse, grad_out[, ...]) -> (grad_q, grad_k, grad_v[, grad_sinks][, grad_bias])

@@ -3,7 +3,10 @@
 // glue can use it without including them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "stridedfa/tensor_view.hpp"
 
@@ -36,6 +39,67 @@ struct SdpaOptions {
   int64_t right_bound() const { return causal ? 0 : window_right; }
   int64_t left_bound() const { return window_left; }
 };
+
+// SdpaOptions' fields by name, for boundaries that carry them as named scalars instead of this
+// struct: the JAX handlers' `options` attribute (jax_ffi.cpp decodes it) and Python's view of a
+// parse (option_fields below, which stridedfa.jax encodes). X(wire type, field), the wire type
+// bool, double or int64_t (an enum travels as its code). Every field, in declaration order: the
+// static_asserts below fail otherwise.
+#define STRIDEDFA_SDPA_OPTION_FIELDS(X) \
+  X(bool, has_scale)                    \
+  X(double, scale)                      \
+  X(bool, causal)                       \
+  X(int64_t, alignment)                 \
+  X(int64_t, window_left)               \
+  X(int64_t, window_right)              \
+  X(bool, deterministic)                \
+  X(double, softcap)                    \
+  X(double, dropout_p)                  \
+  X(int64_t, max_seqlen_q)              \
+  X(int64_t, max_seqlen_kv)
+
+namespace detail {
+// SdpaOptions' member types in the list's order: its size and offsets match only if the list
+// names every field, in order.
+struct SdpaOptionsAsListed {
+#define STRIDEDFA_AS_LISTED(wire, field) decltype(SdpaOptions::field) field;
+  STRIDEDFA_SDPA_OPTION_FIELDS(STRIDEDFA_AS_LISTED)
+#undef STRIDEDFA_AS_LISTED
+};
+}  // namespace detail
+static_assert(sizeof(detail::SdpaOptionsAsListed) == sizeof(SdpaOptions),
+              "STRIDEDFA_SDPA_OPTION_FIELDS must list every field of SdpaOptions");
+#define STRIDEDFA_SAME_OFFSET(wire, field)                                                    \
+  static_assert(offsetof(detail::SdpaOptionsAsListed, field) == offsetof(SdpaOptions, field), \
+                "STRIDEDFA_SDPA_OPTION_FIELDS must list SdpaOptions' fields in order: " #field);
+STRIDEDFA_SDPA_OPTION_FIELDS(STRIDEDFA_SAME_OFFSET)
+#undef STRIDEDFA_SAME_OFFSET
+
+// One field of a parsed SdpaOptions by name, with its wire type ('b' bool, 'd' double, 'i' int64).
+struct OptionField {
+  const char* name;
+  char type;
+  double real;      // 'd'
+  int64_t integer;  // 'b' (0 or 1) and 'i'
+};
+
+template <typename Wire, typename Field>
+OptionField option_field(const char* name, Field value) {
+  if constexpr (std::is_same_v<Wire, double>) {
+    return {name, 'd', static_cast<double>(value), 0};
+  } else {
+    return {name, std::is_same_v<Wire, bool> ? 'b' : 'i', 0.0, static_cast<int64_t>(value)};
+  }
+}
+
+// Every field of `options`, in the list's order.
+inline std::vector<OptionField> option_fields(const SdpaOptions& options) {
+  std::vector<OptionField> fields;
+#define STRIDEDFA_FIELD(wire, field) fields.push_back(option_field<wire>(#field, options.field));
+  STRIDEDFA_SDPA_OPTION_FIELDS(STRIDEDFA_FIELD)
+#undef STRIDEDFA_FIELD
+  return fields;
+}
 
 enum class GraphOp : int64_t { forward = 1, backward = 2 };
 
