@@ -20,6 +20,7 @@ import torch
 
 from stridedfa import _core
 from stridedfa._errors import UnsupportedError
+from stridedfa._quirk_workarounds import varlen_backward_kv_heads
 from stridedfa._torch_ops import (
     _backward_kernel,
     _below_autograd,
@@ -54,12 +55,6 @@ def _cudnn_version() -> int:
     """The cuDNN this process runs (loaded on first use, as the first call would)."""
     _core._load_libraries()
     return _core._runtime_versions()["cudnn"]
-
-
-def _mqa_repeat(h_q: int) -> int:
-    """How many heads MQA's one key/value head is repeated to for a varlen backward: two (grouped
-    heads, verified right) where they divide the query heads, else as many as those."""
-    return 2 if h_q % 2 == 0 else h_q
 
 
 def _max(value: int):
@@ -305,10 +300,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                    "versions read out of bounds there), also fixed sinks; run with sinks under "
                                    "torch.no_grad(), or use attention() on padded tensors with seqlens_q / "
                                    "seqlens_kv.")
-    if k.shape[1] == 1 < q.shape[1] and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        # cuDNN quirk varlen_backward_mqa_dk (the core refuses MQA's varlen backward): k and v
-        # repeated to grouped heads, whose gradients autograd sums back into the one head
-        heads = _mqa_repeat(q.shape[1])
+    heads = varlen_backward_kv_heads(q.shape[1], k.shape[1])
+    if heads != k.shape[1] and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        # k and v repeated (quirk varlen_backward_mqa_dk); autograd sums the heads' gradients back
         k, v = (t.expand(-1, heads, -1).contiguous() for t in (k, v))
     options = _varlen_options(q, max_seqlen_q, max_seqlen_kv, scale, causal, causal_alignment, window, softcap, sinks,
                             dropout_p, deterministic)

@@ -27,6 +27,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
         "or call stridedfa.sdpa_forward / stridedfa.attention with any DLPack tensors") from error
 
 from stridedfa import _core
+from stridedfa._quirk_workarounds import varlen_backward_kv_heads
 
 __all__ = ["attention", "attention_backward", "attention_with_kvcache", "paged_attention", "varlen_attention",
            "varlen_attention_backward"]
@@ -204,9 +205,9 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
         if not _core._can_read(grad_out):  # the validator's rule: e.g. a broadcast gradient
             grad_out = cupy.ascontiguousarray(grad_out)
         q = cupy.ascontiguousarray(q)  # no copy when it already is
-        mqa = k.shape[1] == 1 < q.shape[1]
-        if mqa:  # cuDNN quirk varlen_backward_mqa_dk: repeated to grouped heads, summed after
-            heads = 2 if q.shape[1] % 2 == 0 else q.shape[1]
+        heads = varlen_backward_kv_heads(q.shape[1], k.shape[1])
+        mqa = heads != k.shape[1]
+        if mqa:  # k and v repeated (quirk varlen_backward_mqa_dk), their gradients summed after
             k, v = (cupy.ascontiguousarray(cupy.broadcast_to(t, (t.shape[0], heads, t.shape[2]))) for t in (k, v))
             grad_k, grad_v = (cupy.empty(t.shape, dtype=t.dtype) for t in (k, v))
     _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, causal_alignment, handle,
