@@ -3,7 +3,10 @@ still reproduces on the installed cuDNN: the call runs in a child process with t
 (STRIDEDFA_LIFT_QUIRKS) and must still come out wrong -- or be refused by cuDNN itself. When a
 cuDNN fixes one, its test here fails: set the row's fixed_in and the refusal goes for that version.
 
-Written in stop 37 without a GPU: not yet run (the first GPU session runs it with the suite)."""
+A child that fails for any other reason (a Python error, stridedfa's own refusal) fails the test:
+run 58's three "reproductions" died on a tuple from the reference and passed without computing
+anything (found in stop 39; the reference's out is now taken, and _still_wrong is strict). The
+four reproductions after test_sinks_with_one_query were written in stop 39 without a GPU."""
 
 from __future__ import annotations
 
@@ -28,12 +31,30 @@ PRELUDE = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})
 import stridedfa.torch as st
+from stridedfa import _core
+from stridedfa._torch_ops import _workspace
 from helpers.torch_ref import _attention
 torch.manual_seed(0)
 def rand(*shape, grad=True):
     return (torch.randn(*shape, device="cuda") * 0.5).to(torch.bfloat16).requires_grad_(grad)
 def report(**fields):
     print("RESULT " + json.dumps(fields))
+def relative(ours, ref):
+    return (ours.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+# A variable-length (THD) call's options as the operators take them (VarlenOptions: no bounds
+# promised, no scale, not causal, no window, softcap, sinks or dropout).
+VARLEN = (0, 0, None, False, "top_left", -1, -1, None, None, 0.0, None, False)
+def varlen_gradients(q, k, v, cu, grad_out):  # the fp32 reference's (dq, dk, dv), one dense call per sequence
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    for start, end in zip(cu.tolist()[:-1], cu.tolist()[1:]):
+        part = [t[start:end].transpose(0, 1)[None] for t in (qf, kf, vf)]
+        out = _attention(*part, q.shape[-1] ** -0.5, False, "top_left")[0]
+        out.backward(grad_out[start:end].transpose(0, 1)[None].float())
+    return qf.grad, kf.grad, vf.grad
+def varlen_backward(q, k, v, out, lse, grad_out, cu, grad_q, grad_k, grad_v):  # the core's, past the adapters
+    _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, None, False, "top_left", None, _workspace,
+                    None, None, None, None, None, None, False, None, None, None, 0.0, None, cu_seqlens_q=cu,
+                    cu_seqlens_kv=cu)
 """
 
 
@@ -50,8 +71,11 @@ def _lifted(quirk: str, body: str) -> dict:
 
 
 def _still_wrong(result: dict, quirk: str, tolerance: float):
-    if "raised" in result:  # cuDNN itself refused the graph: the gap is still there
-        assert "quirk" not in result["raised"], f"{quirk}: stridedfa still refused it: {result['raised']}"
+    if "raised" in result:  # only cuDNN itself refusing the graph means the gap is still there
+        raised = result["raised"]
+        assert "quirk" not in raised, f"{quirk}: stridedfa still refused it: {raised}"
+        assert raised.startswith(("stridedfa._errors.BackendError", "stridedfa._errors.UnsupportedError")), (
+            f"{quirk}: the reproduction itself failed: {raised}")
         return
     assert result["error"] > tolerance, (
         f"{quirk} no longer reproduces on cuDNN {torch.backends.cudnn.version()}: error {result['error']:.3g} "
@@ -66,7 +90,7 @@ def test_bias_grad_under_score_modifier():
         ours = bias.grad.float().clone()
         bias.grad = None
         qf, kf, vf, bf = (t.detach().float().requires_grad_() for t in (q, k, v, bias))
-        _attention(qf, kf, vf, 64 ** -0.5, False, "top_left", softcap=5.0, bias=bf).square().sum().backward()
+        _attention(qf, kf, vf, 64 ** -0.5, False, "top_left", softcap=5.0, bias=bf)[0].square().sum().backward()
         report(error=(ours - bf.grad).abs().max().item() / max(bf.grad.abs().max().item(), 1e-6))
     """)
     _still_wrong(result, "bias_grad_under_score_modifier", 0.05)
@@ -79,7 +103,7 @@ def test_bias_grad_shared_rows():
         st.attention(q, k, v, bias=bias).float().square().sum().backward()
         ours = bias.grad.float().clone()
         qf, kf, vf, bf = (t.detach().float().requires_grad_() for t in (q, k, v, bias))
-        _attention(qf, kf, vf, 64 ** -0.5, False, "top_left", bias=bf).square().sum().backward()
+        _attention(qf, kf, vf, 64 ** -0.5, False, "top_left", bias=bf)[0].square().sum().backward()
         report(error=(ours - bf.grad).abs().max().item() / max(bf.grad.abs().max().item(), 1e-6))
     """)
     _still_wrong(result, "bias_grad_shared_rows", 0.05)
@@ -90,7 +114,69 @@ def test_sinks_with_one_query():
         q, k, v = rand(2, 4, 1, 64, grad=False), rand(2, 4, 40, 64, grad=False), rand(2, 4, 40, 64, grad=False)
         sinks = torch.randn(4, device="cuda")
         out = st.attention(q, k, v, sinks=sinks)
-        ref = _attention(q.float(), k.float(), v.float(), 64 ** -0.5, False, "top_left", sinks=sinks)
+        ref = _attention(q.float(), k.float(), v.float(), 64 ** -0.5, False, "top_left", sinks=sinks)[0]
         report(error=(out.float() - ref).abs().max().item())
     """)
     _still_wrong(result, "sinks_with_one_query", 0.02)
+
+
+def test_sinks_grad_under_dropout():
+    # The sinks' true gradient under dropout: out_i depends on sink h only through the softmax's
+    # normaliser, so d loss / d sink_h = -sum_i P_sink(i) * (grad_out_i . out_i), with out the
+    # dropped output the forward returned and P_sink from the fp32 scores (dropout acts after the
+    # softmax). The quirk returns (1 - dropout_p) times that.
+    result = _lifted("sinks_grad_under_dropout", """
+        q, k, v = rand(1, 2, 64, 64), rand(1, 2, 64, 64), rand(1, 2, 64, 64)
+        sinks = torch.randn(2, device="cuda", requires_grad=True)
+        out = st.attention(q, k, v, sinks=sinks, dropout_p=0.3)
+        grad_out = rand(1, 2, 64, 64, grad=False)
+        out.backward(grad_out)
+        scores = q.detach().float() @ k.detach().float().transpose(-2, -1) * 64 ** -0.5
+        sink = sinks.detach()[None, :, None, None].expand(1, 2, 64, 1)
+        p_sink = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., -1]
+        expected = -(p_sink * (grad_out.float() * out.detach().float()).sum(-1)).sum(dim=(0, 2))
+        report(error=relative(sinks.grad, expected))
+    """)
+    _still_wrong(result, "sinks_grad_under_dropout", 0.05)
+
+
+def test_unpacked_bias_one_by_one():
+    # With one query and one key the statistics are the one score plus the bias: a (b, h, 1, 1)
+    # bias at strides that are not packed (every other element of a (b, h, 1, 2) buffer).
+    result = _lifted("unpacked_bias_one_by_one", """
+        q, k, v = rand(2, 4, 1, 64, grad=False), rand(2, 4, 1, 64, grad=False), rand(2, 4, 1, 64, grad=False)
+        bias = torch.randn(2, 4, 1, 2, device="cuda").to(torch.bfloat16)[..., :1]
+        out, lse = st.attention(q, k, v, bias=bias, return_lse=True)
+        ref_lse = _attention(q.float(), k.float(), v.float(), 64 ** -0.5, False, "top_left", bias=bias.float())[1]
+        report(error=(lse.float() - ref_lse).abs().max().item())
+    """)
+    _still_wrong(result, "unpacked_bias_one_by_one", 0.05)
+
+
+def test_varlen_backward_dense_queries():
+    # q, k and v as views of one (tokens, 3, heads, dim) projection: q is not dense, dQ is.
+    result = _lifted("varlen_backward_dense_queries", """
+        cu = torch.tensor([0, 40, 96], dtype=torch.int32, device="cuda")
+        qkv = rand(96, 3, 4, 64, grad=False)
+        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        out, lse = torch.ops.stridedfa.varlen_forward(q, k, v, cu, cu, *VARLEN)
+        grad_out = rand(96, 4, 64, grad=False)
+        grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (q, k, v))
+        varlen_backward(q, k, v, out, lse, grad_out, cu, grad_q, grad_k, grad_v)
+        report(error=relative(grad_q, varlen_gradients(q, k, v, cu, grad_out)[0]))
+    """)
+    _still_wrong(result, "varlen_backward_dense_queries", 0.05)
+
+
+def test_varlen_backward_mqa_dk():
+    # One key/value head for four query heads, everything dense: dK is the wrong one.
+    result = _lifted("varlen_backward_mqa_dk", """
+        cu = torch.tensor([0, 40, 96], dtype=torch.int32, device="cuda")
+        q, k, v = rand(96, 4, 64, grad=False), rand(96, 1, 64, grad=False), rand(96, 1, 64, grad=False)
+        out, lse = torch.ops.stridedfa.varlen_forward(q, k, v, cu, cu, *VARLEN)
+        grad_out = rand(96, 4, 64, grad=False)
+        grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (q, k, v))
+        varlen_backward(q, k, v, out, lse, grad_out, cu, grad_q, grad_k, grad_v)
+        report(error=relative(grad_k, varlen_gradients(q, k, v, cu, grad_out)[1]))
+    """)
+    _still_wrong(result, "varlen_backward_mqa_dk", 0.05)
