@@ -142,7 +142,11 @@ OutputLayout output_layout(const CallOperands& call, int slot) {
       if (!input.present || input.ndim != rank) return OutputLayout{};
       out.ndim = rank;
       for (int i = 0; i < rank; ++i) out.shape[i] = input.dims[i];
-      gradient_strides(input, out.strides);
+      if (ragged) {  // token-major whatever the input's strides: cuDNN sums grouped heads only into those
+        contiguous_strides(out.shape, rank, out.strides);
+      } else {
+        gradient_strides(input, out.strides);
+      }
       out.dtype = input.dtype;
       return out;
     }

@@ -179,7 +179,7 @@ TEST_CASE("what is allocated for each output follows one rule per slot") {
   CHECK(output_layout(call, kO).ndim == 0);  // q of the wrong rank: the validator says so
 }
 
-TEST_CASE("a variable-length call's out is contiguous and its lse (heads, tokens) over token-major memory") {
+TEST_CASE("a variable-length call's out and gradients are contiguous, its lse token-major (heads, tokens)") {
   CallOperands call;
   call.slot[kQ] = view("q", {100, 8, 64}, kBF16, 0x10000000, {3 * 8 * 64, 64, 1});  // a slice of packed qkv
   call.slot[kV] = view("v", {120, 2, 32}, kBF16, 0x20000000);
@@ -195,4 +195,12 @@ TEST_CASE("a variable-length call's out is contiguous and its lse (heads, tokens
   CHECK(lse.shape[1] == 100);
   CHECK(lse.strides[0] == 1);
   CHECK(lse.strides[1] == 8);
+  call.slot[kK] = view("k", {120, 2, 64}, kBF16, 0x40000000, {64, 120 * 64, 1});  // head-major
+  const OutputLayout grad_q = output_layout(call, kGradQ);
+  const OutputLayout grad_k = output_layout(call, kGradK);
+  CHECK(grad_q.ndim == 3);
+  CHECK(grad_q.strides[0] == 8 * 64);  // token-major, whatever q's and k's strides
+  CHECK(grad_q.strides[1] == 64);
+  CHECK(grad_k.strides[0] == 2 * 64);
+  CHECK(grad_k.strides[1] == 64);
 }

@@ -67,13 +67,16 @@ cdef int attend(CallOperands* call, const SdpaOptions& options, CallStream* st, 
 cdef bint SINKS_GRAD_UNDER_DROPOUT = quirk_applies_named(b"sinks_grad_under_dropout", 0)
 
 
-cdef uint64_t gradients_wanted(const CallOperands* call, const SdpaOptions& options, bint with_grad_bias):
-    """The gradients an allocating backward computes: dQ, dK, dV; the sinks' with sinks (not under
-    dropout while cuDNN quirk sinks_grad_under_dropout applies); the bias' when asked for and the
+cdef uint64_t gradients_wanted(const CallOperands* call, const SdpaOptions& options, bint with_grad_bias,
+                               bint with_grad_sinks=True):
+    """The gradients an allocating backward computes: dQ, dK, dV; the sinks' with sinks unless the
+    caller has no use for it (a variable-length call's sinks are never trained), and not under
+    dropout while cuDNN quirk sinks_grad_under_dropout applies; the bias' when asked for and the
     bias can have one (else the validator names the bias' problem)."""
     cdef uint64_t wanted = bit(kGradQ) | bit(kGradK) | bit(kGradV)
     cdef const TensorView* bias = &call.slot[kBias]
-    if call.slot[kSinks].present and (options.dropout_p == 0 or not SINKS_GRAD_UNDER_DROPOUT):
+    if (with_grad_sinks and call.slot[kSinks].present
+            and (options.dropout_p == 0 or not SINKS_GRAD_UNDER_DROPOUT)):
         wanted |= bit(kGradSinks)
     if with_grad_bias and bias.present and bias.device_type == kDLCUDA and 1 <= bias.ndim <= 4:
         wanted |= bit(kGradBias)
@@ -91,9 +94,10 @@ cdef SlotList SDPA_FORWARD = slot_list("q k v out lse seqlens_q seqlens_kv sinks
                                        "cu_seqlens_q cu_seqlens_kv block_table")
 cdef SlotList SDPA_BACKWARD = slot_list("q k v out grad_out lse grad_q grad_k grad_v seqlens_q seqlens_kv sinks "
                                         "grad_sinks bias grad_bias alibi_slopes rng_state cu_seqlens_q cu_seqlens_kv")
-cdef SlotList FORWARD_INPUTS = slot_list("q k v seqlens_q seqlens_kv sinks bias alibi_slopes rng_state block_table")
+cdef SlotList FORWARD_INPUTS = slot_list("q k v seqlens_q seqlens_kv sinks bias alibi_slopes rng_state block_table "
+                                         "cu_seqlens_q cu_seqlens_kv")
 cdef SlotList BACKWARD_INPUTS = slot_list("q k v out lse grad_out seqlens_q seqlens_kv sinks bias alibi_slopes "
-                                          "rng_state")
+                                          "rng_state cu_seqlens_q cu_seqlens_kv")
 cdef SlotList VARLEN_INPUTS = slot_list("q k v cu_seqlens_q cu_seqlens_kv sinks rng_state")
 
 
@@ -309,21 +313,25 @@ def _backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal
 
 def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint together=False,
                    window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-                   alibi_slopes=None, dropout_p=0.0, rng_state=None, block_table=None):
+                   alibi_slopes=None, dropout_p=0.0, rng_state=None, block_table=None, *, cu_seqlens_q=None,
+                   cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None):
     """Forward with outputs allocated by q's framework (its tensors must offer the DLPack C
     exchange API, as torch >= 2.10 does), on its current stream, by the layout rule; with
     `together`, out and lse in one allocation (FrameworkOutputs). cuDNN's workspace comes from the
-    same allocator. With a block_table, k and v are paged caches (see sdpa_forward).
+    same allocator. With a block_table, k and v are paged caches; with cu_seqlens, q, k and v are
+    (tokens, heads, head_dim) sequences one after another (see sdpa_forward).
     Returns (out, lse or None) as the framework's tensors."""
     cdef SdpaOptions options
     cdef CallOperands call
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    if max_seqlen_q is not None or max_seqlen_kv is not None:
+        parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     cdef FrameworkOutputs outputs = framework_outputs(q, together)
     parse_stream(None, &st)
-    intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, block_table),
-                 &FORWARD_INPUTS, &st, &call, &owned)
+    intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, block_table, cu_seqlens_q,
+                  cu_seqlens_kv), &FORWARD_INPUTS, &st, &call, &owned)
     attend(&call, options, &st, outputs, bit(kO) | (bit(kLse) if with_lse else 0))
     return outputs.take(kO), outputs.take(kLse)
 
@@ -331,7 +339,8 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
 def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, make_readable,
                     bint together, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
                     deterministic=False, bias=None, bint with_grad_bias=False, alibi_slopes=None,
-                    dropout_p=0.0, rng_state=None):
+                    dropout_p=0.0, rng_state=None, *, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
+                    max_seqlen_kv=None, bint with_grad_sinks=True):
     """Backward with the gradients allocated by q's framework (DLPack C exchange API) on its current
     stream, by the layout rule (each gradient with its input's strides when the input is dense,
     else dense in its axis order); with `together` (eager autograd wanting all three, which then
@@ -345,30 +354,34 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef CallStream st
     call.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    if max_seqlen_q is not None or max_seqlen_kv is not None:
+        parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     cdef FrameworkOutputs outputs = framework_outputs(q, together)
     keep_alive = []
     parse_stream(None, &st)
-    intake_slots((q, k, v, out, lse, grad_out, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state),
-                 &BACKWARD_INPUTS, &st, &call, &owned)
+    intake_slots((q, k, v, out, lse, grad_out, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state,
+                  cu_seqlens_q, cu_seqlens_kv), &BACKWARD_INPUTS, &st, &call, &owned)
     make_readable_grad_out(&call, grad_out, make_readable, &st, &owned, keep_alive)
-    attend(&call, options, &st, outputs, gradients_wanted(&call, options, with_grad_bias))
+    attend(&call, options, &st, outputs, gradients_wanted(&call, options, with_grad_bias, with_grad_sinks))
     return (outputs.take(kGradQ), outputs.take(kGradK), outputs.take(kGradV), outputs.take(kGradSinks),
             outputs.take(kGradBias))
 
 
 def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, stream, allocation, hooks,
                   window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, bias=None,
-                  alibi_slopes=None, dropout_p=0.0, rng_state=None, block_table=None):
-    """stridedfa.cupy.attention in one C call, outputs from CuPy's pool (CupyOutputs): returns (out,
-    lse or None)."""
+                  alibi_slopes=None, dropout_p=0.0, rng_state=None, block_table=None, cu_seqlens_q=None,
+                  cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None):
+    """stridedfa.cupy.attention (and its paged and variable-length calls) in one C call, outputs
+    from CuPy's pool (CupyOutputs): returns (out, lse or None)."""
     cdef SdpaOptions options
     cdef CallOperands call
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     parse_stream(stream, &st)
-    intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, block_table),
-                 &FORWARD_INPUTS, &st, &call, &owned)
+    intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, block_table, cu_seqlens_q,
+                  cu_seqlens_kv), &FORWARD_INPUTS, &st, &call, &owned)
     outputs = cupy_outputs(hooks, allocation, q.dtype)
     attend(&call, options, &st, outputs, bit(kO) | (bit(kLse) if with_lse else 0))
     return outputs.take(kO), outputs.take(kLse)
@@ -376,23 +389,27 @@ def _cupy_forward(q, k, v, scale, causal, causal_alignment, bint with_lse, strea
 
 def _cupy_backward(q, k, v, out, lse, grad_out, scale, causal, causal_alignment, stream, allocation,
                    hooks, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None, deterministic=False,
-                   bias=None, bint with_grad_bias=False, alibi_slopes=None, dropout_p=0.0, rng_state=None):
-    """stridedfa.cupy.attention_backward in one C call: returns (grad_q, grad_k, grad_v, grad_sinks
-    or None, grad_bias or None), as _backward_alloc computes them."""
+                   bias=None, bint with_grad_bias=False, alibi_slopes=None, dropout_p=0.0, rng_state=None,
+                   cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
+                   bint with_grad_sinks=True):
+    """stridedfa.cupy.attention_backward (and its variable-length call) in one C call: returns
+    (grad_q, grad_k, grad_v, grad_sinks or None, grad_bias or None), as _backward_alloc computes
+    them."""
     cdef SdpaOptions options
     cdef CallOperands call
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     call.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     keep_alive = []
     parse_stream(stream, &st)
-    intake_slots((q, k, v, out, lse, grad_out, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state),
-                 &BACKWARD_INPUTS, &st, &call, &owned)
+    intake_slots((q, k, v, out, lse, grad_out, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state,
+                  cu_seqlens_q, cu_seqlens_kv), &BACKWARD_INPUTS, &st, &call, &owned)
     # A copy of an unreadable grad_out runs on the caller's stream, where grad_out was produced.
     make_readable_grad_out(&call, grad_out, hooks.contiguous, &st, &owned, keep_alive)
     outputs = cupy_outputs(hooks, allocation, q.dtype)
-    attend(&call, options, &st, outputs, gradients_wanted(&call, options, with_grad_bias))
+    attend(&call, options, &st, outputs, gradients_wanted(&call, options, with_grad_bias, with_grad_sinks))
     return (outputs.take(kGradQ), outputs.take(kGradK), outputs.take(kGradV), outputs.take(kGradSinks),
             outputs.take(kGradBias))
 
@@ -410,7 +427,7 @@ def _attention_generic(q, k, v, scale, causal, causal_alignment, return_lse, str
     cdef CallStream st
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_stream(stream, &st)
-    intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, None),
+    intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, None, None, None),
                  &FORWARD_INPUTS, &st, &call, &owned)
     outputs = buffer_outputs(st.handle, stream if stream is not None and not isinstance(stream, int) else None)
     attend(&call, options, &st, outputs, bit(kO) | (bit(kLse) if return_lse else 0))

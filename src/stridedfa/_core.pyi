@@ -126,14 +126,18 @@ def _forward_alloc(q: Any, k: Any, v: Any, scale: float | None, causal: bool, ca
                    seqlens_q: Any = None,
                    seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
                    alibi_slopes: Any = None, dropout_p: float = 0.0,
-                   rng_state: Any = None, block_table: Any = None) -> tuple[Any, Any]: ...
+                   rng_state: Any = None, block_table: Any = None, *, cu_seqlens_q: Any = None,
+                   cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None,
+                   max_seqlen_kv: int | None = None) -> tuple[Any, Any]: ...
 def _backward_alloc(q: Any, k: Any, v: Any, out: Any, lse: Any, grad_out: Any, scale: float | None, causal: bool,
                     causal_alignment: str, make_readable: Callable[[Any], Any], together: bool,
                     window: Window = None, softcap: float | None = None, seqlens_q: Any = None,
                     seqlens_kv: Any = None, sinks: Any = None,
                     deterministic: bool = False, bias: Any = None, with_grad_bias: bool = False,
                     alibi_slopes: Any = None, dropout_p: float = 0.0,
-                   rng_state: Any = None) -> tuple[Any, Any, Any, Any, Any]: ...
+                    rng_state: Any = None, *, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
+                    max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None,
+                    with_grad_sinks: bool = True) -> tuple[Any, Any, Any, Any, Any]: ...
 def _packed_forward_alloc(packed: Any, dim: int, to_logical: Sequence[int], q: Any, scale: float | None,
                           causal: bool, causal_alignment: str, with_lse: bool, window: Window = None,
                           softcap: float | None = None,
@@ -162,14 +166,18 @@ def _cupy_forward(q: Any, k: Any, v: Any, scale: float | None, causal: bool, cau
                   softcap: float | None = None,
                   seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None, bias: Any = None,
                   alibi_slopes: Any = None, dropout_p: float = 0.0,
-                  rng_state: Any = None, block_table: Any = None) -> tuple[Any, Any]: ...
+                  rng_state: Any = None, block_table: Any = None, cu_seqlens_q: Any = None,
+                  cu_seqlens_kv: Any = None, max_seqlen_q: int | None = None,
+                  max_seqlen_kv: int | None = None) -> tuple[Any, Any]: ...
 def _cupy_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, grad_out: Any, scale: float | None, causal: bool,
                    causal_alignment: str, stream: int, allocation: Any, hooks: Any, window: Window = None,
                    softcap: float | None = None,
                    seqlens_q: Any = None, seqlens_kv: Any = None, sinks: Any = None,
                    deterministic: bool = False, bias: Any = None, with_grad_bias: bool = False,
                    alibi_slopes: Any = None, dropout_p: float = 0.0,
-                   rng_state: Any = None) -> tuple[Any, Any, Any, Any, Any]: ...
+                   rng_state: Any = None, cu_seqlens_q: Any = None, cu_seqlens_kv: Any = None,
+                   max_seqlen_q: int | None = None, max_seqlen_kv: int | None = None,
+                   with_grad_sinks: bool = True) -> tuple[Any, Any, Any, Any, Any]: ...
 def _can_read(x: Any) -> bool: ...
 def _window_bounds(window: Window) -> tuple[int, int]: ...
 def _sdpa_options(scale: float | None = None, causal: bool = False, causal_alignment: str = "top_left",

@@ -22,9 +22,11 @@ from stridedfa import _core
 from stridedfa._errors import UnsupportedError
 from stridedfa._quirk_workarounds import varlen_backward_kv_heads
 from stridedfa._torch_ops import (
+    _HAS_EXCHANGE_API,
     _backward_kernel,
     _below_autograd,
     _bounds,
+    _contiguous,
     _define,
     _draw_rng_state,
     _function_apply,
@@ -71,9 +73,15 @@ def _varlen_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max
                          causal_alignment, window_left, window_right, softcap, sinks, dropout_p, rng_state,
                          deterministic):
     """(out, lse) of a THD call."""
+    window = _window(window_left, window_right)
+    if _HAS_EXCHANGE_API:  # reading, allocating out and lse (the layout rule's) and launching in one C call
+        return _core._forward_alloc(q, k, v, scale, causal, causal_alignment, True, True, window, softcap, None, None,
+                                    sinks, None, None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q,
+                                    cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=_max(max_seqlen_q),
+                                    max_seqlen_kv=_max(max_seqlen_kv))
     out, lse = _out_like(q, v), _lse_like(q)
     _core._forward(_raw(q), _raw(k), _raw(v), out, lse, scale, causal, causal_alignment, _stream(q), _workspace,
-                   _window(window_left, window_right), softcap, None, None,
+                   window, softcap, None, None,
                    None if sinks is None else _raw(sinks), None, None, dropout_p, rng_state,
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=_max(max_seqlen_q),
                    max_seqlen_kv=_max(max_seqlen_kv))
@@ -94,6 +102,14 @@ def _varlen_backward_impl(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     computes dQ right only from a dense q into a dense dQ (cuDNN quirk
     varlen_backward_dense_queries), so a q at other strides (a view of a qkv projection,
     head-major, ...) is copied for the backward."""
+    if _HAS_EXCHANGE_API:  # reading, allocating the gradients (the layout rule's) and launching in one C call
+        opts = VarlenOptions.of(options)
+        return _core._backward_alloc(
+            q.contiguous(), k, v, out, lse, grad_out, opts.scale, opts.causal, opts.causal_alignment, _contiguous,
+            False, _window(opts.window_left, opts.window_right), opts.softcap, None, None, opts.sinks,
+            opts.deterministic, None, False, None, opts.dropout_p, opts.rng_state, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=_max(opts.max_seqlen_q),
+            max_seqlen_kv=_max(opts.max_seqlen_kv), with_grad_sinks=False)[:3]  # sinks are never trained here
     grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     _varlen_backward_into(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, grad_q, grad_k, grad_v, options)
     return grad_q, grad_k, grad_v

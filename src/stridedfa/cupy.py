@@ -177,12 +177,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int | N
     if not isinstance(q, _ndarray):
         raise TypeError(_not_cupy("varlen_attention", q))
     handle, allocation = _call(stream, q.data.device_id)
-    with allocation or contextlib.nullcontext():
-        out = cupy.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
-        lse = cupy.empty((q.shape[0], q.shape[1]), dtype=cupy.float32).T
-    _core._forward(q, k, v, out, lse, scale, causal, causal_alignment, handle, _workspace(allocation), window,
-                   softcap, None, None, sinks, None, None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q,
-                   cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+    out, lse = _core._cupy_forward(q, k, v, scale, causal, causal_alignment, return_lse, handle, allocation, _HOOKS,
+                                   window, softcap, None, None, sinks, None, None, dropout_p, rng_state,
+                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+                                   max_seqlen_kv=max_seqlen_kv)
     return (out, lse) if return_lse else out
 
 
@@ -201,19 +199,16 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
         raise TypeError(_not_cupy("varlen_attention_backward", q))
     handle, allocation = _call(stream, q.data.device_id)
     with allocation or contextlib.nullcontext():
-        grad_q, grad_k, grad_v = (cupy.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
-        if not _core._can_read(grad_out):  # the validator's rule: e.g. a broadcast gradient
-            grad_out = cupy.ascontiguousarray(grad_out)
-        q = cupy.ascontiguousarray(q)  # no copy when it already is
+        q = cupy.ascontiguousarray(q)  # no copy when it already is (quirk varlen_backward_dense_queries)
         heads = varlen_backward_kv_heads(q.shape[1], k.shape[1])
         mqa = heads != k.shape[1]
         if mqa:  # k and v repeated (quirk varlen_backward_mqa_dk), their gradients summed after
             k, v = (cupy.ascontiguousarray(cupy.broadcast_to(t, (t.shape[0], heads, t.shape[2]))) for t in (k, v))
-            grad_k, grad_v = (cupy.empty(t.shape, dtype=t.dtype) for t in (k, v))
-    _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, scale, causal, causal_alignment, handle,
-                    _workspace(allocation), window, softcap, None, None, sinks, None, deterministic, None, None,
-                    None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-                    max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+    grad_q, grad_k, grad_v, _, _ = _core._cupy_backward(
+        q, k, v, out, lse, grad_out, scale, causal, causal_alignment, handle, allocation, _HOOKS, window, softcap,
+        None, None, sinks, deterministic, None, False, None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+        with_grad_sinks=False)  # sinks are never trained here
     if mqa:
         with allocation or contextlib.nullcontext():
             grad_k, grad_v = (g.sum(axis=1, keepdims=True, dtype=cupy.float32).astype(g.dtype)
@@ -274,15 +269,6 @@ def attention_with_kvcache(q, k_cache, v_cache, block_table, cache_seqlens, k=No
             seqlens = (cache_seqlens + k.shape[2]).astype(cupy.int32)
     return paged_attention(q, k_cache, v_cache, block_table, seqlens, scale=scale, causal=causal,
                            causal_alignment=causal_alignment, window=window, softcap=softcap, stream=stream)
-
-
-def _workspace(allocation):
-    """cuDNN's workspace from CuPy's allocator, on the call's device and stream."""
-    def allocate(nbytes: int, device: int):
-        with allocation or contextlib.nullcontext():
-            memory = cupy.cuda.alloc(nbytes)
-        return memory.ptr, memory
-    return allocate
 
 
 # --- Helpers ------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ TensorView to_core_axes(const TensorView& layout_view, const int* to_logical, co
 //   out: dense in q's axis order (a variable-length call's (tokens, heads, head_dim): contiguous);
 //   lse: packed float32 (batch, heads, seq), the layout every cuDNN backward reads; a
 //        variable-length call's (heads, tokens) over token-major memory;
-//   grad_q, grad_k, grad_v: gradient_strides of their input;
+//   grad_q, grad_k, grad_v: gradient_strides of their input (a variable-length call's: contiguous,
+//        token-major, the only gradients into which cuDNN sums grouped heads);
 //   grad_sinks: float32 (heads of q,); grad_bias: contiguous, bias' shape and dtype.
 // ndim 0 where the slot is none of these, or the inputs it derives from are missing or of another
 // rank than the call's layout has (the validator names that problem).
