@@ -4,6 +4,8 @@
 # then the stride fuzz with what device time is left. Carry the wheel in .whl/ (built by
 # ci/build_wheel_for_gpu_host.sh); the working tree's Python files are copied over the wheel's.
 #   PART=suite1 | suite2 | fuzz  bash ci/gpu_suite.sh    (the fuzz: FUZZ_VALID, FUZZ_INVALID, FUZZ_LIMIT)
+#   PART=files FILES="test_jax.py test_varlen.py" LIMIT=150 bash ci/gpu_suite.sh   (some files, when
+#   device time is short: what a change touched)
 # Logs and env.txt go to $OUT; record the run as ci/results/README.md says. Every file of
 # tests/gpu/ is in one half except test_stride_fuzz.py (PART=fuzz). First run as GPU runs 56-57 (2026-12-05; its copy there:
 # `git show records:ci/results/2026-12-05-run56/run.sh`).
@@ -24,6 +26,9 @@ run_tests() {  # name, timeout, files...
   grep -E "::" "$OUT/$name.log" | tail -1 | cut -c1-200
 }
 case "$PART" in
+  files)
+    # shellcheck disable=SC2086  # FILES is a list of test files
+    run_tests files "${LIMIT:-300}" ${FILES:?set FILES to test files of tests/gpu} ;;
   suite1)
     run_tests suite1 570 test_cudnn_quirks.py test_empty_sequences.py test_sinks_decode.py test_bounds_check.py test_variants.py \
       test_varlen.py test_paged.py test_bitexact.py test_cupy.py test_flash_attn_interface.py \
