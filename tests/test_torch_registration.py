@@ -255,3 +255,27 @@ def test_attention_with_kvcache_on_cpu_tensors_names_the_device():
     lengths = torch.full((2,), 3, dtype=torch.int32)
     with pytest.raises(stridedfa.LayoutError, match="CUDA device"):
         sfa_torch.attention_with_kvcache(q, cache, cache, table, lengths)
+
+
+WINDOWS = [None, (None, None), (4, None), (None, 0), (0, 7), [3, 2], (2**31 - 2, 0), (2**31 - 1, 0), (-1, 0),
+           (0, -5), (True, 0), (1.0, 0), ("1", 0), (1,), (1, 2, 3), 5, "(1, 2)"]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=repr)
+def test_torch_window_parse_answers_as_the_cores(window):
+    """_torch_ops._bounds restates the core's window parse (torch.compile cannot call the compiled
+    module): the same bounds, or the same error type and message, for every input."""
+    import numpy as np
+
+    from stridedfa._torch_ops import _bounds
+
+    def answer(parse, w):
+        try:
+            return parse(w)
+        except (TypeError, ValueError) as error:
+            return type(error), str(error)
+
+    assert answer(_bounds, window) == answer(_core._window_bounds, window)
+    if isinstance(window, tuple) and len(window) == 2 and all(type(b) is int for b in window):
+        as_numpy = tuple(np.int64(b) for b in window)
+        assert answer(_bounds, as_numpy) == answer(_core._window_bounds, as_numpy)

@@ -400,6 +400,8 @@ ffi::Error current_error() noexcept {
     switch (classify_current_exception(message)) {
       case ErrorKind::layout:
         return ffi::Error(ffi::ErrorCode::kInvalidArgument, "stridedfa LayoutError: " + message);
+      case ErrorKind::bounds:  // a length outside its buffer, found by the bounds check (a LayoutError)
+        return ffi::Error(ffi::ErrorCode::kInvalidArgument, "stridedfa BoundsError: " + message);
       case ErrorKind::unsupported:
         return ffi::Error(ffi::ErrorCode::kUnimplemented, "stridedfa UnsupportedError: " + message);
       case ErrorKind::backend:

@@ -1,5 +1,5 @@
 # Included by _core.pyx: DeviceBuffer, the device memory stridedfa owns and hands out when the
-# caller's framework has no adapter (_generic_calls.pxi allocates it).
+# caller's framework has no adapter (_calls.pxi's generic entry points allocate it, BufferOutputs).
 #
 # DeviceBuffer is a DLPack producer. Lifetime: every exported DLManagedTensor holds a reference to
 # the buffer, dropped by its deleter; the memory goes back to the pool when the buffer object and all

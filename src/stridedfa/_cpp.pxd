@@ -290,4 +290,5 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
 
 
 cdef extern from "stridedfa/cudnn_quirks.hpp" namespace "stridedfa" nogil:
+    # except +: an unknown name throws std::invalid_argument, which Cython raises as ValueError
     cbool quirk_applies_named(const char* name, int64_t cudnn_version) except +

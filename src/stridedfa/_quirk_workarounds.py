@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from stridedfa import _core
 
-# Asked once: a constant while tracing.
+# Asked once: constants while tracing.
 _VARLEN_BACKWARD_MQA_DK = _core._quirk_applies("varlen_backward_mqa_dk")
+
+# cuDNN quirk varlen_backward_dense_queries: a variable-length backward computes dQ right only from
+# a dense token-major q (the core refuses another): an adapter copies q for the backward.
+VARLEN_BACKWARD_DENSE_QUERIES = _core._quirk_applies("varlen_backward_dense_queries")
+
+# cuDNN quirk sinks_grad_under_dropout: the sinks' gradient under dropout is wrong (the core
+# computes none): the torch adapter refuses trainable sinks with dropout before the forward.
+SINKS_GRAD_UNDER_DROPOUT = _core._quirk_applies("sinks_grad_under_dropout")
 
 
 def varlen_backward_kv_heads(h_q, h_kv):

@@ -11,6 +11,7 @@ import torch
 
 from stridedfa import _core, _layouts
 from stridedfa._errors import UnsupportedError
+from stridedfa._quirk_workarounds import SINKS_GRAD_UNDER_DROPOUT
 from stridedfa._torch_options import Options, position, schema, tensor_positions, without_tensors
 
 # torch >= 2.10 exports the DLPack C exchange API: the core reads tensors and the current stream in
@@ -105,8 +106,8 @@ def _option_grads(grad_sinks, grad_bias):
     return tuple(grads)
 
 
-# cuDNN quirk sinks_grad_under_dropout (cudnn_quirks.hpp), asked once: a constant while tracing.
-_SINKS_GRAD_UNDER_DROPOUT = _core._quirk_applies("sinks_grad_under_dropout")
+# cuDNN quirk sinks_grad_under_dropout (cudnn_quirks.hpp): a constant while tracing.
+_SINKS_GRAD_UNDER_DROPOUT = SINKS_GRAD_UNDER_DROPOUT
 
 
 def _graded_sinks(opts: Options):
@@ -395,8 +396,9 @@ def _core_backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, opts: Op
 
 def _bounds(window) -> tuple[int, int]:
     """window=(left, right) or None as the operators' two ints, -1 for an unbounded side. The
-    core's parse (_core._window_bounds) with its messages, restated in Python because
-    torch.compile traces this code and cannot call into the compiled module."""
+    core's parse (_core._window_bounds) with its rules and messages, restated in Python because
+    torch.compile traces this code and cannot call into the compiled module
+    (tests/test_torch_registration.py holds the two to the same answers)."""
     if window is None:
         return -1, -1
     if not isinstance(window, (tuple, list)) or len(window) != 2:
@@ -407,11 +409,15 @@ def _bounds(window) -> tuple[int, int]:
         if bound is None:
             bounds.append(-1)
             continue
-        if isinstance(bound, bool) or not isinstance(bound, int):
+        # a Python or NumPy integer, never a bool of either
+        if isinstance(bound, bool) or type(bound).__name__ == "bool_" or not hasattr(type(bound), "__index__"):
             raise TypeError(f"window {side} bound must be an int >= 0 or None, got {bound!r}")
+        bound = bound.__index__()
         if bound < 0:
             raise ValueError(f"window {side} bound must be >= 0 (None: unbounded; FlashAttention's -1 is None "
                              f"here), got {bound}")
+        if bound >= 2**31 - 1:
+            raise ValueError(f"window {side} bound must be below 2**31 - 1 tokens (None: unbounded), got {bound}")
         bounds.append(bound)
     return bounds[0], bounds[1]
 

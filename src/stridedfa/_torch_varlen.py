@@ -20,7 +20,7 @@ import torch
 
 from stridedfa import _core
 from stridedfa._errors import UnsupportedError
-from stridedfa._quirk_workarounds import varlen_backward_kv_heads
+from stridedfa._quirk_workarounds import VARLEN_BACKWARD_DENSE_QUERIES, varlen_backward_kv_heads
 from stridedfa._torch_ops import (
     _HAS_EXCHANGE_API,
     _backward_kernel,
@@ -88,6 +88,12 @@ def _varlen_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max
     return out, lse
 
 
+def _dense_queries(q):
+    """q as the variable-length backward can read it (cuDNN quirk varlen_backward_dense_queries:
+    a dense copy of a q at other strides, while the quirk applies)."""
+    return q.contiguous() if VARLEN_BACKWARD_DENSE_QUERIES else q
+
+
 def _varlen_forward_fake(q, k, v, *args):
     return _out_like(q, v), _lse_like(q)
 
@@ -105,7 +111,7 @@ def _varlen_backward_impl(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     if _HAS_EXCHANGE_API:  # reading, allocating the gradients (the layout rule's) and launching in one C call
         opts = VarlenOptions.of(options)
         return _core._backward_alloc(
-            q.contiguous(), k, v, out, lse, grad_out, opts.scale, opts.causal, opts.causal_alignment, _contiguous,
+            _dense_queries(q), k, v, out, lse, grad_out, opts.scale, opts.causal, opts.causal_alignment, _contiguous,
             False, _window(opts.window_left, opts.window_right), opts.softcap, None, None, opts.sinks,
             opts.deterministic, None, False, None, opts.dropout_p, opts.rng_state, cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=_max(opts.max_seqlen_q),
@@ -119,7 +125,7 @@ def _varlen_backward_into(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     """The varlen backward into the given gradient buffers (grad_q dense, grad_k and grad_v
     token-major: see _varlen_backward_impl)."""
     opts = VarlenOptions.of(options)
-    _core._backward(_raw(q.contiguous()), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q,
+    _core._backward(_raw(_dense_queries(q)), _raw(k), _raw(v), _raw(out), _readable(grad_out), _raw(lse), grad_q,
                     grad_k, grad_v, opts.scale, opts.causal, opts.causal_alignment, _stream(q), _workspace,
                     _window(opts.window_left, opts.window_right), opts.softcap, None, None,
                     None if opts.sinks is None else _raw(opts.sinks), None, opts.deterministic, None, None, None,

@@ -27,7 +27,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
         "or call stridedfa.sdpa_forward / stridedfa.attention with any DLPack tensors") from error
 
 from stridedfa import _core
-from stridedfa._quirk_workarounds import varlen_backward_kv_heads
+from stridedfa._quirk_workarounds import VARLEN_BACKWARD_DENSE_QUERIES, varlen_backward_kv_heads
 
 __all__ = ["attention", "attention_backward", "attention_with_kvcache", "paged_attention", "varlen_attention",
            "varlen_attention_backward"]
@@ -199,7 +199,8 @@ def varlen_attention_backward(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seql
         raise TypeError(_not_cupy("varlen_attention_backward", q))
     handle, allocation = _call(stream, q.data.device_id)
     with allocation or contextlib.nullcontext():
-        q = cupy.ascontiguousarray(q)  # no copy when it already is (quirk varlen_backward_dense_queries)
+        if VARLEN_BACKWARD_DENSE_QUERIES:  # no copy when it already is
+            q = cupy.ascontiguousarray(q)
         heads = varlen_backward_kv_heads(q.shape[1], k.shape[1])
         mqa = heads != k.shape[1]
         if mqa:  # k and v repeated (quirk varlen_backward_mqa_dk), their gradients summed after
