@@ -7,7 +7,6 @@ and stridedfa._jax_varlen (variable-length attention) build on it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import threading
 from typing import Any
@@ -142,8 +141,6 @@ def _options(layout, scale, causal, causal_alignment, window=None, deterministic
                             f"traced value (pass it as a static argument of jax.jit)")
     parsed = _core._sdpa_options(scale=scale, causal=causal, causal_alignment=causal_alignment, window=window,
                                  softcap=softcap, deterministic=deterministic, dropout_p=dropout_p)
-    if parsed["has_scale"] and not math.isfinite(parsed["scale"]):  # the validator's rule, asked before tracing on
-        raise ValueError(f"scale must be a finite number, got {parsed['scale']}")
     return _Options(layout, float(parsed["scale"]) if parsed["has_scale"] else None, bool(parsed["causal"]),
                     causal_alignment, _window(window), float(parsed["softcap"]) or None, bool(parsed["deterministic"]),
                     bool(padded), float(parsed["dropout_p"]))
