@@ -279,3 +279,40 @@ def test_torch_window_parse_answers_as_the_cores(window):
     if isinstance(window, tuple) and len(window) == 2 and all(type(b) is int for b in window):
         as_numpy = tuple(np.int64(b) for b in window)
         assert answer(_bounds, as_numpy) == answer(_core._window_bounds, as_numpy)
+
+
+PACKED_CASES = [  # (packed shape, dim, layout, separate q shape or None)
+    ((2, 16, 3, 4, 64), 2, "bshd", None),
+    ((16, 2, 3, 4, 64), 2, "sbhd", None),
+    ((2, 16, 4, 3, 64), 3, "bshd", None),
+    ((2, 4, 3, 16, 64), 2, "bhsd", None),
+    ((1, 16, 3, 1, 64), 2, "bshd", None),
+    ((2, 16, 2, 2, 64), 2, "bshd", (2, 16, 4, 64)),
+]
+
+
+@pytest.mark.parametrize("shape, dim, layout, q_shape", PACKED_CASES, ids=str)
+def test_packed_outputs_follow_the_fakes_and_slice_one_gradient(shape, dim, layout, q_shape):
+    """PackedOutputs (the packed entry points' allocation, on CPU tensors): out in the layout's axes
+    with the strides the fake kernel gives; in the backward ONE gradient buffer of packed's
+    strides whose slices are the slots of dQ (unless q is separate, then its own gradient as the
+    fake's), dK and dV."""
+    from stridedfa._torch_packed import _to_logical, _unpack
+    packed = torch.randn(shape, dtype=torch.bfloat16)
+    q = None if q_shape is None else torch.randn(q_shape, dtype=torch.bfloat16)
+    perm = _to_logical(layout)
+    q_l, _, v_l = _unpack(packed, dim, q)
+    out, _, _, given = _core._packed_allocate(packed, dim, perm, q, False)
+    assert out.shape == (*q_l.shape[:-1], v_l.shape[-1])
+    assert out.stride() == _layouts.output_strides(out.shape, q_l.stride())
+    assert given["out"] == (out.data_ptr(), out.permute(perm).stride())
+    _, grad_packed, grad_q, given = _core._packed_allocate(packed, dim, perm, q, True)
+    assert grad_packed.shape == packed.shape
+    assert grad_packed.stride() == _layouts.gradient_strides(packed.shape, packed.stride())
+    grad_slices = _unpack(grad_packed, dim, grad_q)
+    for name, grad in zip(("grad_q", "grad_k", "grad_v"), grad_slices):
+        assert given[name] == (grad.data_ptr(), grad.permute(perm).stride()), name
+    if q is not None:
+        assert grad_q.stride() == _layouts.gradient_strides(q.shape, q.stride())
+    else:
+        assert grad_q is None

@@ -350,6 +350,74 @@ cdef FrameworkOutputs framework_outputs(object like, bint together):
     return outputs
 
 
+cdef class PackedOutputs(FrameworkOutputs):
+    """The packed entry points' outputs, from the buffer's framework: out and a separate q's
+    gradient are allocated in the packed buffer's layout axes (the layout rule's strides, permuted
+    by `to_logical`), and the gradients of the q, k, v slices are slices of ONE gradient buffer with
+    the packed buffer's shape (gradient_strides of it), which cuDNN writes in place. The statistics
+    and the sinks' and bias' gradients are allocated as every call allocates them."""
+    cdef int to_logical[4]
+    cdef int dim
+    cdef bint q_separate
+    cdef TensorView packed
+    cdef DLManagedTensorVersioned* grad_packed
+
+    def __dealloc__(self):
+        if self.grad_packed != NULL:
+            self.grad_packed.deleter(self.grad_packed)
+
+    cdef int allocate(self, CallOperands* call, int n, const int* slots, OutputLayout* layouts) except -1:
+        cdef int i, axis, slot, index
+        cdef int64_t shape[4]
+        cdef int64_t strides[8]
+        cdef TensorView whole, in_layout
+        for i in range(n):
+            slot = slots[i]
+            if slot in (kGradK, kGradV) or (slot == kGradQ and not self.q_separate):
+                if self.grad_packed == NULL:
+                    gradient_strides(self.packed, strides)
+                    self.grad_packed = allocate_strided(self.api, 5, self.packed.dims, strides, self.packed.dtype,
+                                                        self.packed.device_id, self.packed.device_type)
+                whole = view_from_dltensor(self.grad_packed.dl_tensor, False, b"grad_packed", ExportQuirk.none)
+                index = slot - kGradQ  # q, k, v: slices 0, 1, 2; k, v: 0, 1 where q is separate
+                if self.q_separate:
+                    index -= 1
+                call.slot[slot] = select_packed(whole, self.dim, index, self.to_logical, kOperands[slot].name)
+            elif slot in (kO, kGradQ):  # in layout axes: layout axis to_logical[a] holds core axis a
+                for axis in range(4):
+                    shape[self.to_logical[axis]] = layouts[i].shape[axis]
+                    strides[self.to_logical[axis]] = layouts[i].strides[axis]
+                self.made[slot] = allocate_strided(self.api, 4, shape, strides, layouts[i].dtype,
+                                                   self.packed.device_id, self.packed.device_type)
+                in_layout = view_from_dltensor(self.made[slot].dl_tensor, False, kOperands[slot].name,
+                                               ExportQuirk.none)
+                call.slot[slot] = to_core_axes(in_layout, self.to_logical, kOperands[slot].name)
+            else:
+                FrameworkOutputs.allocate(self, call, 1, &slots[i], &layouts[i])
+        return 0
+
+    cdef object take_grad_packed(self):
+        cdef DLManagedTensorVersioned* tensor = self.grad_packed
+        if tensor == NULL:
+            return None
+        self.grad_packed = NULL  # to_framework_object owns it from here, whatever happens
+        return to_framework_object(self.api, tensor)
+
+
+cdef PackedOutputs packed_outputs(object packed, const TensorView& packed_view, int dim, const int* to_logical,
+                                  bint q_separate):
+    cdef PackedOutputs outputs = PackedOutputs.__new__(PackedOutputs)
+    cdef int i
+    outputs.api = allocating_api(packed)
+    outputs.together = False
+    outputs.packed = packed_view
+    outputs.dim = dim
+    outputs.q_separate = q_separate
+    for i in range(4):
+        outputs.to_logical[i] = to_logical[i]
+    return outputs
+
+
 cdef class CupyOutputs(Outputs):
     """Outputs and workspace from CuPy's pool through `hooks` (stridedfa.cupy's: alloc(nbytes) ->
     MemoryPointer, new_array(shape, dtype, memptr, byte_strides), float32, contiguous(x)), inside

@@ -283,3 +283,46 @@ def _plan_store_clear(str directory):
         return store.clear()
     finally:
         del store
+
+
+def _packed_allocate(packed, int dim, to_logical, q, bint backward):
+    """What the packed entry points allocate (PackedOutputs by the layout rule) for these inputs,
+    without a call and on any device (the strategy's test on machines without a GPU). Returns
+    (out, None, None) or, for a backward, (None, grad_packed, grad_q or None), plus the data
+    addresses and core-axis strides the call's out or gradient slots were given, by name."""
+    cdef CallOperands call
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
+    cdef CallStream st
+    cdef TensorView packed_view, q_layout
+    cdef OutputLayout layouts[3]
+    cdef int slots[3]
+    cdef int perm[4]
+    cdef int i, n
+    parse_to_logical(to_logical, perm)
+    parse_stream(None, &st)
+    intake(packed, b"packed", False, &st, &packed_view, &owned[kHeldPacked])
+    check_packed(packed_view, dim, 3 if q is None else 2)
+    if q is None:
+        q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
+    else:
+        intake(q, b"q", False, &st, &q_layout, &owned[kHeldQ])
+    call.slot[kQ] = to_core_axes(q_layout, perm, b"q")
+    call.slot[kK] = select_packed(packed_view, dim, 0 if q is not None else 1, perm, b"k")
+    call.slot[kV] = select_packed(packed_view, dim, 1 if q is not None else 2, perm, b"v")
+    outputs = packed_outputs(packed, packed_view, dim, perm, q is not None)
+    if backward:
+        call.op = GraphOp.backward
+        n = 3
+        slots[0], slots[1], slots[2] = kGradQ, kGradK, kGradV
+    else:
+        n = 1
+        slots[0] = kO
+    for i in range(n):
+        layouts[i] = output_layout(call, slots[i])
+    outputs.allocate(&call, n, slots, layouts)
+    given = {kOperands[slots[i]].name.decode(): (call.slot[slots[i]].data,
+                                                 tuple(call.slot[slots[i]].strides[a] for a in range(4)))
+             for i in range(n)}
+    if backward:
+        return None, outputs.take_grad_packed(), outputs.take(kGradQ) if q is not None else None, given
+    return outputs.take(kO), None, None, given
