@@ -95,8 +95,8 @@ TensorView thd_as_4d(const TensorView& thd, bool stats) {
   t.dims[1] = thd.dims[heads];
   t.strides[1] = thd.strides[heads];
   // One head (MQA's k and v, their gradients): the head stride is free, and cuDNN lays out the
-  // backward's grouped-head workspaces from it (GPU run 38: MQA dK wrong with k, v or dK at a head
-  // stride other than d), so it says d, as a dense (tokens, 1, d) tensor's does.
+  // backward's grouped-head workspaces from it (part of cuDNN quirk varlen_backward_mqa_dk: dK wrong
+  // with k, v or dK at a head stride other than d), so it says d, as a dense (tokens, 1, d) tensor's does.
   if (!stats && thd.dims[heads] == 1) t.strides[1] = thd.dims[2] * thd.strides[2];
   t.caller_axes[1] = thd.caller_axes[heads];
   t.dims[2] = thd.dims[tokens];
