@@ -51,10 +51,14 @@ def varlen_gradients(q, k, v, cu, grad_out):  # the fp32 reference's (dq, dk, dv
         out = _attention(*part, q.shape[-1] ** -0.5, False, "top_left")[0]
         out.backward(grad_out[start:end].transpose(0, 1)[None].float())
     return qf.grad, kf.grad, vf.grad
-def varlen_backward(q, k, v, out, lse, grad_out, cu, grad_q, grad_k, grad_v):  # the core's, past the adapters
-    _core._backward(q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v, None, False, "top_left", None, _workspace,
-                    None, None, None, None, None, None, False, None, None, None, 0.0, None, cu_seqlens_q=cu,
-                    cu_seqlens_kv=cu)
+def varlen_errors(q, k, v):  # two sequences through the core's varlen backward, past the adapters
+    cu = torch.tensor([0, 40, q.shape[0]], dtype=torch.int32, device="cuda")
+    out, lse = torch.ops.stridedfa.varlen_forward(q, k, v, cu, cu, *VARLEN)
+    grad_out = rand(*out.shape, grad=False)
+    grads = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (q, k, v)]
+    _core._backward(q, k, v, out, grad_out, lse, *grads, None, False, "top_left", None, _workspace, None, None,
+                    None, None, None, None, False, None, None, None, 0.0, None, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    return [relative(ours, ref) for ours, ref in zip(grads, varlen_gradients(q, k, v, cu, grad_out))]
 """
 
 
@@ -156,14 +160,8 @@ def test_unpacked_bias_one_by_one():
 def test_varlen_backward_dense_queries():
     # q, k and v as views of one (tokens, 3, heads, dim) projection: q is not dense, dQ is.
     result = _lifted("varlen_backward_dense_queries", """
-        cu = torch.tensor([0, 40, 96], dtype=torch.int32, device="cuda")
         qkv = rand(96, 3, 4, 64, grad=False)
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
-        out, lse = torch.ops.stridedfa.varlen_forward(q, k, v, cu, cu, *VARLEN)
-        grad_out = rand(96, 4, 64, grad=False)
-        grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (q, k, v))
-        varlen_backward(q, k, v, out, lse, grad_out, cu, grad_q, grad_k, grad_v)
-        report(error=relative(grad_q, varlen_gradients(q, k, v, cu, grad_out)[0]))
+        report(error=varlen_errors(qkv[:, 0], qkv[:, 1], qkv[:, 2])[0])  # dQ
     """)
     _still_wrong(result, "varlen_backward_dense_queries", 0.05)
 
@@ -171,12 +169,7 @@ def test_varlen_backward_dense_queries():
 def test_varlen_backward_mqa_dk():
     # One key/value head for four query heads, everything dense: dK is the wrong one.
     result = _lifted("varlen_backward_mqa_dk", """
-        cu = torch.tensor([0, 40, 96], dtype=torch.int32, device="cuda")
-        q, k, v = rand(96, 4, 64, grad=False), rand(96, 1, 64, grad=False), rand(96, 1, 64, grad=False)
-        out, lse = torch.ops.stridedfa.varlen_forward(q, k, v, cu, cu, *VARLEN)
-        grad_out = rand(96, 4, 64, grad=False)
-        grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (q, k, v))
-        varlen_backward(q, k, v, out, lse, grad_out, cu, grad_q, grad_k, grad_v)
-        report(error=relative(grad_k, varlen_gradients(q, k, v, cu, grad_out)[1]))
+        report(error=varlen_errors(rand(96, 4, 64, grad=False), rand(96, 1, 64, grad=False),
+                                   rand(96, 1, 64, grad=False))[1])  # dK
     """)
     _still_wrong(result, "varlen_backward_mqa_dk", 0.05)
