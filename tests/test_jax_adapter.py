@@ -148,6 +148,14 @@ def _core_backward_operands():
     return q, k, v, out, grad_out, lse, grads
 
 
+# The handlers' optional_operands bits by operand (1 << the operand's slot in the core's table).
+BITS = _core._jax_optional_operands()
+
+
+def _bits(*names: str) -> int:
+    return sum(BITS[name] for name in names)
+
+
 def _assert_forward_and_backward_take(calls, optional_operands: int, last: str, first: str) -> None:
     """A forward and a backward custom call, each with these optional-operand bits, its last operand
     of type `last` (one shared, unbroadcast array under jax.vmap) and its first (q) of type `first`."""
@@ -660,9 +668,9 @@ def test_bias_as_numpy_array(sj, jax):
 
 
 def test_lowering_with_bias_announces_its_operands(sj, jax):
-    """The optional operands are named by the `optional_operands` attribute (1 lengths, 2 sinks,
-    4 bias, 8 grad_bias), in the forward and in the backward, whose trailing results are grad_sinks,
-    then grad_bias only when the bias is differentiated."""
+    """The optional operands are named by the `optional_operands` attribute (a bit per operand of the
+    core's table), in the forward and in the backward, whose trailing results are grad_sinks, then
+    grad_bias only when the bias is differentiated."""
     jnp = jax.numpy
     q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
     bias, sinks, lengths = _spec(jax, (1, 8, 128, 256)), _spec(jax, (8,), "float32"), _spec(jax, (2,), "int32")
@@ -671,7 +679,7 @@ def test_lowering_with_bias_announces_its_operands(sj, jax):
         return sj.attention(q, k, v, bias=bias)
 
     calls = _custom_calls(jax.jit(inference).lower(q, kv, kv, bias).as_text())
-    assert len(calls) == 1 and "optional_operands = 4 : i64" in calls[0], calls
+    assert len(calls) == 1 and f"optional_operands = {_bits('bias')} : i64" in calls[0], calls
 
     def loss(q, k, v, bias, sinks, lengths):
         out = sj.attention(q, k, v, bias=bias, sinks=sinks, seqlens_kv=lengths, causal=True)
@@ -680,12 +688,14 @@ def test_lowering_with_bias_announces_its_operands(sj, jax):
     def results(call):
         return call.rsplit("->", 1)[1]
 
-    # + 64 where the sinks are differentiated (the backward returns their gradient only then)
-    for argnums, backward_bits, gradients in [((0, 1, 2, 3, 4), 79, 5), ((0, 1, 2, 4), 71, 4), ((0,), 7, 3)]:
+    # + grad_sinks where the sinks are differentiated (the backward returns their gradient only then)
+    given = _bits("lengths", "sinks", "bias")
+    for argnums, backward_bits, gradients in [((0, 1, 2, 3, 4), given + _bits("grad_sinks", "grad_bias"), 5),
+                                              ((0, 1, 2, 4), given + _bits("grad_sinks"), 4), ((0,), given, 3)]:
         text = jax.jit(jax.grad(loss, argnums)).lower(q, kv, kv, bias, sinks, lengths).as_text()
         calls = _custom_calls(text)
         assert len(calls) == 2 and "@stridedfa_sdpa_backward(" in calls[1], calls
-        assert "optional_operands = 7 : i64" in calls[0], calls[0]
+        assert f"optional_operands = {given} : i64" in calls[0], calls[0]
         assert f"optional_operands = {backward_bits} : i64" in calls[1], (argnums, calls[1])
         # grad_q, grad_k, grad_v and, when wanted, grad_sinks (f32 (8,)) and grad_bias (bf16 (1, 8, 128, 256)).
         assert results(calls[1]).count("tensor<") == gradients
@@ -707,7 +717,8 @@ def test_constant_bias_gets_no_gradient_and_lse_alone_differentiates(sj, jax):
         return sj.attention(q, k, v, bias=mask).astype(jnp.float32).sum()
 
     calls = _custom_calls(jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv).as_text())
-    assert "optional_operands = 4 : i64" in calls[1] and calls[1].rsplit("->", 1)[1].count("tensor<") == 3, calls
+    assert f"optional_operands = {_bits('bias')} : i64" in calls[1], calls
+    assert calls[1].rsplit("->", 1)[1].count("tensor<") == 3, calls
     grads = jax.eval_shape(jax.grad(loss, (0, 1, 2)), q, kv, kv)
     assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
 
@@ -834,7 +845,7 @@ def test_alibi_slopes_get_a_zero_gradient(sj, jax):
 
 
 def test_lowering_with_alibi_announces_its_operand(sj, jax):
-    """The slopes are one more trailing input (bit 16 of optional_operands), after the lengths, the
+    """The slopes are one more trailing input (their bit of optional_operands), after the lengths, the
     sinks and the bias, of the forward and of the backward; they add no result."""
     jnp = jax.numpy
     q, kv = _spec(jax, (2, 128, 8, 64)), _spec(jax, (2, 256, 2, 64))
@@ -843,7 +854,7 @@ def test_lowering_with_alibi_announces_its_operand(sj, jax):
 
     calls = _custom_calls(jax.jit(lambda q, k, v, s: sj.attention(q, k, v, alibi_slopes=s))
                           .lower(q, kv, kv, slopes).as_text())
-    assert len(calls) == 1 and "optional_operands = 16 : i64" in calls[0], calls
+    assert len(calls) == 1 and f"optional_operands = {_bits('alibi_slopes')} : i64" in calls[0], calls
     assert calls[0].count("tensor<8xf32>") == 1
 
     def loss(q, k, v, slopes, bias, sinks, lengths):
@@ -853,8 +864,9 @@ def test_lowering_with_alibi_announces_its_operand(sj, jax):
     calls = _custom_calls(jax.jit(jax.grad(loss, (0, 1, 2, 5))).lower(q, kv, kv, slopes, bias, sinks, lengths)
                           .as_text())
     assert len(calls) == 2 and "@stridedfa_sdpa_backward(" in calls[1], calls
-    assert "optional_operands = 23 : i64" in calls[0], calls[0]  # 1 + 2 + 4 + 16: a constant bias
-    assert "optional_operands = 87 : i64" in calls[1], calls[1]  # + 64: the sinks' gradient
+    given = _bits("lengths", "sinks", "bias", "alibi_slopes")  # a constant bias
+    assert f"optional_operands = {given} : i64" in calls[0], calls[0]
+    assert f"optional_operands = {given + _bits('grad_sinks')} : i64" in calls[1], calls[1]
     # The operand types: q, k, v, out, lse, grad_out, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes
     # (the slopes last); the results grad_q, grad_k, grad_v, grad_sinks (the slopes have no gradient).
     arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", calls[1]).groups()
@@ -889,7 +901,7 @@ def test_alibi_slopes_as_numpy_array(sj, jax):
     out = jax.eval_shape(lambda q, k, v: sj.attention(q, k, v, alibi_slopes=slopes, causal=True), q, kv, kv)
     assert out.shape == (1, 16, 2, 64)
     text = jax.jit(lambda q, k, v: sj.attention(q, k, v, alibi_slopes=slopes)).lower(q, kv, kv).as_text()
-    assert "optional_operands = 16 : i64" in _custom_calls(text)[0]
+    assert f"optional_operands = {_bits('alibi_slopes')} : i64" in _custom_calls(text)[0]
 
 
 def test_vmapped_alibi_slopes(sj, jax):
@@ -912,7 +924,8 @@ def test_vmapped_alibi_slopes(sj, jax):
     assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
     # The calls get the slopes as they are, (8,), not broadcast along the mapped axis.
     text = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0, 0, 0, None))).lower(q, kv, kv, slopes).as_text()
-    _assert_forward_and_backward_take(_custom_calls(text), 16, "tensor<8xf32>", "tensor<3x2x128x8x64xbf16>")
+    _assert_forward_and_backward_take(_custom_calls(text), _bits("alibi_slopes"), "tensor<8xf32>",
+                                      "tensor<3x2x128x8x64xbf16>")
     closed = jnp.asarray(_alibi_slopes(8), jnp.float32)
     assert jax.eval_shape(jax.vmap(lambda q, k, v: f(q, k, v, closed)), q, kv, kv).shape == out.shape
     nested = jax.eval_shape(jax.vmap(jax.vmap(f, in_axes=(0, 0, 0, None)), in_axes=(0, 0, 0, None)),
@@ -988,7 +1001,7 @@ def test_dropout_shapes_and_grad(sj, jax, key_kind, layout):
 
 
 def test_lowering_with_dropout_passes_one_state_to_forward_and_backward(sj, jax):
-    """Dropout adds the dropout_p attribute (f64) and one trailing uint32 (4,) input (bit 32 of
+    """Dropout adds the dropout_p attribute (f64) and one trailing uint32 (4,) input (its bit of
     optional_operands), after every other optional operand; the backward gets the forward's state
     (the same SSA value: one mask), and no result for it."""
     jnp = jax.numpy
@@ -998,7 +1011,8 @@ def test_lowering_with_dropout_passes_one_state_to_forward_and_backward(sj, jax)
     calls = _stridedfa_calls(jax.jit(lambda q, k, v, key: sj.attention(q, k, v, dropout_p=0.2, dropout_key=key))
                              .lower(q, kv, kv, key).as_text())
     assert len(calls) == 1 and "@stridedfa_sdpa_forward_inference(" in calls[0], calls
-    assert "dropout_p = 2.000000e-01 : f64" in calls[0] and "optional_operands = 32 : i64" in calls[0], calls[0]
+    assert "dropout_p = 2.000000e-01 : f64" in calls[0], calls[0]
+    assert f"optional_operands = {_bits('rng_state')} : i64" in calls[0], calls[0]
     assert re.search(r"\} : \((.*)\) -> ", calls[0]).group(1).split(", ")[-1] == "tensor<4xui32>", calls[0]
 
     slopes, bias = _spec(jax, (8,), "float32"), _spec(jax, (1, 8, 128, 256))
@@ -1012,8 +1026,9 @@ def test_lowering_with_dropout_passes_one_state_to_forward_and_backward(sj, jax)
     text = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv, slopes, bias, lengths, key).as_text()
     forward, backward = _stridedfa_calls(text)
     assert "@stridedfa_sdpa_forward(" in forward and "@stridedfa_sdpa_backward(" in backward
-    for call in (forward, backward):  # 1 + 4 + 16 + 32: a constant bias
-        assert "optional_operands = 53 : i64" in call and "dropout_p = 2.500000e-01 : f64" in call, call
+    given = _bits("lengths", "bias", "alibi_slopes", "rng_state")  # a constant bias
+    for call in (forward, backward):
+        assert f"optional_operands = {given} : i64" in call and "dropout_p = 2.500000e-01 : f64" in call, call
     arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", backward).groups()
     arguments = arguments.split(", ")
     assert len(arguments) == 11 and arguments[-2:] == ["tensor<8xf32>", "tensor<4xui32>"], arguments
@@ -1119,7 +1134,7 @@ def test_vmapped_dropout(sj, jax):
     assert [g.shape for g in grads] == [q.shape, kv.shape, kv.shape]
     text = jax.jit(jax.vmap(jax.grad(loss), in_axes=axes)).lower(q, kv, kv, key).as_text()
     calls = _stridedfa_calls(text)
-    _assert_forward_and_backward_take(calls, 32, "tensor<4xui32>", "tensor<3x2x128x8x64xbf16>")
+    _assert_forward_and_backward_take(calls, _bits("rng_state"), "tensor<4xui32>", "tensor<3x2x128x8x64xbf16>")
     assert _operands(calls[0])[-1] == _operands(calls[1])[-1]
     assert jax.eval_shape(jax.vmap(lambda q, k, v: f(q, k, v, key)), q, kv, kv).shape == q.shape
 
@@ -1191,7 +1206,8 @@ def test_dispatcher_passes_dropout_to_the_jax_adapter(sj, jax):
     text = jax.jit(lambda q, k, v, key: stridedfa.attention(q, k, v, dropout_p=0.2, dropout_key=key)).lower(
         q, kv, kv, key).as_text()
     calls = _stridedfa_calls(text)
-    assert len(calls) == 1 and "layout = 1 : i64" in calls[0] and "optional_operands = 32 : i64" in calls[0]
+    assert len(calls) == 1 and "layout = 1 : i64" in calls[0]
+    assert f"optional_operands = {_bits('rng_state')} : i64" in calls[0]
     assert "dropout_p = 2.000000e-01 : f64" in calls[0]
     grads = jax.eval_shape(jax.grad(lambda q, k, v: stridedfa.attention(q, k, v, dropout_p=0.2, dropout_key=key)
                                     .astype("float32").sum(), (0, 1, 2)), q, kv, kv)
@@ -1224,8 +1240,9 @@ def handler_stand_in(jax, monkeypatch):
 
     def ffi_call(target, result_shape_dtypes, vmap_method=None):
         def run(*args, **attributes):
-            # the sinks only (and, in the backward, their gradient: + 64)
-            assert attributes["optional_operands"] == (66 if target == "stridedfa_sdpa_backward" else 2), attributes
+            # the sinks only (and, in the backward, their gradient)
+            wanted = _bits("sinks", "grad_sinks") if target == "stridedfa_sdpa_backward" else _bits("sinks")
+            assert attributes["optional_operands"] == wanted, attributes
             calls.append((target, tuple(tuple(x.shape) for x in args)))
             q, k, v, *rest = args
             shapes = [tuple(x.shape) for x in (q, k, v)]
@@ -1323,11 +1340,12 @@ def test_vmapped_sinks(sj, jax):
         q, kv, kv, sinks).as_text()
     forward, backward = _custom_calls(text)
     arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", forward).groups()
-    assert "optional_operands = 2 : i64" in forward and arguments.split(", ") == [
+    assert f"optional_operands = {_bits('sinks')} : i64" in forward and arguments.split(", ") == [
         "tensor<3x2x128x8x64xbf16>", "tensor<3x2x256x2x64xbf16>", "tensor<3x2x256x2x64xbf16>", "tensor<8xf32>"]
     arguments, results = re.search(r"\} : \((.*)\) -> (.*)$", backward).groups()
     arguments = arguments.split(", ")
-    assert "optional_operands = 66 : i64" in backward and arguments[0] == "tensor<2x128x8x64xbf16>", backward
+    assert f"optional_operands = {_bits('sinks', 'grad_sinks')} : i64" in backward, backward
+    assert arguments[0] == "tensor<2x128x8x64xbf16>", backward
     assert arguments[-1] == "tensor<8xf32>" and results.count("tensor<") == 4 and "tensor<8xf32>" in results, backward
     closed = jnp.zeros((8,), jnp.float32)
     assert jax.eval_shape(jax.vmap(lambda q, k, v: f(q, k, v, closed)), q, kv, kv).shape == (3, 2, 128, 8, 64)
@@ -1340,7 +1358,7 @@ def test_vmapped_sinks(sj, jax):
     text = jax.jit(jax.vmap(lambda q, k, v, s: sj.attention(q, k, v, sinks=s, alibi_slopes=s), in_axes=axes)).lower(
         q, kv, kv, sinks).as_text()
     (call,) = _custom_calls(text)
-    assert "optional_operands = 18 : i64" in call
+    assert f"optional_operands = {_bits('sinks', 'alibi_slopes')} : i64" in call
     assert re.search(r"\} : \((.*)\) -> ", call).group(1).endswith("tensor<8xf32>, tensor<8xf32>"), call
 
     mapped = _spec(jax, (3, 8), "float32")
@@ -1387,7 +1405,8 @@ def test_dispatcher_passes_alibi_slopes_to_the_jax_adapter(sj, jax):
     q, kv, slopes = _spec(jax, (2, 8, 128, 64)), _spec(jax, (2, 2, 256, 64)), _spec(jax, (8,), "float32")
     text = jax.jit(lambda q, k, v, s: stridedfa.attention(q, k, v, alibi_slopes=s)).lower(q, kv, kv, slopes).as_text()
     calls = _custom_calls(text)
-    assert len(calls) == 1 and "optional_operands = 16 : i64" in calls[0] and "layout = 1 : i64" in calls[0]
+    assert len(calls) == 1 and "layout = 1 : i64" in calls[0]
+    assert f"optional_operands = {_bits('alibi_slopes')} : i64" in calls[0]
 
 
 def test_traced_scale_is_refused(sj, jax):

@@ -43,7 +43,9 @@ def test_lowering_passes_the_block_table_and_the_cached_lengths(sj, jax, layout)
     assert len(found) == 1 and "@stridedfa_sdpa_forward_inference(" in found[0], found
     # q, k_cache, v_cache, then seqlens_q (the full s_q), cache_seqlens, block_table
     assert found[0].count("%") >= 6
-    for attribute in ("optional_operands = 257 : i64", "causal = true", "alignment = 1 : i64",
+    bits = stridedfa._core._jax_optional_operands()
+    for attribute in (f"optional_operands = {bits['lengths'] + bits['block_table']} : i64", "causal = true",
+                      "alignment = 1 : i64",
                       f"layout = {0 if layout == 'bshd' else 1} : i64", "window_left = 255 : i64"):
         assert attribute in found[0], found[0]
     out = jax.eval_shape(lambda *x: sj.paged_attention(*x, layout=layout), *args(jax, layout))

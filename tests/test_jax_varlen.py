@@ -52,7 +52,8 @@ def test_lowering_uses_the_thd_layout_and_the_cu_seqlens_operands(sj, jax):
     f = jax.jit(lambda *x: sj.varlen_attention(*x, 256, 300, causal=True, window=(127, 0)))
     found = calls(f.lower(*args(jax)).as_text())
     assert len(found) == 1 and "@stridedfa_sdpa_forward(" in found[0], found
-    for attribute in ("layout = 2 : i64", "optional_operands = 128 : i64", "max_seqlen_q = 256 : i64",
+    cu_seqlens = stridedfa._core._jax_optional_operands()["cu_seqlens"]
+    for attribute in ("layout = 2 : i64", f"optional_operands = {cu_seqlens} : i64", "max_seqlen_q = 256 : i64",
                       "max_seqlen_kv = 300 : i64", "window_left = 127 : i64", "causal = true"):
         assert attribute in found[0], found[0]
 
@@ -70,7 +71,9 @@ def test_dropout_passes_the_philox_state(sj, jax):
     key = jax.random.key(0)
     f = jax.jit(lambda *x: sj.varlen_attention(*x, dropout_p=0.1, dropout_key=key))
     found = calls(f.lower(*args(jax)).as_text())
-    assert "optional_operands = 160 : i64" in found[0] and "dropout_p = 1.000000e-01" in found[0], found[0]
+    bits = stridedfa._core._jax_optional_operands()
+    assert f"optional_operands = {bits['cu_seqlens'] + bits['rng_state']} : i64" in found[0], found[0]
+    assert "dropout_p = 1.000000e-01" in found[0], found[0]
 
 
 def test_vmap_runs_each_packed_batch(sj, jax):

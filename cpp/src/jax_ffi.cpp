@@ -295,22 +295,6 @@ TensorView stats_of(const char* name, const ffi::AnyBuffer& buffer, ArrayLayout 
               reinterpret_cast<std::uintptr_t>(buffer.untyped_data()));
 }
 
-// How many trailing arguments the OptionalOperand bits `present` announce.
-int64_t count_optional(int64_t present, bool backward) {
-  const int64_t known = kWithLengths | kWithSinks | kWithBias | (backward ? kWithGradBias | kWithGradSinks : 0) |
-                        kWithAlibiSlopes | kWithRngState | kWithCuSeqlens | (backward ? 0 : kWithBlockTable);
-  if (present < 0 || (present & ~known) != 0 || ((present & kWithGradBias) && !(present & kWithBias)) ||
-      ((present & kWithGradSinks) && !(present & kWithSinks))) {
-    throw LayoutError("unknown optional_operands code " + std::to_string(present) +
-                      " (bits: 1 seqlens_q and seqlens_kv, 2 sinks, 4 bias, 8 grad_bias: backward, with bias, " +
-                      "16 alibi_slopes, 32 rng_state, 64 grad_sinks: backward, with sinks, 128 cu_seqlens_q and " +
-                      "cu_seqlens_kv, 256 block_table: forward)");
-  }
-  return ((present & kWithLengths) ? 2 : 0) + ((present & kWithSinks) ? 1 : 0) + ((present & kWithBias) ? 1 : 0) +
-         ((present & kWithAlibiSlopes) ? 1 : 0) + ((present & kWithRngState) ? 1 : 0) +
-         ((present & kWithCuSeqlens) ? 2 : 0) + ((present & kWithBlockTable) ? 1 : 0);
-}
-
 // A bias (or its gradient) buffer as the core's view: q's buffer has 4 axes plus those jax.vmap put
 // in front of every operand (vmap_method "broadcast_all"), which the bias folds into q's batch.
 TensorView bias_of(const char* name, const ffi::AnyBuffer& buffer, const ffi::AnyBuffer& q, const TensorView& q_view,
@@ -322,60 +306,59 @@ TensorView bias_of(const char* name, const ffi::AnyBuffer& buffer, const ffi::An
                      reinterpret_cast<std::uintptr_t>(buffer.untyped_data()));
 }
 
-// The trailing arguments `present` (OptionalOperand bits) announces, in that order: seqlens_q and
-// seqlens_kv, sinks, bias, alibi_slopes, rng_state, cu_seqlens_q and cu_seqlens_kv, block_table. `q` is q's buffer and
-// `q_view` its view (see bias_of).
-void read_rest(const ffi::RemainingArgs& rest, int64_t present, bool backward, const ffi::AnyBuffer& q, int32_t device,
-               CallOperands& call) {
-  const int64_t expected = count_optional(present, backward);
-  if (static_cast<int64_t>(rest.size()) != expected) {
-    throw LayoutError("optional_operands " + std::to_string(present) + " announces " + std::to_string(expected) +
-                      " trailing arguments, got " + std::to_string(rest.size()));
+// An optional operand's buffer as the core's view, by the kind of its row in the operand table.
+// `q` is q's buffer and `q_view` its view (see bias_of).
+TensorView optional_view(int slot, const ffi::AnyBuffer& b, const ffi::AnyBuffer& q, const TensorView& q_view,
+                         int32_t device) {
+  const char* name = kOperands[slot].name;
+  const auto dims = b.dimensions();
+  const auto rank = static_cast<int64_t>(dims.size());
+  const auto data = reinterpret_cast<std::uintptr_t>(b.untyped_data());
+  switch (kOperands[slot].kind) {
+    case OperandKind::lengths:
+    case OperandKind::cumulative:  // (b + 1,) int32: a dense 1-D buffer, read as given
+      return lengths_view(name, dims.begin(), rank, dl_dtype(name, b.element_type()), device, data);
+    case OperandKind::per_head:  // the slopes keep their own axes under vmap; sinks are shared
+      return slot == kAlibiSlopes
+                 ? slopes_view(name, dims.begin(), rank, dl_dtype(name, b.element_type()), device, data)
+                 : per_head_view(name, dims.begin(), rank, dl_dtype(name, b.element_type()), device, data);
+    case OperandKind::scores:
+      return bias_of(name, b, q, q_view, device);
+    case OperandKind::philox:
+      return rng_state_view(name, dims.begin(), rank, dl_dtype(name, b.element_type()), device, data);
+    case OperandKind::page_table:
+      return block_table_view(name, dims.begin(), rank, dl_dtype(name, b.element_type()), device, data);
+    default:
+      throw UnsupportedError(std::string(name) + " cannot be passed to stridedfa.jax yet");
   }
-  size_t next = 0;
-  auto buffer = [&](const char* name) {
-    const auto b = rest.get<ffi::AnyBuffer>(next++);
-    if (b.has_error()) throw LayoutError(std::string(name) + ": not an array");
-    return *b;
-  };
-  auto read = [&](const char* name, TensorView& view, bool per_head) {
-    const auto b = buffer(name);
-    const auto dims = b.dimensions();
-    const auto dtype = dl_dtype(name, b.element_type());
-    const auto data = reinterpret_cast<std::uintptr_t>(b.untyped_data());
-    view = per_head ? per_head_view(name, dims.begin(), static_cast<int64_t>(dims.size()), dtype, device, data)
-                    : lengths_view(name, dims.begin(), static_cast<int64_t>(dims.size()), dtype, device, data);
-  };
-  if (present & kWithLengths) {
-    read("seqlens_q", call.slot[kSeqLensQ], false);
-    read("seqlens_kv", call.slot[kSeqLensKV], false);
+}
+
+// The optional trailing arguments and results `present` announces (optional_operands: the operand
+// table's order), read into the call's slots.
+void read_optional(const ffi::RemainingArgs& rest, const ffi::RemainingRets* more, int64_t present,
+                   const ffi::AnyBuffer& q, int32_t device, CallOperands& call) {
+  const OptionalOperands given = optional_operands(present, call.op);
+  if (static_cast<int>(rest.size()) != given.num_arguments) {
+    throw LayoutError("optional_operands " + std::to_string(present) + " announces " +
+                      std::to_string(given.num_arguments) + " trailing arguments, got " + std::to_string(rest.size()));
   }
-  if (present & kWithSinks) read("sinks", call.slot[kSinks], true);
-  if (present & kWithBias) call.slot[kBias] = bias_of("bias", buffer("bias"), q, call.slot[kQ], device);
-  if (present & kWithAlibiSlopes) {
-    const auto b = buffer("alibi_slopes");
-    const auto dims = b.dimensions();
-    call.slot[kAlibiSlopes] = slopes_view("alibi_slopes", dims.begin(), static_cast<int64_t>(dims.size()),
-                                          dl_dtype("alibi_slopes", b.element_type()), device,
-                                          reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+  const int results = more ? static_cast<int>(more->size()) : 0;
+  if (results != given.num_results) {
+    throw LayoutError("optional_operands " + std::to_string(present) + " announces " +
+                      std::to_string(given.num_results) + " trailing results (grad_sinks, grad_bias), got " +
+                      std::to_string(results));
   }
-  if (present & kWithRngState) {
-    const auto b = buffer("rng_state");
-    const auto dims = b.dimensions();
-    call.slot[kRngState] = rng_state_view("rng_state", dims.begin(), static_cast<int64_t>(dims.size()),
-                                          dl_dtype("rng_state", b.element_type()), device,
-                                          reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+  for (int i = 0; i < given.num_arguments; ++i) {
+    const int slot = given.arguments[i];
+    const auto b = rest.get<ffi::AnyBuffer>(i);
+    if (b.has_error()) throw LayoutError(std::string(kOperands[slot].name) + ": not an array");
+    call.slot[slot] = optional_view(slot, *b, q, call.slot[kQ], device);
   }
-  if (present & kWithCuSeqlens) {  // (b + 1,) int32 each: dense 1-D buffers, read as given
-    read("cu_seqlens_q", call.slot[kCuSeqlensQ], false);
-    read("cu_seqlens_kv", call.slot[kCuSeqlensKV], false);
-  }
-  if (present & kWithBlockTable) {
-    const auto b = buffer("block_table");
-    const auto dims = b.dimensions();
-    call.slot[kBlockTable] = block_table_view("block_table", dims.begin(), static_cast<int64_t>(dims.size()),
-                                              dl_dtype("block_table", b.element_type()), device,
-                                              reinterpret_cast<std::uintptr_t>(b.untyped_data()));
+  for (int i = 0; i < given.num_results; ++i) {
+    const int slot = given.results[i];
+    auto result = more->get<ffi::AnyBuffer>(i);
+    if (result.has_error()) throw LayoutError(std::string(kOperands[slot].name) + ": not an array");
+    call.slot[slot] = optional_view(slot, **result, q, call.slot[kQ], device);
   }
 }
 
@@ -426,7 +409,7 @@ ffi::Error forward(Stream stream, int32_t device, ffi::ScratchAllocator& scratch
     call.slot[kV] = array_of("v", v, layout, device);
     call.slot[kO] = array_of("out", out, layout, device);
     if (lse) call.slot[kLse] = stats_of("lse", *lse, layout, device);
-    read_rest(rest, optional_operands, false, q, device, call);
+    read_optional(rest, nullptr, optional_operands, q, device, call);
     launch(prepare_call(call, options), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {
@@ -448,13 +431,6 @@ ffi::Error forward_inference_impl(Stream stream, int32_t device, ffi::ScratchAll
   return forward(stream, device, scratch, q, k, v, rest, *out, nullptr, options, layout, optional_operands);
 }
 
-// The backward's trailing result `i` (the sinks' or the bias' gradient).
-ffi::AnyBuffer result_at(const ffi::RemainingRets& more, size_t i, const char* name) {
-  auto result = more.get<ffi::AnyBuffer>(i);
-  if (result.has_error()) throw LayoutError(std::string(name) + ": not an array");
-  return **result;
-}
-
 ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
                          ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                          ffi::AnyBuffer grad_out, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> grad_q,
@@ -473,27 +449,7 @@ ffi::Error backward_impl(Stream stream, int32_t device, ffi::ScratchAllocator sc
     call.slot[kGradQ] = array_of("grad_q", *grad_q, array_layout, device);
     call.slot[kGradK] = array_of("grad_k", *grad_k, array_layout, device);
     call.slot[kGradV] = array_of("grad_v", *grad_v, array_layout, device);
-    read_rest(rest, optional_operands, true, q, device, call);  // no block table: count_optional refuses it
-    // The optional gradients: grad_sinks with sinks, then grad_bias where asked for.
-    const bool with_sinks = (optional_operands & kWithGradSinks) != 0;  // grad_sinks wanted
-    const bool with_bias = (optional_operands & kWithGradBias) != 0;
-    const size_t gradients = (with_sinks ? 1 : 0) + (with_bias ? 1 : 0);
-    if (more.size() != gradients) {
-      throw LayoutError("optional_operands " + std::to_string(optional_operands) + " announces " +
-                        std::to_string(gradients) + " trailing results (grad_sinks, grad_bias), got " +
-                        std::to_string(more.size()));
-    }
-    size_t next = 0;
-    if (with_sinks) {
-      const auto grad_sinks = result_at(more, next++, "grad_sinks");
-      const auto dims = grad_sinks.dimensions();
-      call.slot[kGradSinks] = per_head_view("grad_sinks", dims.begin(), static_cast<int64_t>(dims.size()),
-                                            dl_dtype("grad_sinks", grad_sinks.element_type()), device,
-                                            reinterpret_cast<std::uintptr_t>(grad_sinks.untyped_data()));
-    }
-    if (with_bias) {
-      call.slot[kGradBias] = bias_of("grad_bias", result_at(more, next++, "grad_bias"), q, call.slot[kQ], device);
-    }
+    read_optional(rest, &more, optional_operands, q, device, call);
     launch(prepare_call(call, options), stream, scratch);
     return ffi::Error::Success();
   } catch (...) {

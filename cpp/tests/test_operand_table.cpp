@@ -8,6 +8,7 @@
 #include <string>
 
 #include "stridedfa/errors.hpp"
+#include "stridedfa/jax_ffi.hpp"
 #include "stridedfa/validate.hpp"
 #include "views.hpp"
 
@@ -88,4 +89,41 @@ TEST_CASE("the FP8 scaling rows are reserved: one row each, refused until FP8 at
     }
   }
   CHECK(rows == kAmaxGradV - kDescaleQ + 1);
+}
+
+TEST_CASE("the JAX handlers read their optional operands from the table: a bit per slot, in the table's order") {
+  using jax_ffi::optional_bit;
+  using jax_ffi::optional_operands;
+  const int64_t all_forward = optional_bit(kSeqLensQ) | optional_bit(kSeqLensKV) | optional_bit(kSinks) |
+                              optional_bit(kBias) | optional_bit(kAlibiSlopes) | optional_bit(kRngState) |
+                              optional_bit(kCuSeqlensQ) | optional_bit(kCuSeqlensKV) | optional_bit(kBlockTable);
+  const auto forward = optional_operands(all_forward, GraphOp::forward);
+  REQUIRE(forward.num_arguments == 9);
+  CHECK(forward.num_results == 0);
+  const int expected[] = {kSeqLensQ, kSeqLensKV,  kSinks,       kBias,      kAlibiSlopes,
+                          kRngState, kCuSeqlensQ, kCuSeqlensKV, kBlockTable};
+  for (int i = 0; i < 9; ++i) CHECK(forward.arguments[i] == expected[i]);
+  CHECK(optional_operands(0, GraphOp::forward).num_arguments == 0);
+  // The backward: no block table; the sinks' and the bias' gradients are trailing results.
+  const int64_t backward_bits = optional_bit(kSinks) | optional_bit(kGradSinks) | optional_bit(kBias) |
+                                optional_bit(kGradBias) | optional_bit(kRngState);
+  const auto backward = optional_operands(backward_bits, GraphOp::backward);
+  REQUIRE(backward.num_arguments == 3);
+  CHECK(backward.arguments[0] == kSinks);
+  CHECK(backward.arguments[1] == kBias);
+  CHECK(backward.arguments[2] == kRngState);
+  REQUIRE(backward.num_results == 2);
+  CHECK(backward.results[0] == kGradSinks);
+  CHECK(backward.results[1] == kGradBias);
+  // What a handler does not take is named: a block table in the backward, a gradient in the forward,
+  // a fixed operand, an FP8 row (not yet), an unknown bit.
+  CHECK_THROWS_WITH_AS(optional_operands(optional_bit(kBlockTable), GraphOp::backward),
+                       doctest::Contains("block_table"), LayoutError);
+  CHECK_THROWS_WITH_AS(optional_operands(optional_bit(kGradBias), GraphOp::forward), doctest::Contains("grad_bias"),
+                       LayoutError);
+  CHECK_THROWS_WITH_AS(optional_operands(optional_bit(kQ), GraphOp::forward), doctest::Contains(": q "), LayoutError);
+  CHECK_THROWS_WITH_AS(optional_operands(optional_bit(kDescaleQ), GraphOp::forward), doctest::Contains("descale_q"),
+                       LayoutError);
+  CHECK_THROWS_AS(optional_operands(optional_bit(62), GraphOp::forward), LayoutError);
+  CHECK_THROWS_AS(optional_operands(-1, GraphOp::forward), LayoutError);
 }

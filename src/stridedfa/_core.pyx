@@ -39,9 +39,6 @@ from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOper
                              kAlibiSlopes, kBias, kBlockTable, kCuSeqlensKV, kCuSeqlensQ, kGradBias,  # no-cython-lint
                              kGradK, kGradO, kGradQ, kGradSinks, kGradV, kK, kLse, kNumSlots, kO,  # no-cython-lint
                              kOperands, kQ, kRngState, kSeqLensKV, kSeqLensQ, kSinks, kV,  # no-cython-lint
-                             kWithAlibiSlopes, kWithBias, kWithBlockTable, kWithCuSeqlens,  # no-cython-lint
-                             kWithGradBias, kWithGradSinks, kWithLengths, kWithRngState,  # no-cython-lint
-                             kWithSinks, OptionalOperand,  # no-cython-lint
                              length_bucket, libraries_loaded, OperandInfo, OperandKind,  # no-cython-lint
                              output_layout, OutputLayout,  # no-cython-lint
                              option_fields, OptionField, own_workspace_allocations,  # no-cython-lint

@@ -246,17 +246,6 @@ cdef extern from "stridedfa/jax_ffi.hpp" namespace "stridedfa::jax_ffi" nogil:
         bhsd
         thd
 
-    cdef enum OptionalOperand:
-        kWithLengths
-        kWithSinks
-        kWithBias
-        kWithGradBias
-        kWithAlibiSlopes
-        kWithRngState
-        kWithGradSinks
-        kWithCuSeqlens
-        kWithBlockTable
-
     TensorView jax_array_view "stridedfa::jax_ffi::array_view"(
         const char* name, const int64_t* dims, int64_t rank, ArrayLayout layout, DLDataType dtype,
         int device, uintptr_t data) except +raise_core_error

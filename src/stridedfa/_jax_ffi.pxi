@@ -6,11 +6,15 @@
 # before anything is compiled or launched exactly when the handler would refuse it.
 
 def _jax_optional_operands():
-    """The handlers' ``optional_operands`` bits (jax_ffi.hpp, OptionalOperand), by operand: the one
-    definition the JAX adapter reads."""
-    return {"lengths": kWithLengths, "sinks": kWithSinks, "bias": kWithBias, "grad_bias": kWithGradBias,
-            "alibi_slopes": kWithAlibiSlopes, "rng_state": kWithRngState, "grad_sinks": kWithGradSinks,
-            "cu_seqlens": kWithCuSeqlens, "block_table": kWithBlockTable}
+    """The handlers' ``optional_operands`` bits by operand, as the handlers read them (jax_ffi.hpp
+    optional_bit: 1 << the operand's slot in the operand table); "lengths" and "cu_seqlens" name both
+    of their pair. The one definition the JAX adapter reads."""
+    cdef int s
+    bit = {kOperands[s].name.decode(): 1 << s for s in range(kNumSlots)}
+    return {"lengths": bit["seqlens_q"] | bit["seqlens_kv"], "sinks": bit["sinks"], "bias": bit["bias"],
+            "grad_bias": bit["grad_bias"], "alibi_slopes": bit["alibi_slopes"], "rng_state": bit["rng_state"],
+            "grad_sinks": bit["grad_sinks"], "cu_seqlens": bit["cu_seqlens_q"] | bit["cu_seqlens_kv"],
+            "block_table": bit["block_table"]}
 
 
 def _jax_ffi_targets():

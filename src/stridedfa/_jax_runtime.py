@@ -58,10 +58,11 @@ _DTYPES = ("float16", "bfloat16")
 _FORWARD = "stridedfa_sdpa_forward"  # (q, k, v) -> (out, lse)
 _FORWARD_INFERENCE = "stridedfa_sdpa_forward_inference"  # (q, k, v) -> out
 _BACKWARD = "stridedfa_sdpa_backward"  # (q, k, v, out, lse, grad_out) -> (grad_q, grad_k, grad_v)
-# The handlers' `optional_operands` attribute: which optional operands follow those above, in this
-# order, and whether the backward returns grad_bias (after grad_sinks, which come with the sinks;
-# sinks that are not differentiated get none). The ALiBi slopes and dropout's rng_state are inputs
-# of both and have no gradient. The bits are the core's (OptionalOperand, jax_ffi.hpp).
+# The handlers' `optional_operands` attribute: which optional operands follow those above, one bit
+# each (1 << the operand's slot in the core's operand table, jax_ffi.hpp optional_operands), in the
+# table's order; and whether the backward returns grad_sinks and grad_bias (after grad_v, in that
+# order; sinks or a bias that are not differentiated get none). The ALiBi slopes and dropout's
+# rng_state are inputs of both and have no gradient.
 _BITS = _core._jax_optional_operands()
 _WITH_LENGTHS, _WITH_SINKS, _WITH_BIAS, _WITH_GRAD_BIAS = _BITS["lengths"], _BITS["sinks"], _BITS["bias"], \
     _BITS["grad_bias"]

@@ -15,7 +15,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "stridedfa/errors.hpp"
+#include "stridedfa/sdpa_types.hpp"
 #include "stridedfa/tensor_view.hpp"
 
 namespace stridedfa::jax_ffi {
@@ -80,28 +83,57 @@ TensorView rng_state_view(const char* name, const int64_t* dims, int64_t rank, D
 TensorView block_table_view(const char* name, const int64_t* dims, int64_t rank, DLDataType dtype, int32_t device,
                             std::uintptr_t data);
 
-// Bits of the handlers' `optional_operands` attribute (i64): which optional trailing arguments follow
-// the fixed ones, and which optional results the backward has. Arguments present come in this order:
-// seqlens_q and seqlens_kv (both or neither), sinks, bias, alibi_slopes, rng_state, cu_seqlens_q and cu_seqlens_kv
-// (both or neither), block_table. The backward's trailing results are grad_sinks when kWithGradSinks says so, then
-// grad_bias when kWithGradBias does (sinks or a bias that are not differentiated need no gradient; the slopes and
-// rng_state have none). Counting alone cannot tell a bias from the sinks, hence the bits.
-enum OptionalOperand : int64_t {
-  kWithLengths = 1,
-  kWithSinks = 2,
-  kWithBias = 4,
-  kWithGradBias = 8,
-  kWithAlibiSlopes = 16,
-  kWithRngState = 32,     // dropout's Philox state (see rng_state_view): the forward's and the backward's alike
-  kWithGradSinks = 64,    // backward, with sinks: grad_sinks is a result (sinks that are not differentiated get none)
-  kWithCuSeqlens = 128,   // cu_seqlens_q and cu_seqlens_kv, int32 (b + 1,): a variable-length (layout thd) call
-  kWithBlockTable = 256,  // forward: int32 (b, blocks per sequence) into k and v, (num_blocks, block, h_kv, d) caches
+// The handlers' `optional_operands` attribute (i64): which optional operands follow the fixed
+// ones, one bit each, `1 << slot` of the operand's row in kOperands, and they follow in the table's
+// order (seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_kv,
+// block_table); the backward's optional results (grad_sinks, grad_bias) likewise, after grad_v. The
+// table says which operands a handler takes: the inputs of its op other than the fixed attention
+// tensors, and the backward's per-head and score gradients; the FP8 rows not yet (issue 34). Which
+// combinations make a call is the validator's to say, as for every entry point.
+constexpr int64_t optional_bit(int slot) { return int64_t{1} << slot; }
+
+struct OptionalOperands {
+  int arguments[kNumSlots] = {};  // slots of the trailing arguments, in order
+  int num_arguments = 0;
+  int results[kNumSlots] = {};  // slots of the backward's trailing results, in order
+  int num_results = 0;
 };
+
+// The slots `present` announces for a handler of `op`; throws LayoutError naming the bits that no
+// such handler takes.
+inline OptionalOperands optional_operands(int64_t present, GraphOp op) {
+  OptionalOperands given;
+  int64_t taken = 0;
+  for (int s = 0; s < kNumSlots; ++s) {
+    const OperandKind kind = kOperands[s].kind;
+    if (kind == OperandKind::attention || kind == OperandKind::stats || kind == OperandKind::fp8_scale) continue;
+    const Role role = role_in(op, s);
+    if (role == Role::absent) continue;
+    taken |= optional_bit(s);
+    if (!(present & optional_bit(s))) continue;
+    if (role == Role::input) {
+      given.arguments[given.num_arguments++] = s;
+    } else {
+      given.results[given.num_results++] = s;
+    }
+  }
+  if (present < 0 || (present & ~taken) != 0) {
+    std::string names;
+    for (int s = 0; s < kNumSlots && s < 63; ++s) {
+      if (present & ~taken & optional_bit(s)) names += std::string(names.empty() ? "" : ", ") + kOperands[s].name;
+    }
+    throw LayoutError("optional_operands " + std::to_string(present) + " announces operands the " +
+                      (op == GraphOp::forward ? "forward" : "backward") + " handler does not take" +
+                      (names.empty() ? std::string() : ": " + names) +
+                      " (bit 1 << slot of each optional operand of its op, cpp/include/stridedfa/sdpa_types.hpp)");
+  }
+  return given;
+}
 
 // The handlers, as XLA_FFI_Handler* (void* keeps XLA's types out of this header). Attributes:
 // options (a dictionary of SdpaOptions' fields by name and wire type, STRIDEDFA_SDPA_OPTION_FIELDS
 // in sdpa_types.hpp: what _core._sdpa_options gives for the call), layout (i64: ArrayLayout) and
-// optional_operands (i64: the OptionalOperand bits of the trailing arguments given). Each takes the
+// optional_operands (i64: the optional_bit of each trailing argument given). Each takes the
 // optional trailing arguments in this order: (q, k, v[, seqlens_q, seqlens_kv][, sinks][, bias]
 // [, alibi_slopes][, rng_state][, cu_seqlens_q, cu_seqlens_kv][, block_table]) -> (out, lse)
 void* forward_handler();
