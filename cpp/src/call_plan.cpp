@@ -331,11 +331,6 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   const bool has_lengths = operands[kSeqLensQ] || operands[kSeqLensKV];
   const Visibility seen = visible_region(options, problem, has_lengths);
   std::copy(operands, operands + kNumSlots, plan.slots);
-  if (options.dropout_p > 0 && !operands[kRngState]) {
-    throw LayoutError(
-        "dropout_p > 0 needs rng_state, an int64 (2,) device tensor holding the Philox seed and offset "
-        "(the framework adapters draw it from their generator); pass the same rng_state to the backward.");
-  }
   if (!(options.dropout_p > 0)) plan.slots[kRngState] = nullptr;  // no dropout: the state is not read
   if (problem.nothing_to_do) return;
   if (problem.ragged) {

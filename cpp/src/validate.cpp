@@ -222,6 +222,7 @@ Problem validate_call(const CallOperands& call) {
   const bool paged = t[kBlockTable] != nullptr;
   Problem p = problem_from(*t[kQ], *t[kK], *t[kV], paged);  // q, k and v agree with each other
   if (paged) set_paged(p, t);
+  p.rng_state = t[kRngState] != nullptr;
   if (ragged) {
     p.ragged = true;
     p.sequences = t[kCuSeqlensQ]->dims[3] - 1;
@@ -291,11 +292,15 @@ Problem validate_call(const CallOperands& call) {
 }
 
 void validate_options(const SdpaOptions& options, const Problem& p) {
-  (void)p;
   // Only a boundary that carries the options as codes (the JAX handlers' attribute) can get this wrong.
   if (options.alignment != CausalAlignment::top_left && options.alignment != CausalAlignment::bottom_right) {
     throw LayoutError("unknown causal_alignment code " + std::to_string(static_cast<int64_t>(options.alignment)) +
                       " (0: top_left, 1: bottom_right)");
+  }
+  if (options.dropout_p > 0 && !p.rng_state) {
+    throw LayoutError(
+        "dropout_p > 0 needs rng_state, an int64 (2,) device tensor holding the Philox seed and offset "
+        "(the framework adapters draw it from their generator); pass the same rng_state to the backward.");
   }
   if (options.has_scale && !std::isfinite(options.scale)) {
     throw LayoutError("scale must be a finite number, got " + std::to_string(options.scale));

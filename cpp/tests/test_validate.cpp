@@ -123,6 +123,12 @@ TEST_CASE("the options' rules: a finite scale, non-negative window bounds, a pos
   options.softcap = -1.0;
   CHECK_THROWS_WITH_AS(validate_options(options, p), doctest::Contains("softcap"), LayoutError);
   options = SdpaOptions{};
+  options.dropout_p = 0.1;  // dropout reads its Philox state from the rng_state operand
+  CHECK_THROWS_WITH_AS(validate_options(options, p), doctest::Contains("needs rng_state"), LayoutError);
+  Problem with_state = p;
+  with_state.rng_state = true;
+  CHECK_NOTHROW(validate_options(options, with_state));
+  options = SdpaOptions{};
   options.alignment = static_cast<CausalAlignment>(2);  // a code from the JAX handlers' attribute
   CHECK_THROWS_WITH_AS(validate_options(options, p), doctest::Contains("causal_alignment code 2"), LayoutError);
 }

@@ -317,6 +317,7 @@ struct Problem {
   // reads `blocks` of them (s_kv: blocks * block_size).
   bool paged = false;
   int64_t num_blocks = 0, block_size = 0, blocks = 0;
+  bool rng_state = false;  // dropout's Philox state was given (validate_options: dropout needs it)
 
   int64_t extent(Extent e) const {
     const int64_t values[] = {b, h_q, h_kv, s_q, s_kv, d_qk, d_v, 1, 2, sequences + 1, blocks};
