@@ -53,3 +53,26 @@ def test_output_strides_agree_on_random_layouts(shape, strides):
        strides=st.lists(st.integers(0, 3000), min_size=5, max_size=5))
 def test_gradient_strides_agree_on_random_layouts(shape, strides):
     assert _core._gradient_strides(tuple(shape), tuple(strides)) == _layouts.gradient_strides(shape, strides)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.integers(1, 300), tokens_kv=st.integers(1, 300), heads=st.sampled_from([(8, 8), (8, 2), (4, 1)]),
+       d=st.sampled_from([(64, 64), (128, 64)]), q_order=st.sampled_from(["token_major", "head_major", "packed"]))
+def test_varlen_outputs_follow_the_symbolic_twin(tokens, tokens_kv, heads, d, q_order):
+    """A variable-length call's out, lse and gradients as the C++ rule allocates them, against
+    _layouts (the fakes' rule), whatever q's strides (views of a packed projection, head-major)."""
+    from helpers.fake_dlpack import FakeTensor, row_major
+    h_q, h_kv = heads
+    d_qk, d_v = d
+    q_strides = {"token_major": row_major((tokens, h_q, d_qk)), "head_major": (d_qk, tokens * d_qk, 1),
+                 "packed": (3 * h_q * d_qk, d_qk, 1)}[q_order]
+    inputs = {"q": FakeTensor((tokens, h_q, d_qk), q_strides), "k": FakeTensor((tokens_kv, h_kv, d_qk)),
+              "v": FakeTensor((tokens_kv, h_kv, d_v), data=0x7F0000100000),
+              "cu_seqlens_q": FakeTensor((3,), dtype="int32"), "cu_seqlens_kv": FakeTensor((3,), dtype="int32")}
+    rule = _core._output_layouts(inputs, "out lse grad_q grad_k grad_v")
+    out_shape = (tokens, h_q, d_v)
+    assert rule["out"] == (out_shape, _layouts.contiguous_strides(out_shape))
+    assert rule["lse"] == _layouts.varlen_lse((tokens, h_q, d_qk))
+    for name, shape in (("grad_q", (tokens, h_q, d_qk)), ("grad_k", (tokens_kv, h_kv, d_qk)),
+                        ("grad_v", (tokens_kv, h_kv, d_v))):
+        assert rule[name] == (shape, _layouts.contiguous_strides(shape)), name

@@ -6,7 +6,9 @@ torch.compile), CuPy and the core's own allocation path produce identical stride
 - the attention output is dense in q's axis order (a bshd-ordered q gives a bshd-ordered out);
 - a gradient has its input's strides when the input is dense, else it is dense in the input's axis
   order (q/k/v views of a packed buffer get compact gradients; the packed entry points instead
-  allocate one packed gradient buffer).
+  allocate one packed gradient buffer);
+- a variable-length (THD) call's out and gradients are contiguous (token-major: cuDNN sums grouped
+  heads only into those), its statistics (heads, tokens) over token-major memory.
 """
 
 from __future__ import annotations
@@ -61,3 +63,16 @@ def gradient_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int,
     if is_dense(shape, strides):
         return tuple(strides)
     return dense_strides(shape, axis_order(strides, shape))
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides: a variable-length call's out (tokens, heads, d_v) and gradients."""
+    return dense_strides(shape, range(len(shape)))
+
+
+def varlen_lse(q_shape: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A variable-length call's statistics, (shape, strides): (heads, tokens) over (tokens, heads)
+    memory, strides (1, heads). They do not depend on the token count, so one graph serves every
+    batch of a length bucket (a contiguous (heads, tokens) would key each token count)."""
+    tokens, heads = q_shape[0], q_shape[1]
+    return (heads, tokens), (1, heads)

@@ -326,3 +326,26 @@ def _packed_allocate(packed, int dim, to_logical, q, bint backward):
     if backward:
         return None, outputs.take_grad_packed(), outputs.take(kGradQ) if q is not None else None, given
     return outputs.take(kO), None, None, given
+
+
+def _output_layouts(dict inputs, str outputs, bint backward=False):
+    """The layout rule (layout_rules.hpp output_layout) for the space-separated `outputs` of a call
+    whose inputs are {operand name: DLPack tensor} (fake ones will do: nothing is read or run):
+    {output name: (shape, strides)}, or None where the inputs do not determine it. For the tests
+    of the rule's symbolic twin (_layouts.py)."""
+    cdef CallOperands call
+    cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
+    cdef CallStream st
+    cdef OutputLayout layout
+    cdef SlotList wanted = slot_list(outputs)
+    cdef int i
+    call.op = GraphOp.backward if backward else GraphOp.forward
+    parse_stream(0, &st)
+    intake_named(inputs, &st, &call, &owned)
+    result = {}
+    for i in range(wanted.n):
+        layout = output_layout(call, wanted.slot[i])
+        result[kOperands[wanted.slot[i]].name.decode()] = (
+            (tuple(layout.shape[a] for a in range(layout.ndim)), tuple(layout.strides[a] for a in range(layout.ndim)))
+            if layout.ndim else None)
+    return result

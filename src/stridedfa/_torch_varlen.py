@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from stridedfa import _core
+from stridedfa import _core, _layouts
 from stridedfa._errors import UnsupportedError
 from stridedfa._quirk_workarounds import VARLEN_BACKWARD_DENSE_QUERIES, varlen_backward_kv_heads
 from stridedfa._torch_ops import (
@@ -44,12 +44,13 @@ from stridedfa._torch_options import VarlenOptions, schema, tensor_positions
 
 
 def _lse_like(q: torch.Tensor) -> torch.Tensor:
-    # (h_q, total_q) over (total_q, h_q) memory: the strides do not depend on the token count, so
-    # one graph serves every batch size of a bucket (a contiguous (h, total) would key each total).
-    return torch.empty_strided((q.shape[1], q.shape[0]), (1, q.shape[1]), dtype=torch.float32, device=q.device)
+    """The statistics the layout rule allocates (_layouts.varlen_lse): the fakes' and torch < 2.10's."""
+    shape, strides = _layouts.varlen_lse(q.shape)
+    return torch.empty_strided(shape, strides, dtype=torch.float32, device=q.device)
 
 
 def _out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """out as the layout rule allocates it: contiguous (tokens, heads, d_v)."""
     return torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype, device=q.device)
 
 
