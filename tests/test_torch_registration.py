@@ -279,6 +279,9 @@ def test_torch_window_parse_answers_as_the_cores(window):
     if isinstance(window, tuple) and len(window) == 2 and all(type(b) is int for b in window):
         as_numpy = tuple(np.int64(b) for b in window)
         assert answer(_bounds, as_numpy) == answer(_core._window_bounds, as_numpy)
+        numpy_bool = (np.True_, window[1])  # a bool, whatever NumPy names its type
+        assert answer(_bounds, numpy_bool)[0] is TypeError
+        assert answer(_bounds, numpy_bool) == answer(_core._window_bounds, numpy_bool)
 
 
 PACKED_CASES = [  # (packed shape, dim, layout, separate q shape or None)

@@ -267,3 +267,13 @@ def test_overlap_is_exact(shape3, out_strides8, out_offset, in_strides8, in_offs
     else:
         with pytest.raises(stridedfa.LayoutError, match=expected):
             _core._validate_forward(q, q, q, out)
+
+
+@pytest.mark.parametrize("name", ["scale", "softcap", "dropout_p"])
+@pytest.mark.parametrize("value", [True, np.True_, "0.5", b"1"], ids=repr)
+def test_the_options_parse_refuses_bools_and_strings_of_any_producer(name, value):
+    """The one parse of a call's options (every entry point's, JAX's too): a number, never a bool
+    (NumPy's included, whose type NumPy 2 names "bool") or a string, refused by type."""
+    with pytest.raises(TypeError, match=f"^{name} must be a number"):
+        _core._sdpa_options(**{name: value})
+    assert _core._sdpa_options(**{name: np.float32(0.25)})[name] == 0.25

@@ -7,7 +7,8 @@ cdef int64_t window_bound(object bound, const char* side) except -2:
     if bound is None:
         return -1  # SdpaOptions::kUnbounded
     # A Python or NumPy integer (JAX callers pass NumPy's); never a bool, whatever its kind.
-    if isinstance(bound, bool) or type(bound).__name__ == "bool_" or not hasattr(type(bound), "__index__"):
+    if (isinstance(bound, bool) or type(bound).__name__ in ("bool_", "bool")
+            or not hasattr(type(bound), "__index__")):
         raise TypeError(f"window {side.decode()} bound must be an int >= 0 or None, got {bound!r}")
     bound = bound.__index__()
     if bound < 0:
@@ -31,8 +32,10 @@ def _window_bounds(window):
 
 
 cdef bint is_number(object value):
-    """A real number of any producer's kind (Python, NumPy, a 0-d array), never a bool or a string."""
-    return not isinstance(value, bool) and type(value).__name__ != "bool_" and hasattr(type(value), "__float__")
+    """A real number of any producer's kind (Python, NumPy, a 0-d array), never a bool (NumPy's is
+    numpy.bool_, named "bool" since NumPy 2) or a string."""
+    return (not isinstance(value, bool) and type(value).__name__ not in ("bool_", "bool")
+            and hasattr(type(value), "__float__"))
 
 
 cdef int parse_options(object scale, object causal, object causal_alignment, object window,

@@ -410,7 +410,8 @@ def _bounds(window) -> tuple[int, int]:
             bounds.append(-1)
             continue
         # a Python or NumPy integer, never a bool of either
-        if isinstance(bound, bool) or type(bound).__name__ == "bool_" or not hasattr(type(bound), "__index__"):
+        if (isinstance(bound, bool) or type(bound).__name__ in ("bool_", "bool")
+                or not hasattr(type(bound), "__index__")):
             raise TypeError(f"window {side} bound must be an int >= 0 or None, got {bound!r}")
         bound = bound.__index__()
         if bound < 0:

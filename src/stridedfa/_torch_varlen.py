@@ -75,8 +75,10 @@ def _varlen_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max
                          deterministic):
     """(out, lse) of a THD call."""
     window = _window(window_left, window_right)
-    if _HAS_EXCHANGE_API:  # reading, allocating out and lse (the layout rule's) and launching in one C call
-        return _core._forward_alloc(q, k, v, scale, causal, causal_alignment, True, True, window, softcap, None, None,
+    # Reading, allocating out and lse (the layout rule's) and launching in one C call; each output in
+    # its own block (this is also the operator's kernel, which compiled graphs' CUDA graphs run).
+    if _HAS_EXCHANGE_API:
+        return _core._forward_alloc(q, k, v, scale, causal, causal_alignment, True, False, window, softcap, None, None,
                                     sinks, None, None, dropout_p, rng_state, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=_max(max_seqlen_q),
                                     max_seqlen_kv=_max(max_seqlen_kv))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -71,17 +72,23 @@ def _lifted(quirk: str, body: str) -> dict:
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    return {"raised": (done.stderr.strip().splitlines() or ["(no output)"])[-1]}
+    # the exception's own line (a message may span several), else the last line there is
+    lines = done.stderr.strip().splitlines() or ["(no output)"]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return {"raised": raised[-1] if raised else lines[-1]}
 
 
 def _still_wrong(result: dict, quirk: str, tolerance: float):
     if "raised" in result:  # only cuDNN itself refusing the graph means the gap is still there
         raised = result["raised"]
         assert "quirk" not in raised, f"{quirk}: stridedfa still refused it: {raised}"
-        assert raised.startswith(("stridedfa._errors.BackendError", "stridedfa._errors.UnsupportedError")), (
-            f"{quirk}: the reproduction itself failed: {raised}")
+        kind, _, message = raised.partition(": ")
+        # cuDNN's refusals come as these errors with a message that starts "cuDNN " (cudnn_graphs.cpp check)
+        assert kind in ("stridedfa._errors.BackendError", "stridedfa._errors.UnsupportedError") and \
+            message.startswith("cuDNN "), f"{quirk}: the reproduction itself failed: {raised}"
         return
-    assert result["error"] > tolerance, (
+    # a NaN error is a wrong result too (NaN compares false)
+    assert not result["error"] <= tolerance, (
         f"{quirk} no longer reproduces on cuDNN {torch.backends.cudnn.version()}: error {result['error']:.3g} "
         f"<= {tolerance}; set its fixed_in in cudnn_quirks.hpp")
 
