@@ -35,9 +35,9 @@ TensorView made_lengths_view(const char* name, const Problem& p) {
 
 // Slots point at the caller's views until the plan changes one: then the slot gets its own copy.
 TensorView& set_view(Plan& plan, int slot, const TensorView& view) {
-  plan.views[slot] = view;
-  plan.slots[slot] = &plan.views[slot];
-  return plan.views[slot];
+  TensorView* made = plan.views.put(slot, view);
+  plan.slots[slot] = made;
+  return *made;
 }
 
 void make_lengths(Plan& plan, int slot, int64_t value) {

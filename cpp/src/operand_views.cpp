@@ -98,8 +98,7 @@ OperandViews::OperandViews(const CallOperands& call) {
   const bool ragged = is_ragged(call);
   for (int s = 0; s < kNumSlots; ++s) {
     if (!call.slot[s].present) continue;
-    views[s] = as_4d(call.slot[s], kOperands[s].kind, ragged);
-    slots[s] = &views[s];
+    slots[s] = views.put(s, as_4d(call.slot[s], kOperands[s].kind, ragged));
   }
 }
 

@@ -161,8 +161,8 @@ void check_output(Validator& check, GraphOp op, const TensorView* const* t, int 
 Problem validate_call(const CallOperands& call) {
   const GraphOp op = call.op;
   Validator check;
-  const TensorView* t[kNumSlots] = {};  // the operands present, each as its 4-axis view
-  TensorView as4[kNumSlots];
+  const TensorView* t[kNumSlots] = {};      // the operands present, each as its 4-axis view
+  SlotViews as4;                            // the 4-axis views of the slots present
   const TensorView* given[kNumSlots] = {};  // the op's operands (null where it has no such slot)
   const bool ragged = is_ragged(call);
   for (int s = 0; s < kNumSlots; ++s) {
@@ -210,8 +210,7 @@ Problem validate_call(const CallOperands& call) {
         check.fp8_scale(*given[s]);
         break;
     }
-    as4[s] = as_4d(*given[s], kOperands[s].kind, ragged);
-    t[s] = &as4[s];
+    t[s] = as4.put(s, as_4d(*given[s], kOperands[s].kind, ragged));
   }
   if (ragged) check_ragged_operands(t);
   for (int s = kQ + 1; s < kNumSlots; ++s) {

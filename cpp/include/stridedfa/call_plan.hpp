@@ -20,7 +20,7 @@ struct Plan {
   Problem problem;  // the sub-problem cuDNN computes
   // What cuDNN is given per slot: the caller's view, or views[slot] where the plan changed it.
   const TensorView* slots[kNumSlots] = {};
-  TensorView views[kNumSlots];
+  SlotViews views;  // only where the plan changed a view
   int n_fills = 0;
   Fill fills[kMaxFills];
   int n_copies = 0;

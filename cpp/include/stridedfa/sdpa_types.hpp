@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -302,6 +303,21 @@ struct CallOperands {
   GraphOp op = GraphOp::forward;
   TensorView slot[kNumSlots];
 };
+
+// TensorViews for some of a call's slots, made where a slot gets one: the operand table's many
+// rows that a call leaves absent cost nothing (an array of TensorViews would initialise every one,
+// ~7.5 KB, on every call; measured as a host-time regression once the FP8 rows were added).
+class SlotViews {
+ public:
+  TensorView* put(int slot, const TensorView& view) { return ::new (cells_[slot].bytes) TensorView(view); }
+
+ private:
+  struct Cell {
+    alignas(TensorView) unsigned char bytes[sizeof(TensorView)];
+  };
+  Cell cells_[kNumSlots];
+};
+static_assert(std::is_trivially_destructible_v<TensorView>, "SlotViews never destroys what it made");
 
 // What validation established about a call.
 struct Problem {

@@ -22,7 +22,7 @@ bool cudnn_can_read(const TensorView& t);
 // A call's operands as the core's 4-axis views, in slot order (null where not given): what the
 // plan, the cache key and the graph read once validation has passed.
 struct OperandViews {
-  TensorView views[kNumSlots];
+  SlotViews views;  // the slots present only
   const TensorView* slots[kNumSlots] = {};
   explicit OperandViews(const CallOperands& call);
   OperandViews(const OperandViews&) = delete;  // slots point into this object
