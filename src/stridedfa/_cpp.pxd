@@ -143,14 +143,17 @@ cdef extern from "stridedfa/sdpa_types.hpp" namespace "stridedfa" nogil:
         int64_t sequences
 
 
+cdef extern from "stridedfa/validate.hpp" namespace "stridedfa" nogil:
+    Problem validate_call(const CallOperands& call) except +raise_core_error
+    void validate_options(const SdpaOptions& options, const Problem& problem) except +raise_core_error
+
+
 cdef extern from "stridedfa/sdpa.hpp" namespace "stridedfa" nogil:
     cdef cppclass PreparedCall:
         Problem problem
         int64_t workspace_bytes
 
     cbool cudnn_can_read(const TensorView& t)
-    Problem validate_call(const CallOperands& call) except +raise_core_error
-    void validate_options(const SdpaOptions& options, const Problem& problem) except +raise_core_error
     PreparedCall prepare_call(const CallOperands& call, const SdpaOptions& options) except +raise_core_error
     vector[int64_t] call_graph_key(const CallOperands& call, const SdpaOptions& options, int sm_version,
                                    int64_t cudnn_version) except +raise_core_error
