@@ -42,6 +42,8 @@ from stridedfa._torch_ops import (
 )
 from stridedfa._torch_options import VarlenOptions, schema, tensor_positions
 
+_new_record = tuple.__new__
+
 
 def _lse_like(q: torch.Tensor) -> torch.Tensor:
     """The statistics the layout rule allocates (_layouts.varlen_lse): the fakes' and torch < 2.10's."""
@@ -266,10 +268,9 @@ def _varlen_options(like, max_seqlen_q, max_seqlen_kv, scale, causal, causal_ali
     like's device."""
     left, right = _bounds(window)
     rng_state = _draw_rng_state(like, dropout_p) if dropout_p > 0 else None
-    return VarlenOptions(max_seqlen_q=max_seqlen_q or 0, max_seqlen_kv=max_seqlen_kv or 0, scale=scale,
-                         causal=bool(causal), causal_alignment=causal_alignment, window_left=left, window_right=right,
-                         softcap=softcap, sinks=sinks, dropout_p=float(dropout_p), rng_state=rng_state,
-                         deterministic=bool(deterministic))
+    # In VarlenOptions' field order; tuple.__new__ skips the record's Python __new__ (host time).
+    return _new_record(VarlenOptions, (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment,
+                                       left, right, softcap, sinks, float(dropout_p), rng_state, bool(deterministic)))
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
