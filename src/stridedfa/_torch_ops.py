@@ -318,9 +318,8 @@ class _EagerAttention(torch.autograd.Function):
 
 
 def _attention_forward_autograd(q, k, v, *args):
-    opts = Options.of(args)
-    if _requires_grad(q, k, v, opts.sinks, opts.bias):
-        _check_backward(q, k, v, opts)
+    if _requires_grad(q, k, v, args[_AT_SINKS], args[_AT_BIAS]):  # the record only where a backward follows
+        _check_backward(q, k, v, Options.of(args))
         return _AttentionFunction.apply(q, k, v, *args)
     return _below_autograd(_attention_forward, _attention_forward_impl, (q, k, v, *args),
                            (q, k, v, *(args[i] for i in _TENSOR_OPTIONS)))

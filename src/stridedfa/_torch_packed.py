@@ -159,9 +159,8 @@ class _PackedAttentionFunction(torch.autograd.Function):
 
 def _packed_forward_autograd(packed, dim, layout, q, *args):
     op_args = (packed, dim, layout, q, *args)
-    opts = Options.of(args)
-    if _requires_grad(packed, q, opts.sinks, opts.bias):
-        _check_packed_backward(packed, dim, layout, q, opts)
+    if _requires_grad(packed, q, args[_AT_SINKS], args[_AT_BIAS]):  # the record only where a backward follows
+        _check_packed_backward(packed, dim, layout, q, Options.of(args))
         return _PackedAttentionFunction.apply(False, *op_args)
     return _below_autograd(_packed_attention_forward, _packed_forward_impl, op_args,
                            (packed, q, *(args[i] for i in _TENSOR_OPTIONS)))

@@ -40,9 +40,7 @@ from stridedfa._torch_ops import (
     _window,
     _workspace,
 )
-from stridedfa._torch_options import VarlenOptions, schema, tensor_positions
-
-_new_record = tuple.__new__
+from stridedfa._torch_options import VarlenOptions, new_record, schema, tensor_positions
 
 
 def _lse_like(q: torch.Tensor) -> torch.Tensor:
@@ -151,8 +149,7 @@ _lib.impl("varlen_backward", _backward_kernel(varlen_backward, _varlen_backward_
 
 
 def _forward_tensors(q, k, v, cu_seqlens_q, cu_seqlens_kv, options):
-    opts = VarlenOptions.of(options)
-    return q, k, v, cu_seqlens_q, cu_seqlens_kv, opts.sinks, opts.rng_state
+    return (q, k, v, cu_seqlens_q, cu_seqlens_kv, *(options[i] for i in _TENSOR_OPTIONS))
 
 
 class _VarlenFunction(torch.autograd.Function):
@@ -268,9 +265,9 @@ def _varlen_options(like, max_seqlen_q, max_seqlen_kv, scale, causal, causal_ali
     like's device."""
     left, right = _bounds(window)
     rng_state = _draw_rng_state(like, dropout_p) if dropout_p > 0 else None
-    # In VarlenOptions' field order; tuple.__new__ skips the record's Python __new__ (host time).
-    return _new_record(VarlenOptions, (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment,
-                                       left, right, softcap, sinks, float(dropout_p), rng_state, bool(deterministic)))
+    return new_record(VarlenOptions, (max_seqlen_q or 0, max_seqlen_kv or 0, scale, bool(causal), causal_alignment,
+                                      left, right, softcap, sinks, float(dropout_p), rng_state,
+                                      bool(deterministic)))  # in its fields' order
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

@@ -44,7 +44,7 @@ from stridedfa._torch_ops import (
     _is_grad_enabled,
     _plain_eager,
 )
-from stridedfa._torch_options import Options
+from stridedfa._torch_options import Options, new_record
 from stridedfa._torch_packed import (
     _check_packed,
     _check_packed_backward,
@@ -54,8 +54,6 @@ from stridedfa._torch_packed import (
 )
 from stridedfa._torch_paged import attention_with_kvcache
 from stridedfa._torch_varlen import varlen_attention, varlen_packed_attention
-
-_new_record = tuple.__new__  # an Options from its fields in order, without the record's Python __new__
 
 __all__ = ["attention", "attention_with_kvcache", "context_parallel_attention", "packed_attention", "shard_sequence",
            "unshard_sequence", "varlen_attention", "varlen_packed_attention"]
@@ -150,8 +148,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
                                   seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, dropout_p, rng_state)
         return (out, lse) if return_lse else out
     left, right = _bounds(window)
-    # In Options' field order; tuple.__new__ skips the record's Python __new__ (half its host time).
-    opts = _new_record(Options, (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks,
+    opts = new_record(Options, (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks,
                                  deterministic, bias, alibi_slopes, float(dropout_p), rng_state))
     if needs_grad and _plain_eager(q, k, v):
         _check_backward(q, k, v, opts)  # the operator's Autograd kernel checks the other paths
@@ -210,8 +207,8 @@ def packed_attention(packed: torch.Tensor, dim: int, *, layout: str = "bshd",
     dim = _check_packed(packed, dim, layout, q)
     left, right = _bounds(window)
     rng_state = _draw_rng_state(packed, dropout_p) if dropout_p else None
-    opts = _new_record(Options, (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks,
-                                 deterministic, bias, alibi_slopes, float(dropout_p), rng_state))  # fields' order
+    opts = new_record(Options, (scale, causal, causal_alignment, left, right, softcap, seqlens_q, seqlens_kv, sinks,
+                                deterministic, bias, alibi_slopes, float(dropout_p), rng_state))  # fields' order
     needs_grad = torch.is_grad_enabled() and (packed.requires_grad or (q is not None and q.requires_grad)
                                               or (sinks is not None and sinks.requires_grad)
                                               or (bias is not None and bias.requires_grad))
