@@ -326,8 +326,7 @@ def _forward_alloc(q, k, v, scale, causal, causal_alignment, bint with_lse, bint
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
-    if max_seqlen_q is not None or max_seqlen_kv is not None:
-        parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     cdef FrameworkOutputs outputs = framework_outputs(q, together)
     parse_stream(None, &st)
     intake_slots((q, k, v, seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state, block_table, cu_seqlens_q,
@@ -354,8 +353,7 @@ def _backward_alloc(q, k, v, out, lse, grad_out, scale, causal, causal_alignment
     cdef CallStream st
     call.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
-    if max_seqlen_q is not None or max_seqlen_kv is not None:
-        parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
+    parse_max_seqlen(max_seqlen_q, max_seqlen_kv, &options)
     cdef FrameworkOutputs outputs = framework_outputs(q, together)
     keep_alive = []
     parse_stream(None, &st)

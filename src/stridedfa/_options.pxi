@@ -79,6 +79,9 @@ cdef int parse_max_seqlen(object max_seqlen_q, object max_seqlen_kv, SdpaOptions
     """A variable-length call's promised longest sequences (None: bounded by the token count)."""
     cdef int side
     cdef int64_t values[2]
+    if max_seqlen_q is None and max_seqlen_kv is None:  # every dense call: nothing to loop over
+        options.max_seqlen_q = options.max_seqlen_kv = 0
+        return 0
     for side, value in enumerate((max_seqlen_q, max_seqlen_kv)):
         if value is None:
             values[side] = 0
