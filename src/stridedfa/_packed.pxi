@@ -31,6 +31,23 @@ cdef int check_packed(const TensorView& packed, int dim, int want) except -1:
     return 0
 
 
+cdef int cut_qkv(const TensorView& packed_view, int dim, const int* perm, object q, CallStream* st,
+                 IntakeHold* owned, CallOperands* call) except -1:
+    """The call's q, k and v slots in the core's axes: slices of the packed buffer, q read apart
+    where it is given separately."""
+    cdef TensorView q_layout
+    if q is None:
+        call.slot[kQ] = select_packed(packed_view, dim, 0, perm, b"q")
+    else:
+        intake(q, b"q", False, st, &q_layout, &owned[0][kHeldQ])
+        if q_layout.ndim != 4:
+            raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
+        call.slot[kQ] = to_core_axes(q_layout, perm, b"q")
+    call.slot[kK] = select_packed(packed_view, dim, 0 if q is not None else 1, perm, b"k")
+    call.slot[kV] = select_packed(packed_view, dim, 1 if q is not None else 2, perm, b"v")
+    return 0
+
+
 def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_alignment,
                           bint with_lse, window=None, softcap=None, seqlens_q=None, seqlens_kv=None, sinks=None,
                           bias=None, alibi_slopes=None, dropout_p=0.0, rng_state=None):
@@ -43,7 +60,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     cdef CallOperands fwd
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
-    cdef TensorView packed_view, q_layout
+    cdef TensorView packed_view
     cdef int perm[4]
     parse_options(scale, causal, causal_alignment, window, softcap, False, dropout_p, &options)
     parse_to_logical(to_logical, perm)
@@ -51,15 +68,7 @@ def _packed_forward_alloc(packed, int dim, to_logical, q, scale, causal, causal_
     intake(packed, b"packed", False, &st, &packed_view, &owned[kHeldPacked])
     check_packed(packed_view, dim, 3 if q is None else 2)
     intake_slots((seqlens_q, seqlens_kv, sinks, bias, alibi_slopes, rng_state), &PACKED_OPTIONS, &st, &fwd, &owned)
-    if q is None:
-        q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
-    else:
-        intake(q, b"q", False, &st, &q_layout, &owned[kHeldQ])
-        if q_layout.ndim != 4:
-            raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
-    fwd.slot[kQ] = to_core_axes(q_layout, perm, b"q")
-    fwd.slot[kK] = select_packed(packed_view, dim, 0 if q is not None else 1, perm, b"k")
-    fwd.slot[kV] = select_packed(packed_view, dim, 1 if q is not None else 2, perm, b"v")
+    cut_qkv(packed_view, dim, perm, q, &st, &owned, &fwd)
     outputs = packed_outputs(packed, packed_view, dim, perm, q is not None)
     attend(&fwd, options, &st, outputs, bit(kO) | (bit(kLse) if with_lse else 0))
     return outputs.take(kO), outputs.take(kLse)
@@ -78,7 +87,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
     cdef CallOperands bwd
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
-    cdef TensorView packed_view, q_layout, out_layout, grad_out_layout
+    cdef TensorView packed_view, out_layout, grad_out_layout
     cdef int perm[4]
     bwd.op = GraphOp.backward
     parse_options(scale, causal, causal_alignment, window, softcap, deterministic, dropout_p, &options)
@@ -94,15 +103,7 @@ def _packed_backward_alloc(packed, int dim, to_logical, q, out, lse, grad_out, s
         raise LayoutError("out and grad_out must have 4 axes in the packed buffer's layout")
     bwd.slot[kO] = to_core_axes(out_layout, perm, b"out")
     bwd.slot[kGradO] = to_core_axes(grad_out_layout, perm, b"grad_out")
-    if q is None:
-        bwd.slot[kQ] = select_packed(packed_view, dim, 0, perm, b"q")
-    else:
-        intake(q, b"q", False, &st, &q_layout, &owned[kHeldQ])
-        if q_layout.ndim != 4:
-            raise LayoutError(f"q must have 4 axes in the packed buffer's layout; it has {q_layout.ndim}")
-        bwd.slot[kQ] = to_core_axes(q_layout, perm, b"q")
-    bwd.slot[kK] = select_packed(packed_view, dim, 0 if q is not None else 1, perm, b"k")
-    bwd.slot[kV] = select_packed(packed_view, dim, 1 if q is not None else 2, perm, b"v")
+    cut_qkv(packed_view, dim, perm, q, &st, &owned, &bwd)
     outputs = packed_outputs(packed, packed_view, dim, perm, q is not None)
     attend(&bwd, options, &st, outputs, gradients_wanted(&bwd, options, with_grad_bias))
     return (outputs.take_grad_packed(), outputs.take(kGradQ) if q is not None else None, outputs.take(kGradSinks),

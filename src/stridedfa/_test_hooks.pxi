@@ -293,7 +293,7 @@ def _packed_allocate(packed, int dim, to_logical, q, bint backward):
     cdef CallOperands call
     cdef IntakeHold owned  # each consumed tensor's deleter runs when this returns
     cdef CallStream st
-    cdef TensorView packed_view, q_layout
+    cdef TensorView packed_view
     cdef OutputLayout layouts[3]
     cdef int slots[3]
     cdef int perm[4]
@@ -302,13 +302,7 @@ def _packed_allocate(packed, int dim, to_logical, q, bint backward):
     parse_stream(None, &st)
     intake(packed, b"packed", False, &st, &packed_view, &owned[kHeldPacked])
     check_packed(packed_view, dim, 3 if q is None else 2)
-    if q is None:
-        q_layout = select_packed(packed_view, dim, 0, NULL, b"q")
-    else:
-        intake(q, b"q", False, &st, &q_layout, &owned[kHeldQ])
-    call.slot[kQ] = to_core_axes(q_layout, perm, b"q")
-    call.slot[kK] = select_packed(packed_view, dim, 0 if q is not None else 1, perm, b"k")
-    call.slot[kV] = select_packed(packed_view, dim, 1 if q is not None else 2, perm, b"v")
+    cut_qkv(packed_view, dim, perm, q, &st, &owned, &call)
     outputs = packed_outputs(packed, packed_view, dim, perm, q is not None)
     if backward:
         call.op = GraphOp.backward
