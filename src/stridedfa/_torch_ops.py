@@ -6,6 +6,7 @@ _torch_packed, paged and variable-length attention's in _torch_paged and _torch_
 """
 
 import functools
+import operator
 
 import torch
 
@@ -309,9 +310,12 @@ class _EagerAttention(torch.autograd.Function):
         opts = ctx.options
         if _is_grad_enabled():  # create_graph=True: through the operator, which refuses a double backward
             grads = _attention_backward(q, k, v, out, ctx.lse, grad_out, *opts, needs[4])
-        else:
-            grads = _attention_backward_impl(q, k, v, out, ctx.lse, grad_out, *opts, needs[4],
-                                             together=needs[0] and needs[1] and needs[2])
+        else:  # one C call (read, allocate, launch); absent gradients are None, not the operator's placeholders
+            grads = _core._backward_alloc(
+                q, k, v, out, ctx.lse, grad_out, opts.scale, opts.causal, opts.causal_alignment, _contiguous,
+                needs[0] and needs[1] and needs[2], _window(opts.window_left, opts.window_right), opts.softcap,
+                opts.seqlens_q, opts.seqlens_kv, opts.sinks, opts.deterministic, opts.bias,
+                needs[4] and opts.bias is not None, opts.alibi_slopes, opts.dropout_p, opts.rng_state)
         grad_q, grad_k, grad_v, grad_sinks, grad_bias = grads
         return (grad_q, grad_k, grad_v, _grad_or_none(grad_sinks, _graded_sinks(opts)),
                 grad_bias if needs[4] else None, None, None)
@@ -408,11 +412,12 @@ def _bounds(window) -> tuple[int, int]:
         if bound is None:
             bounds.append(-1)
             continue
-        # a Python or NumPy integer, never a bool of either
-        if (isinstance(bound, bool) or type(bound).__name__ in ("bool_", "bool")
-                or not hasattr(type(bound), "__index__")):
-            raise TypeError(f"window {side} bound must be an int >= 0 or None, got {bound!r}")
-        bound = bound.__index__()
+        if type(bound) is not int:  # (a plain int is taken as it is: torch.compile traces no call)
+            # a NumPy integer, never a bool of Python or NumPy
+            if (isinstance(bound, bool) or type(bound).__name__ in ("bool_", "bool")
+                    or not hasattr(type(bound), "__index__")):
+                raise TypeError(f"window {side} bound must be an int >= 0 or None, got {bound!r}")
+            bound = operator.index(bound)
         if bound < 0:
             raise ValueError(f"window {side} bound must be >= 0 (None: unbounded; FlashAttention's -1 is None "
                              f"here), got {bound}")
