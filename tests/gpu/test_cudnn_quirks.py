@@ -5,8 +5,10 @@ cuDNN fixes one, its test here fails: set the row's fixed_in and the refusal goe
 
 A child that fails for any other reason (a Python error, stridedfa's own refusal) fails the test:
 run 58's three "reproductions" died on a tuple from the reference and passed without computing
-anything (found in stop 39; the reference's out is now taken, and _still_wrong is strict). The
-four reproductions after test_sinks_with_one_query were written in stop 39 without a GPU."""
+anything (found in stop 39; the reference's out is now taken, and _still_wrong is strict). Run 59
+(cuDNN 9.19, H100) ran them all: every quirk reproduced except stop 39's first try at
+unpacked_bias_one_by_one, which missed the defect's conditions and was rewritten after the case
+that found it."""
 
 from __future__ import annotations
 
@@ -152,14 +154,21 @@ def test_sinks_grad_under_dropout():
 
 
 def test_unpacked_bias_one_by_one():
-    # With one query and one key the statistics are the one score plus the bias: a (b, h, 1, 1)
-    # bias at strides that are not packed (every other element of a (b, h, 1, 2) buffer).
+    # GPU run 31's fuzz case (tests/gpu/test_bias.py, refused there): s_kv = 1 and causal
+    # bottom-right over 33 queries, so the core describes the one row that sees the key, with the
+    # batch-broadcast (1, h, 33, 1) bias cut to that row (head stride 33: not packed). Stop 39's
+    # first reproduction, a (b, h, 1, 1) slice with every axis present, came out right on cuDNN 9.19
+    # (GPU run 59): the defect needs the cut row.
     result = _lifted("unpacked_bias_one_by_one", """
-        q, k, v = rand(2, 4, 1, 64, grad=False), rand(2, 4, 1, 64, grad=False), rand(2, 4, 1, 64, grad=False)
-        bias = torch.randn(2, 4, 1, 2, device="cuda").to(torch.bfloat16)[..., :1]
-        out, lse = st.attention(q, k, v, bias=bias, return_lse=True)
-        ref_lse = _attention(q.float(), k.float(), v.float(), 64 ** -0.5, False, "top_left", bias=bias.float())[1]
-        report(error=(lse.float() - ref_lse).abs().max().item())
+        import stridedfa
+        q = rand(2, 6, 33, 128, grad=False)
+        k, v = rand(2, 6, 1, 128, grad=False), rand(2, 6, 1, 128, grad=False)
+        bias = torch.randn(1, 6, 33, 1, device="cuda").to(torch.bfloat16)
+        out, lse = torch.empty_like(q), torch.empty(2, 6, 33, device="cuda")
+        stridedfa.sdpa_forward(q, k, v, out, lse=lse, causal=True, causal_alignment="bottom_right", bias=bias)
+        ref_lse = _attention(q.float(), k.float(), v.float(), 128 ** -0.5, True, "bottom_right",
+                             bias=bias.float())[1]
+        report(error=(lse[:, :, 32] - ref_lse[:, :, 32]).abs().max().item())  # the one row that sees a key
     """)
     _still_wrong(result, "unpacked_bias_one_by_one", 0.05)
 

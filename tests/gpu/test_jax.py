@@ -789,7 +789,8 @@ def test_handler_errors_carry_the_stridedfa_error_kind():
     starts with the core's error kind (attention() itself never passes a bad attribute; this
     calls the target directly to provoke one)."""
     q = jnp.ones((1, 64, 2, 64), jnp.bfloat16, device=GPU)
-    attributes = dict(sj._options("bshd", None, False, "top_left").attributes(), causal_alignment=np.int64(5))
+    attributes = sj._options("bshd", None, False, "top_left").attributes()
+    attributes["options"] = {**attributes["options"], "alignment": np.int64(5)}  # SdpaOptions' field
     call = jax.ffi.ffi_call("stridedfa_sdpa_forward_inference", jax.ShapeDtypeStruct(q.shape, q.dtype))
     with pytest.raises(Exception, match="stridedfa LayoutError: unknown causal_alignment code 5"):
         jax.block_until_ready(call(q, q, q, **attributes))
