@@ -284,6 +284,21 @@ def test_torch_window_parse_answers_as_the_cores(window):
         assert answer(_bounds, numpy_bool) == answer(_core._window_bounds, numpy_bool)
 
 
+
+@pytest.mark.parametrize("window", [(47, None), (15, 0), None], ids=repr)
+def test_torch_window_parse_traces_under_fullgraph_compile(window):
+    """attention() parses the window in Python so that torch.compile traces it: under
+    fullgraph=True a bound taken through ``__index__()`` broke the graph (GPU run 59)."""
+    from stridedfa._torch_ops import _bounds
+
+    def bounds_as_tensor(x):
+        left, right = _bounds(window)
+        return x + left + right
+
+    x = torch.zeros(2)
+    compiled = torch.compile(bounds_as_tensor, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x), bounds_as_tensor(x))
+
 PACKED_CASES = [  # (packed shape, dim, layout, separate q shape or None)
     ((2, 16, 3, 4, 64), 2, "bshd", None),
     ((16, 2, 3, 4, 64), 2, "sbhd", None),
