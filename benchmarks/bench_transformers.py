@@ -41,31 +41,36 @@ import stridedfa  # noqa: E402
 import stridedfa.transformers  # noqa: E402,F401  (registers "stridedfa")
 from helpers import hf_models  # noqa: E402
 
-SIZE = dict(hidden_size=2048, intermediate_size=5504, num_hidden_layers=4, num_attention_heads=16,
-            num_key_value_heads=4, head_dim=128, max_position_embeddings=8192, vocab_size=32000)
-FIELDS = {
-    "llama": SIZE, "qwen2": SIZE, "qwen3": SIZE,
-    "mistral": {**SIZE, "sliding_window": 1024},
-    "gemma2": {**SIZE, "sliding_window": 1024, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
-               "query_pre_attn_scalar": 128, "layer_types": ["sliding_attention", "full_attention"] * 2},
-    "gpt2": dict(vocab_size=32000, n_embd=2048, n_layer=4, n_head=16, n_positions=8192),
-    "gpt_neox": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=4,
-                     num_attention_heads=16, max_position_embeddings=8192),
-    "gpt_oss": {**SIZE, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 1024,
-                "layer_types": ["sliding_attention", "full_attention"] * 2},
-    "bert": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=4,
-                 num_attention_heads=16, max_position_embeddings=8192),
-    "modernbert": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=4,
-                       num_attention_heads=16, global_attn_every_n_layers=2, local_attention=256,
-                       max_position_embeddings=8192, pad_token_id=0),
-}
+
+def fields(name, hidden=2048):
+    """The family's config fields at ``hidden`` (1024 or 2048): 4 layers, heads of 128, GQA 4:1
+    where the family has it, the MLP 2.6875x wide (Llama's 5504 / 2048)."""
+    heads, mlp = hidden // 128, int(hidden * 2.6875)
+    size = dict(hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=4, num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 4), head_dim=128, max_position_embeddings=8192, vocab_size=32000)
+    plain = dict(vocab_size=32000, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=4,
+                 num_attention_heads=heads, max_position_embeddings=8192)
+    return {
+        "llama": size, "qwen2": size, "qwen3": size,
+        "mistral": {**size, "sliding_window": 1024},
+        "gemma2": {**size, "sliding_window": 1024, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                   "query_pre_attn_scalar": 128, "layer_types": ["sliding_attention", "full_attention"] * 2},
+        "gpt2": dict(vocab_size=32000, n_embd=hidden, n_layer=4, n_head=heads, n_positions=8192),
+        "gpt_neox": plain,
+        "gpt_oss": {**size, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 1024,
+                    "layer_types": ["sliding_attention", "full_attention"] * 2},
+        "bert": plain,
+        "modernbert": {**plain, "global_attn_every_n_layers": 2, "local_attention": 256, "pad_token_id": 0},
+    }[name]
+
+
 BASELINE = {"gemma2": "eager", "gpt_oss": "eager"}
 
 
-def build(name, implementation):
+def build(name, implementation, hidden=2048):
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-    config = hf_models._config(name, **FIELDS[name])
+    config = hf_models._config(name, **fields(name, hidden))
     torch.manual_seed(0)
     auto = AutoModelForCausalLM if hf_models.FAMILIES[name][1] == "causal" else AutoModelForMaskedLM
     with torch.device("cuda"):  # initialised on the GPU: on the CPU a build takes longer than its timing
