@@ -7,7 +7,7 @@
 # Each benchmark writes under $OUT (host/, cold/, varlen/); commit its files as
 # benchmarks/results/README.md says. Persisted plans go to $OUT/plans-bench, so that what cold start
 # reports as build time is build time. This is the `bench` part of run53.sh, prepared for GPU run 53
-# (`git show records:ci/results/next/run53.sh`); its other parts, the suite and the stride fuzz,
+# (`git show 62553a9^:ci/results/next/run53.sh`); its other parts, the suite and the stride fuzz,
 # are ci/gpu_suite.sh's.
 set -u
 ls .whl/*.whl || exit 3

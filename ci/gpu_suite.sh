@@ -8,14 +8,15 @@
 #   device time is short: what a change touched)
 # Logs and env.txt go to $OUT; record the run as ci/results/README.md says. Every file of
 # tests/gpu/ is in one half except test_stride_fuzz.py (PART=fuzz). First run as GPU runs 56-57 (2026-12-05; its copy there:
-# `git show records:ci/results/2026-12-05-run56/run.sh`).
+# `git show 62553a9^:ci/results/2026-12-05-run56/run.sh`).
 set -u
 : "${PART:?set PART=suite1, suite2 or fuzz}"
 ls .whl/*.whl || exit 3
 repo=$(pwd)
-rm -rf /tmp/sfa && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sfa .whl/*.whl
-cp src/stridedfa/*.py /tmp/sfa/stridedfa/
-export PYTHONPATH=/tmp/sfa PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+site=/tmp/sfa-$PART  # one per part: two parts may run at once on one card (PART=suite1 & PART=suite2)
+rm -rf "$site" && python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl
+cp src/stridedfa/*.py "$site/stridedfa/"
+export PYTHONPATH=$site PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export STRIDEDFA_CACHE_DIR="$OUT/plans-$PART"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/env.txt"
 run_tests() {  # name, timeout, files...
