@@ -136,7 +136,7 @@ def batch(b, s, padded, seed=0):
     return ids.masked_fill(mask == 0, 0).cuda(), mask.cuda()
 
 
-def train_rows(names, quick):
+def train_rows(names, quick, hidden=2048):
     """Both implementations' models are built side by side (same weights: seed 0) and their steps
     timed in alternation on every batch."""
     rows = []
@@ -147,13 +147,13 @@ def train_rows(names, quick):
         cases = [(b, s, padded) for b, s in shapes for padded in (False, True)
                  if (b, s) != (8, 4096) or name in ("llama", "qwen2")]
         baseline = BASELINE.get(name, "sdpa")
-        models = {implementation: build(name, implementation) for implementation in ("stridedfa", baseline)}
+        models = {implementation: build(name, implementation, hidden) for implementation in ("stridedfa", baseline)}
         for b, s, padded in cases:
             ids, mask = batch(b, s, padded)
             steps = {implementation: make_step(model, ids, mask, causal) for implementation, model in models.items()}
             medians, (pair, low, high) = interleaved(steps, warmup, iters)
             (ours_ms, ours_host), (base_ms, base_host) = medians["stridedfa"], medians[baseline]
-            row = {"model": name, "batch": b, "seq": s, "padded": padded, "baseline": baseline,
+            row = {"model": name, "hidden": hidden, "batch": b, "seq": s, "padded": padded, "baseline": baseline,
                    "stridedfa_ms": ours_ms, "baseline_ms": base_ms,
                    "stridedfa_host_ms": ours_host, "baseline_host_ms": base_host,
                    "ratio": ours_ms / base_ms, "pair_ratio_median": pair, "pair_ratio_min": low,
@@ -217,15 +217,20 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--generate", action="store_true")
     parser.add_argument("--models", default=",".join(hf_models.available()))
+    parser.add_argument("--hidden", type=int, default=2048, help="the models' hidden size (heads of 128)")
+    parser.add_argument("--padding-check", choices=("on", "off"), default="on",
+                        help="stridedfa.transformers.set_padding_check: read padding masks on the host (on) or not")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import transformers
 
     names = [n for n in args.models.split(",") if n in hf_models.available()]
-    rows = train_rows(names, args.quick)
+    stridedfa.transformers.set_padding_check(args.padding_check == "on")
+    rows = train_rows(names, args.quick, args.hidden)
     generation = generation_rows(["llama"]) if args.generate else []
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "transformers": transformers.__version__, "provenance": provenance(stridedfa), "training": rows,
+              "transformers": transformers.__version__, "hidden": args.hidden,
+              "padding_check": args.padding_check, "provenance": provenance(stridedfa), "training": rows,
               "generation": generation}
     (args.out / "transformers.json").write_text(json.dumps(result, indent=1))
     (args.out / "transformers.md").write_text(table(rows, generation))

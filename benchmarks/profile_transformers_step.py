@@ -121,7 +121,8 @@ def difference(ours: dict, theirs: dict) -> dict:
         a, b = ours["kernels"].get(kernel, 0), theirs["kernels"].get(kernel, 0)
         if a != b:
             rows.append({"kernel": kernel, "stridedfa": a, "baseline": b,
-                         "stridedfa_us": ours["kernel_us"].get(kernel, 0), "baseline_us": theirs["kernel_us"].get(kernel, 0)})
+                         "stridedfa_us": ours["kernel_us"].get(kernel, 0),
+                         "baseline_us": theirs["kernel_us"].get(kernel, 0)})
     return {"kernels": sorted(rows, key=lambda r: -abs(r["stridedfa_us"] - r["baseline_us"]))}
 
 
@@ -134,20 +135,25 @@ def main():
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--padded", action="store_true")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--padding-check", choices=("on", "off"), default="on",
+                        help="stridedfa.transformers.set_padding_check: read padding masks on the host (on) or not")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import transformers
 
+    stridedfa.transformers.set_padding_check(args.padding_check == "on")
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "transformers": transformers.__version__, "stridedfa": stridedfa.__version__,
-              "hidden": args.hidden, "batch": args.batch, "seq": args.seq, "padded": args.padded, "models": []}
+              "hidden": args.hidden, "batch": args.batch, "seq": args.seq, "padded": args.padded,
+              "padding_check": args.padding_check, "models": []}
     for name in args.models.split(","):
         causal = hf_models.FAMILIES[name][1] == "causal"
         ids, mask = batch(args.batch, args.seq, args.padded)
         sides = {}
         for implementation in ("stridedfa", BASELINE.get(name, "sdpa")):
             model = build(name, implementation, args.hidden)
-            with stridedfa.transformers.fallback("raise") if implementation == "stridedfa" else contextlib.nullcontext():
+            ours = implementation == "stridedfa"  # which must really run on stridedfa
+            with stridedfa.transformers.fallback("raise") if ours else contextlib.nullcontext():
                 sides[implementation] = profile_one(name, implementation, model, ids, mask, causal, args.steps,
                                                     args.out)
             del model
