@@ -49,11 +49,12 @@ const Kernels& kernels(int32_t device) {
   return k;
 }
 
-void launch_blocks(CUfunction kernel, unsigned blocks, void** params, std::uintptr_t stream, const char* what) {
+void launch_blocks(CUfunction kernel, unsigned blocks, unsigned blocks_y, void** params, std::uintptr_t stream,
+                   const char* what) {
   if (blocks == 0) return;
-  check_driver(
-      driver().launch_kernel(kernel, blocks, 1, 1, 128, 1, 1, 0, reinterpret_cast<CUstream>(stream), params, nullptr),
-      what);
+  check_driver(driver().launch_kernel(kernel, blocks, blocks_y, 1, 128, 1, 1, 0, reinterpret_cast<CUstream>(stream),
+                                      params, nullptr),
+               what);
 }
 
 void launch(CUfunction kernel, int64_t threads_needed, void** params, std::uintptr_t stream, const char* what) {
@@ -102,7 +103,9 @@ void fill_empty_rows(const TensorView& t, RowLengths this_side, RowLengths other
   void* params[] = {&data,     &offsets,  &len_this,    &len_other,    &sink_values, &stride_b,
                     &stride_h, &stride_s, &this_stride, &other_stride, &sink_stride, &heads,
                     &rows,     &inner,    &item_bytes,  &pattern,      &ragged};
-  launch_blocks(kernel, unsigned(t.dims[0] * t.dims[1]), params, stream, "cuLaunchKernel (stridedfa_fill_empty_rows)");
+  launch_blocks(kernel, unsigned(t.dims[0] * t.dims[1]),
+                empty_rows_blocks_per_head(t.dims[0] * t.dims[1], t.dims[2] * t.dims[3]), params, stream,
+                "cuLaunchKernel (stridedfa_fill_empty_rows)");
 }
 
 }  // namespace stridedfa

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "stridedfa/call_plan.hpp"
+#include "stridedfa/ragged.hpp"
 #include "stridedfa/errors.hpp"
 #include "stridedfa/validate.hpp"
 #include "views.hpp"
@@ -95,4 +96,14 @@ TEST_CASE("one query row with sinks and ALiBi is refused by name (the two rows' 
   args.slot[kSinks] = view("sinks", {4}, kF32, kBase + 6 * kMiB);
   args.slot[kAlibiSlopes] = view("alibi_slopes", {4}, kF32, kBase + 7 * kMiB);
   CHECK_THROWS_WITH_AS(Planned(args, SdpaOptions{}), doctest::Contains("ALiBi"), UnsupportedError);
+}
+
+TEST_CASE("fill_empty_rows spreads few (sequence, head) pairs over enough blocks, never a block per few rows") {
+  // the padded transformers step that found it: (2, 8, 2048, 128) -> 16 pairs of 262,144 elements
+  CHECK(stridedfa::empty_rows_blocks_per_head(16, 2048 * 128) == 64);
+  CHECK(stridedfa::empty_rows_blocks_per_head(16, 2048) == 2);          // lse rows: a block per 1024 elements
+  CHECK(stridedfa::empty_rows_blocks_per_head(4096, 2048 * 128) == 1);  // the pairs alone fill the GPU
+  CHECK(stridedfa::empty_rows_blocks_per_head(300, 1 << 20) == 4);
+  CHECK(stridedfa::empty_rows_blocks_per_head(1, 0) == 1);
+  CHECK(stridedfa::empty_rows_blocks_per_head(0, 100) == 1);
 }

@@ -8,6 +8,7 @@
 // bounded number of graphs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "stridedfa/sdpa_types.hpp"
@@ -67,6 +68,16 @@ inline constexpr int kMaxEmptyRows = 3;
 // `sinks` is given (the statistics), else `fill`. The same PTX module; the context must be current.
 void fill_empty_rows(const TensorView& t, RowLengths this_side, RowLengths other_side, std::uintptr_t ragged_offsets,
                      std::uintptr_t sinks, int64_t sinks_stride, uint32_t fill, int32_t device, std::uintptr_t stream);
+
+// How many blocks of fill_empty_rows share one (sequence, head)'s `elements` (rows x inner): enough
+// that the launch has ~1024 blocks of 128 threads where the (sequence, head) pairs are few (one
+// block each left an H100 mostly idle: 78 µs to zero the padding rows of one bf16 (2, 8, 2048, 128)
+// gradient, GPU run 61's profile), at most one per 1024 elements and 64 per pair.
+inline unsigned empty_rows_blocks_per_head(int64_t pairs, int64_t elements) {
+  if (pairs <= 0) return 1;
+  const int64_t to_fill_gpu = (1024 + pairs - 1) / pairs, by_size = (elements + 1023) / 1024;
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>({int64_t(64), to_fill_gpu, by_size})));
+}
 
 // Launches the offsets kernel into `buffer` (ragged.bytes() on `device`) on `stream`. Driver
 // calls: the device's context must be current.
