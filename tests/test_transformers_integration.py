@@ -105,6 +105,14 @@ def kernels(monkeypatch):
     return reference
 
 
+@pytest.fixture
+def padding_check():
+    """set_padding_check(True) for one test: padding masks read on the host to pick a path."""
+    sft.set_padding_check(True)
+    yield
+    sft.set_padding_check(False)
+
+
 def _pair(name: str, seed: int = 0):
     return hf_models.build(name, "stridedfa", seed), hf_models.build(name, BASELINE.get(name, "sdpa"), seed)
 
@@ -171,7 +179,7 @@ def _mask(attention_mask=None, q_length=6, kv_length=6, **kwargs):
     return stridedfa_mask(**{**args, **kwargs})
 
 
-def test_no_padding_is_expressed_by_the_options_alone():
+def test_no_padding_is_expressed_by_the_options_alone(padding_check):
     mask = _mask(torch.ones(2, 6))
     assert isinstance(mask, StridedMask) and (mask.kind, mask.causal, mask.window) == ("full", True, None)
     assert _mask(mask_function=mu.bidirectional_mask_function).causal is False
@@ -182,7 +190,7 @@ def test_windows_are_read_from_the_mask_function():
     assert _mask(mask_function=mu.sliding_window_bidirectional_mask_function(4)).window == (4, 4)
 
 
-def test_right_padding_becomes_the_keys_lengths():
+def test_right_padding_becomes_the_keys_lengths(padding_check):
     """The keys' lengths alone: padded query rows see every real key, as under transformers' SDPA
     (issue 30: their outputs feed the loss as SDPA's do)."""
     mask = _mask(torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]))
@@ -191,7 +199,7 @@ def test_right_padding_becomes_the_keys_lengths():
     assert mask.seqlens_kv.dtype == torch.int32 and mask.rows_seen is None
 
 
-def test_left_padding_becomes_three_sequences_per_row():
+def test_left_padding_becomes_three_sequences_per_row(padding_check):
     """The query rows before a row's first real key see none under SDPA: rows_seen zeroes them."""
     mask = _mask(torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]))
     assert mask.kind == "runs"
@@ -200,7 +208,7 @@ def test_left_padding_becomes_three_sequences_per_row():
     assert mask.rows_seen.tolist() == [[True] * 6, [False, False, True, True, True, True]]
 
 
-def test_decoding_with_left_padding_pairs_the_new_query_with_its_row_keys():
+def test_decoding_with_left_padding_pairs_the_new_query_with_its_row_keys(padding_check):
     padding = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]])
     mask = _mask(padding, q_length=1, kv_length=7, q_offset=6)
     assert mask.kind == "runs"
@@ -216,7 +224,7 @@ def test_a_static_cache_gets_the_dense_mask():
         assert isinstance(mask, torch.Tensor) and mask.shape == (2, 1, 2, 16)
 
 
-def test_holes_get_transformers_dense_mask():
+def test_holes_get_transformers_dense_mask(padding_check):
     padding = torch.tensor([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     mask = _mask(padding)
     assert isinstance(mask, torch.Tensor) and mask.shape == (2, 1, 6, 6)
@@ -242,7 +250,7 @@ def test_packed_documents_become_one_sequence_each():
     assert mask.cu_seqlens_q.tolist() == [0, 3, 5, 9] and mask.max_seqlen_q == 4
 
 
-def test_the_dense_form_is_transformers_mask_for_every_kind():
+def test_the_dense_form_is_transformers_mask_for_every_kind(padding_check):
     padding = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
     mask = _mask(padding)
     expected = mu.sdpa_mask(batch_size=2, q_length=6, kv_length=6, attention_mask=padding.bool(),
@@ -255,9 +263,24 @@ def test_the_dense_form_is_transformers_mask_for_every_kind():
 
 # --- Whole models ---------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("check", [False, True])
 @pytest.mark.parametrize("padding", ["none", "right", "left"])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_models_match_transformers_forward_and_backward(kernels, name, padding):
+def test_models_match_transformers_forward_and_backward(kernels, name, padding, check):
+    sft.set_padding_check(check)
+    try:
+        _model_matches_transformers(kernels, name, padding)
+    finally:
+        sft.set_padding_check(False)
+    # The default reads no padding on the host: the keys' padding is a bias beside the options.
+    expected_path = {"none": "dense", "right": "lengths" if check else "masked",
+                     "left": "varlen" if check else "masked"}[padding]
+    if check and padding == "left" and name in LEFT_PADDED_TRAINING_BIAS:
+        expected_path = "bias"
+    assert set(kernels.paths) == {expected_path}, kernels.paths
+
+
+def _model_matches_transformers(kernels, name, padding):
     kind = hf_models.FAMILIES[name][1]
     ours, baseline = _pair(name)
     ids, mask = hf_models.batch(kind, padding)
@@ -276,10 +299,6 @@ def test_models_match_transformers_forward_and_backward(kernels, name, padding):
     assert results[0][1].keys() == results[1][1].keys()
     for parameter, grad in results[0][1].items():
         _assert_close(grad, results[1][1][parameter], f"{name} grad of {parameter} ({padding} padding)", atol=1e-4)
-    expected_path = {"none": "dense", "right": "lengths", "left": "varlen"}[padding]
-    if padding == "left" and name in LEFT_PADDED_TRAINING_BIAS:
-        expected_path = "bias"
-    assert set(kernels.paths) == {expected_path}, kernels.paths
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -330,16 +349,9 @@ def test_flattening_collators_cu_seq_lens_are_used_as_given(kernels):
     assert set(kernels.paths) == {"varlen"}, kernels.paths
 
 
-# --- Never reading the padding on the host ------------------------------------------------------
+# --- Never reading the padding on the host (the default) -----------------------------------------
 
-@pytest.fixture
-def no_padding_check():
-    sft.set_padding_check(False)
-    yield
-    sft.set_padding_check(True)
-
-
-def test_unchecked_padding_is_the_keys_bias_and_each_rows_end(no_padding_check):
+def test_unchecked_padding_is_the_keys_bias_and_each_rows_end():
     padding = torch.tensor([[0, 1, 1, 0, 1, 1], [1, 1, 1, 0, 0, 0]])
     mask = _mask(padding)
     assert mask.kind == "masked" and mask.seqlens_q is None  # padded query rows computed, as SDPA does
@@ -351,7 +363,20 @@ def test_unchecked_padding_is_the_keys_bias_and_each_rows_end(no_padding_check):
     assert decoding.kind == "masked" and decoding.seqlens_kv is None, "with a cache: the batch's diagonal"
 
 
-def test_unchecked_padding_reads_nothing_on_the_host(no_padding_check):
+def test_unchecked_padding_finds_the_rows_a_window_leaves_without_keys():
+    """A row whose window holds padding alone sees no key (0 under SDPA): rows_seen says so."""
+    from stridedfa._hf_masks import _rows_seen
+
+    keep = torch.tensor([[0, 0, 0, 0, 1, 1, 0, 0, 0, 1]], dtype=torch.bool)
+    bidirectional = _rows_seen(keep, causal=False, window=(1, 1))  # keys i-1 .. i+1
+    assert bidirectional.tolist() == [[False, False, False, True, True, True, True, False, True, True]]
+    causal = _rows_seen(keep, causal=True, window=(2, 0))  # keys i-2 .. i
+    assert causal.tolist() == [[False, False, False, False, True, True, True, True, False, True]]
+    assert _rows_seen(keep, causal=True, window=None).tolist() == [[False] * 4 + [True] * 6]
+    assert _rows_seen(keep, causal=False, window=None) is None
+
+
+def test_unchecked_padding_reads_nothing_on_the_host():
     """On the meta device any host read of the mask's values raises: the mask is built anyway."""
     padding = torch.ones(3, 16, dtype=torch.bool, device="meta")
     mask = stridedfa_mask(batch_size=3, q_length=16, kv_length=16, attention_mask=padding, device="meta")
@@ -361,7 +386,7 @@ def test_unchecked_padding_reads_nothing_on_the_host(no_padding_check):
 
 @pytest.mark.parametrize("padding", ["none", "right", "left", "holes"])
 @pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gpt_oss", "bert", "modernbert"])
-def test_unchecked_padding_matches_transformers(kernels, no_padding_check, name, padding):
+def test_unchecked_padding_matches_transformers(kernels, name, padding):
     if name not in FAMILIES:
         pytest.skip(f"{name} is not in this transformers")
     kind = hf_models.FAMILIES[name][1]
@@ -383,7 +408,7 @@ def test_unchecked_padding_matches_transformers(kernels, no_padding_check, name,
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma2"])
-def test_unchecked_padding_generation_matches_transformers(kernels, no_padding_check, name):
+def test_unchecked_padding_generation_matches_transformers(kernels, name):
     ours, baseline = _pair(name)
     ids, mask = hf_models.batch("causal", "left", s=12)
     settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)

@@ -4,31 +4,33 @@ turned into something stridedfa's kernels run without a materialised (b, 1, s_q,
 transformers builds each mask from a *mask function* (causal, bidirectional, sliding window, packed
 documents, ...) and a 2D padding mask, and calls the mask function registered for the model's
 attention implementation. :func:`stridedfa_mask` recognises the mask functions stridedfa can
-express by its options and reads the padding once per mask it is asked for (one small host copy
-per forward and mask type -- two for models with full and sliding layers -- as transformers' SDPA
-path does with its ``padding_mask.all()``). A padding mask is the keys'; queries are cut with it
-only under a causal pattern (self-attention), never under a bidirectional one, which may be
-cross-attention:
+express by its options. By default it never reads a padding mask's values on the host, so that a
+training step never waits for the device (transformers' SDPA path reads ``padding_mask.all()``):
 
 - ``"full"``: no padding -- the options alone (causal or not, a window) describe the mask;
+- ``"masked"``: the keys' padding as a (b, 1, 1, s_kv) bias beside the options, exact for any
+  padding mask (holes too); without a cache each row also stops at its last real token, found on
+  the device (right padding's work skipped). It also runs inside torch.compile and CUDA graphs;
+- ``"packed"``: documents packed along one row (``position_ids`` restarting at 0) -- the
+  variable-length path with one sequence per document, cut on the host from the ids (a
+  collator's ``cu_seq_lens_q`` / ``cu_seq_lens_k`` avoid that read).
+
+With ``settings["padding_check"]`` on (:func:`stridedfa.transformers.set_padding_check`), each
+padding mask is read once on the host (one small copy per forward and mask type -- two for models
+with full and sliding layers), which also skips left padding's work. A padding mask is the keys';
+queries are cut with it only under a causal pattern (self-attention), never under a bidirectional
+one, which may be cross-attention:
+
 - ``"lengths"``: each row's real tokens form a prefix (right padding) -- ``seqlens_q`` /
   ``seqlens_kv`` on the padded tensors, causal aligned per sequence;
 - ``"runs"``: each row's real tokens form one run (left padding) -- the variable-length path,
   each row cut into (padding, real, padding) sequences so that no token attends across;
-- ``"packed"``: documents packed along one row (``position_ids`` restarting at 0) -- the
-  variable-length path with one sequence per document.
-
-With ``settings["padding_check"]`` off (:func:`stridedfa.transformers.set_padding_check`), the
-padding is never read on the host:
-
-- ``"masked"``: the keys' padding as a (b, 1, 1, s_kv) bias beside the options, exact for any
-  padding mask; without a cache each row also stops at its last real token (right padding
-  skipped). It also runs inside torch.compile and CUDA graphs.
+- holes (not one run per row): transformers' mask, below.
 
 Everything else gets transformers' own boolean 4D mask, which the attention function adds as a
-bias: always correct, as fast as SDPA with a mask. That is holes in a padding mask, overlays such
-as Gemma 3's image blocks, traced or captured code (where the padding cannot be read), static
-caches' empty slots past the last query, and masks a model edits (Falcon's ALiBi).
+bias: always correct, as fast as SDPA with a mask. That is overlays such as Gemma 3's image
+blocks, static caches' empty slots past the last query, masks a model edits (Falcon's ALiBi), and
+with the check on holes in a padding mask and traced or captured code (where it cannot be read).
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ from stridedfa._torch_varlen import cut_rows
 
 __all__ = ["StridedMask", "stridedfa_mask", "mask_pattern", "settings"]
 
-# "padding_check": read each padding mask once on the host to pick the fastest exact path (the
-# default), or never read it ("masked" below: exact for any padding mask, no host copy).
-settings = {"padding_check": True}
+# "padding_check": never read a padding mask on the host ("masked" below: exact for any padding mask,
+# no host copy; the default, so that a training step never waits for the device), or read each
+# once to pick a path that also skips left padding's work (the variable-length path).
+settings = {"padding_check": False}
 
 
 class StridedMask:
@@ -263,20 +266,33 @@ def _masked(attention_mask, causal, window, sdpa_args, batch: int, q_length: int
     """The padding without reading it on the host: the keys' padding as a (b, 1, 1, s_kv) bias
     beside the options, exact for any padding mask (holes too) since transformers' mask is the
     pattern and the keys' padding. Without a cache (s_q = s_kv) the keys stop at each row's last
-    real token (seqlens_kv); query rows before a row's first real token see no key (rows_seen)."""
+    real token (seqlens_kv); query rows that see no real key give 0, as under SDPA (rows_seen)."""
     if attention_mask is None:
         return StridedMask("full", causal, window, sdpa_args)
     keep = _keys_kept(attention_mask, batch, kv_length, kv_offset)
     positions = torch.arange(1, kv_length + 1, device=keep.device)
     ends = _on((keep * positions).amax(1), keep.device)  # each row's last real token + 1 (0: none)
-    if not causal:  # the queries may be another sequence (cross-attention): keys' lengths only
+    if q_length != kv_length:  # a cache or cross-attention: the keys' lengths only where bidirectional
+        if causal:  # (with a cache the causal diagonal stays the batch's: bias with lengths takes none other)
+            return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)
         return StridedMask("masked", causal, window, sdpa_args, key_mask=keep, seqlens_kv=ends)
-    if q_length != kv_length:  # a cache: the causal diagonal stays the batch's (bias with lengths
-        return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)  # takes none other)
-    # Padded query rows keep SDPA's values: after the last real token they see every real key, before
-    # the first one none (rows_seen).
+    # Padded query rows keep SDPA's values: a row that sees some real key attends those, one that
+    # sees none (before a causal row's first real token, or a window over padding alone) gives 0.
     return StridedMask("masked", causal, window, sdpa_args, key_mask=keep, seqlens_kv=ends,
-                       rows_seen=keep.cumsum(1) > 0)
+                       rows_seen=_rows_seen(keep, causal, window))
+
+
+def _rows_seen(keep: torch.Tensor, causal: bool, window) -> torch.Tensor | None:
+    """(b, s) boolean for self-attention over the padding ``keep`` (b, s): the query rows that see
+    some real key under the pattern, i.e. keys [i - left, i + right] (right = 0 when causal). None
+    where every row of a sequence with a real token sees one (bidirectional without a window)."""
+    if window is None:
+        return keep.cumsum(1) > 0 if causal else None
+    length = keep.shape[1]
+    left, right = window[0], 0 if causal else window[1]
+    before = torch.nn.functional.pad(keep.cumsum(1), (1, 0))  # before[:, j]: real keys before key j
+    rows = torch.arange(length, device=keep.device)
+    return before[:, (rows + right + 1).clamp(max=length)] > before[:, (rows - left).clamp(min=0)]
 
 
 def _padding(attention_mask, causal, window, sdpa_args, batch: int, q_length: int, kv_length: int, kv_offset: int):

@@ -113,11 +113,13 @@ def _count(counter: Counter, key: str) -> None:
 
 def set_padding_check(check: bool) -> None:
     """Whether the mask function reads a padding mask on the host, once per forward (default
-    True): it then runs right padding on padding lengths and left padding on the variable-length
-    path, skipping the padding's work. False never reads it: the keys' padding becomes a
-    (b, 1, 1, s_kv) bias beside the options (exact for any padding mask; right padding still
-    skipped without a cache), for code that must not synchronise, and inside torch.compile and
-    CUDA graphs, where with the check on transformers' 4D mask is used instead."""
+    False). Off, nothing is read: the keys' padding is a (b, 1, 1, s_kv) bias beside the options,
+    exact for any padding mask, with each row's keys cut at its last real token (right padding's
+    work skipped), so a training step never waits for the device and runs inside torch.compile and
+    CUDA graphs. On, right padding runs on padding lengths and left padding on the
+    variable-length path, skipping left padding's work too (e.g. left-padded prompts), at the cost
+    of one synchronising read per forward; inside torch.compile and CUDA graphs transformers' 4D
+    mask is used then."""
     _hf_masks.settings["padding_check"] = bool(check)
 
 

@@ -233,3 +233,63 @@ def test_t5_position_bias_within_bf16_noise():
     _judge(loss, their_loss, ref_loss, "t5 loss", 2e-3)
     for parameter, grad in grads.items():
         _judge(grad, their_grads[parameter], ref_grads[parameter], f"t5 grad of {parameter}", 1e-2, factor=3.0)
+
+
+def _training_step(model, ids, mask, kind):
+    """A step as a training loop writes it: padding out of the loss by label -100 (indexing the
+    logits by the mask would itself wait for the device)."""
+    extra = {"use_cache": False} if kind == "causal" else {}
+    labels = ids.roll(-1, 1) if mask is None else ids.roll(-1, 1).masked_fill(mask == 0, -100)
+    logits = model(ids, attention_mask=mask, **extra).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("batch", ["none", "right", "left"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "bert", "modernbert"])
+def test_default_training_step_never_waits_for_the_device(name, batch):
+    """With the integration's defaults, a training step (unpadded or padded) makes no
+    device-to-host synchronisation: torch raises on the first one under sync debug mode "error"."""
+    if name not in FAMILIES:
+        pytest.skip(f"{name} is not in this transformers")
+    kind = hf_models.FAMILIES[name][1]
+    ids, mask = hf_models.batch(kind, batch, b=3, s=96, device="cuda")
+    model = hf_models.build(name, "stridedfa", dtype=torch.bfloat16, device="cuda").train()
+    _training_step(model, ids, mask, kind)  # first call: graphs built, lazy initialisation done
+    torch.cuda.synchronize()
+    model.zero_grad(set_to_none=True)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _training_step(model, ids, mask, kind)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("batch", ["none", "right", "left"])
+def test_default_padded_training_step_runs_in_a_cuda_graph(batch):
+    """The same step captured in a CUDA graph and replayed gives the eager step's loss and
+    gradients (bitwise: same kernels, same inputs)."""
+    ids, mask = hf_models.batch("causal", batch, b=3, s=96, device="cuda")
+    model = hf_models.build("llama", "stridedfa", dtype=torch.bfloat16, device="cuda").train()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capturing stream, as torch's docs ask
+        for _ in range(2):
+            model.zero_grad(set_to_none=False)
+            eager_loss = _training_step(model, ids, mask, "causal")
+    torch.cuda.current_stream().wait_stream(side)
+    eager = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    graph = torch.cuda.CUDAGraph()
+    model.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        loss = _training_step(model, ids, mask, "causal")
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(loss, eager_loss)
+    for name, grad in eager.items():
+        assert torch.equal(dict(model.named_parameters())[name].grad, grad), name
