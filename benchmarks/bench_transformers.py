@@ -5,8 +5,9 @@ GQA where the family has it; random weights, bfloat16), in one run:
   - a training step (forward, cross-entropy over real tokens, backward) at batch 2 x seq 2048
     unpadded, and at batch 8 x 4096 for llama and qwen2: ms per step, ratio stridedfa / SDPA
     (issue 13's target: <= 1.00 on every model, <= 0.95 geomean);
-  - the same step on a right-padded batch (lengths uniform in [s/4, s]) against SDPA with the
-    mask transformers builds (target: >= 1.3x faster);
+  - the same step on a right- and on a left-padded batch (lengths uniform in [s/4, s], one full
+    row) against SDPA with the mask transformers builds (issue 32's target: >= 1.3x faster);
+  - with --compile: every model torch.compile'd (default mode), both implementations;
   - with --generate: greedy generation with a static cache (transformers compiles the decoding
     step), batch 8, 512-token prompts, 128 new tokens: tokens per second.
 Gemma 2 and gpt-oss run SDPA where they allow it (transformers' SDPA refuses softcap and has no
@@ -18,7 +19,8 @@ left out of the loss by label -100 (no host synchronisation inside the step). Be
 host time spent issuing it: close to the step time means the step is host-bound. A script, never
 a test.
 
-    python benchmarks/bench_transformers.py --out bench-out [--quick] [--generate]
+    python benchmarks/bench_transformers.py --out bench-out [--quick] [--generate] [--hidden 1024]
+        [--compile] [--padding-check on]
 """
 
 from __future__ import annotations
@@ -125,35 +127,41 @@ def interleaved(steps, warmup, iters):
     return result, (statistics.median(pairs), min(pairs), max(pairs))
 
 
-def batch(b, s, padded, seed=0):
+def batch(b, s, padding, seed=0):
+    """(ids, attention mask or None) with ``padding`` "none", "right", "left" or "ones" (no padding,
+    but the all-ones mask a tokenizer hands over)."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, 32000, (b, s), generator=gen)
-    if not padded:
-        return ids.cuda(), None
+    if padding in ("none", "ones"):
+        return ids.cuda(), None if padding == "none" else torch.ones_like(ids).cuda()
     lengths = torch.randint(s // 4, s + 1, (b,), generator=gen)
     lengths[0] = s
-    mask = (torch.arange(s)[None] < lengths[:, None]).long()
+    positions = torch.arange(s)[None] if padding == "right" else torch.arange(s - 1, -1, -1)[None]
+    mask = (positions < lengths[:, None]).long()
     return ids.masked_fill(mask == 0, 0).cuda(), mask.cuda()
 
 
-def train_rows(names, quick, hidden=2048):
+def train_rows(names, quick, hidden=2048, compiled=False, paddings=("none", "right", "left")):
     """Both implementations' models are built side by side (same weights: seed 0) and their steps
-    timed in alternation on every batch."""
+    timed in alternation on every batch (compiled: each model torch.compile'd, default mode)."""
     rows = []
     shapes = [(2, 2048)] if quick else [(2, 2048), (8, 4096)]
     warmup, iters = (2, 6) if quick else (3, 20)
     for name in names:
         causal = hf_models.FAMILIES[name][1] == "causal"
-        cases = [(b, s, padded) for b, s in shapes for padded in (False, True)
+        cases = [(b, s, padding) for b, s in shapes for padding in paddings
                  if (b, s) != (8, 4096) or name in ("llama", "qwen2")]
         baseline = BASELINE.get(name, "sdpa")
         models = {implementation: build(name, implementation, hidden) for implementation in ("stridedfa", baseline)}
-        for b, s, padded in cases:
-            ids, mask = batch(b, s, padded)
+        if compiled:
+            models = {implementation: torch.compile(model) for implementation, model in models.items()}
+        for b, s, padding in cases:
+            ids, mask = batch(b, s, padding)
             steps = {implementation: make_step(model, ids, mask, causal) for implementation, model in models.items()}
             medians, (pair, low, high) = interleaved(steps, warmup, iters)
             (ours_ms, ours_host), (base_ms, base_host) = medians["stridedfa"], medians[baseline]
-            row = {"model": name, "hidden": hidden, "batch": b, "seq": s, "padded": padded, "baseline": baseline,
+            row = {"model": name, "hidden": hidden, "batch": b, "seq": s, "padded": padding in ("right", "left"),
+                   "padding": padding, "compiled": compiled, "baseline": baseline,
                    "stridedfa_ms": ours_ms, "baseline_ms": base_ms,
                    "stridedfa_host_ms": ours_host, "baseline_host_ms": base_host,
                    "ratio": ours_ms / base_ms, "pair_ratio_median": pair, "pair_ratio_min": low,
@@ -167,7 +175,7 @@ def train_rows(names, quick, hidden=2048):
 
 def generation_rows(names):
     rows = []
-    ids, mask = batch(8, 512, False)
+    ids, mask = batch(8, 512, "none")
     for name in names:
         row = {"model": name, "batch": 8, "prompt": 512, "new_tokens": 128}
         for implementation in ("stridedfa", "sdpa"):
@@ -190,10 +198,12 @@ def generation_rows(names):
 
 
 def table(rows, generation):
-    lines = ["| model | batch x seq | padded | stridedfa ms (host) | baseline ms (host) | ratio | per-round ratios |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | hidden | batch x seq | padding | stridedfa ms (host) | baseline ms (host) | ratio "
+             "| per-round ratios |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['batch']} x {r['seq']} | {'yes' if r['padded'] else 'no'} | "
+        lines.append(f"| {r['model']}{' (compiled)' if r.get('compiled') else ''} | {r['hidden']} | "
+                     f"{r['batch']} x {r['seq']} | {r['padding']} | "
                      f"{r['stridedfa_ms']:.2f} ({r['stridedfa_host_ms']:.1f}) | {r['baseline_ms']:.2f} "
                      f"({r['baseline_host_ms']:.1f}, {r['baseline']}) | {r['ratio']:.3f} | "
                      f"{r['pair_ratio_median']:.3f} [{r['pair_ratio_min']:.3f}, {r['pair_ratio_max']:.3f}] |")
@@ -218,7 +228,10 @@ def main():
     parser.add_argument("--generate", action="store_true")
     parser.add_argument("--models", default=",".join(hf_models.available()))
     parser.add_argument("--hidden", type=int, default=2048, help="the models' hidden size (heads of 128)")
-    parser.add_argument("--padding-check", choices=("on", "off"), default="on",
+    parser.add_argument("--compile", action="store_true", help="torch.compile every model (default mode)")
+    parser.add_argument("--paddings", default="none,right,left",
+                        help="batches: none, right, left, ones (an all-ones mask)")
+    parser.add_argument("--padding-check", choices=("on", "off"), default="off",
                         help="stridedfa.transformers.set_padding_check: read padding masks on the host (on) or not")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -226,10 +239,10 @@ def main():
 
     names = [n for n in args.models.split(",") if n in hf_models.available()]
     stridedfa.transformers.set_padding_check(args.padding_check == "on")
-    rows = train_rows(names, args.quick, args.hidden)
+    rows = train_rows(names, args.quick, args.hidden, args.compile, args.paddings.split(","))
     generation = generation_rows(["llama"]) if args.generate else []
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "transformers": transformers.__version__, "hidden": args.hidden,
+              "transformers": transformers.__version__, "hidden": args.hidden, "compiled": args.compile,
               "padding_check": args.padding_check, "provenance": provenance(stridedfa), "training": rows,
               "generation": generation}
     (args.out / "transformers.json").write_text(json.dumps(result, indent=1))

@@ -12,7 +12,7 @@ For each model (built as bench_transformers.py builds it, at --hidden), both imp
 The difference between the two is written as kernels stridedfa launches that SDPA does not (and the
 reverse), so an extra fill, copy or bias shows by name. A script, never a test.
 
-    python benchmarks/profile_transformers_step.py --out prof-out --models bert,gpt_neox --hidden 1024 [--padded]
+    python benchmarks/profile_transformers_step.py --out prof-out --models bert,gpt_neox --hidden 1024 [--padding right]
 """
 
 from __future__ import annotations
@@ -133,9 +133,9 @@ def main():
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--padded", action="store_true")
+    parser.add_argument("--padding", choices=("none", "right", "left", "ones"), default="none")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--padding-check", choices=("on", "off"), default="on",
+    parser.add_argument("--padding-check", choices=("on", "off"), default="off",
                         help="stridedfa.transformers.set_padding_check: read padding masks on the host (on) or not")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -144,11 +144,11 @@ def main():
     stridedfa.transformers.set_padding_check(args.padding_check == "on")
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "transformers": transformers.__version__, "stridedfa": stridedfa.__version__,
-              "hidden": args.hidden, "batch": args.batch, "seq": args.seq, "padded": args.padded,
+              "hidden": args.hidden, "batch": args.batch, "seq": args.seq, "padding": args.padding,
               "padding_check": args.padding_check, "models": []}
     for name in args.models.split(","):
         causal = hf_models.FAMILIES[name][1] == "causal"
-        ids, mask = batch(args.batch, args.seq, args.padded)
+        ids, mask = batch(args.batch, args.seq, args.padding)
         sides = {}
         for implementation in ("stridedfa", BASELINE.get(name, "sdpa")):
             model = build(name, implementation, args.hidden)
