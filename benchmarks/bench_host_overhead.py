@@ -43,6 +43,9 @@ autograd. Contenders, all in one process and one run:
   attention's share of a host-bound training step
 * ``diagnostic_backward_c_call`` / ``diagnostic_torch_cudnn_backward_op``: the backward's one C
   call (``_core._backward_alloc``) and torch's cuDNN backward operator alone -- a breakdown
+* ``diagnostic_python_node_sdpa_train_step``: torch's own cuDNN attention operators behind a Python
+  ``torch.autograd.Function``: torch's train step with its autograd node in Python -- what a Python
+  node alone costs a training step on this host
 * ``core_execute_floor`` the core's C++ ``execute`` of the prepared call, repeated in a C++ loop:
   the floor no Python entry point can beat.
 
@@ -119,7 +122,10 @@ REMAINING_COSTS = {
                                    "the backward's C call (diagnostic_backward_c_call - "
                                    "diagnostic_torch_cudnn_backward_op = {backward_call_cost:.2f} µs: intake of six "
                                    "operands, three gradients and the workspace from torch's allocator, the plan and "
-                                   "key, cuDNN's execute) and the Python Function's forward and backward around it"),
+                                   "key, cuDNN's execute) and the Python Function's forward and backward around it "
+                                   "(a Python node around torch's own operators costs "
+                                   "{python_node_cost:.2f} µs: diagnostic_python_node_sdpa_train_step - "
+                                   "torch_sdpa_cudnn_train_step)"),
     "stridedfa_cupy": ("stridedfa_cupy", "stridedfa_generic",
                        "CuPy's Python-level attributes read per array (data, shape, strides, dtype: "
                        "stridedfa_generic_cupy - stridedfa_generic = {cupy_intake_cost:.2f} µs for q, k, v, out) "
@@ -145,6 +151,8 @@ def remaining_costs(results, targets):
         known["cupy_adapter_cost"] = us["stridedfa_cupy"] - us["stridedfa_generic"]
     if "diagnostic_backward_c_call" in us and "diagnostic_torch_cudnn_backward_op" in us:
         known["backward_call_cost"] = us["diagnostic_backward_c_call"] - us["diagnostic_torch_cudnn_backward_op"]
+    if "diagnostic_python_node_sdpa_train_step" in us and "torch_sdpa_cudnn_train_step" in us:
+        known["python_node_cost"] = us["diagnostic_python_node_sdpa_train_step"] - us["torch_sdpa_cudnn_train_step"]
     lines = []
     for key, t in targets.items():
         name = key.split("_vs_")[0]
@@ -232,6 +240,7 @@ def contenders(torch, sfa):
         ("stridedfa_torch_train_step", lambda: train_step(attention), null, 1),
     ]
     plan += backward_calls(torch, sfa, q, k, v)
+    plan.append(("diagnostic_python_node_sdpa_train_step", lambda: train_step(python_node_sdpa(torch)), null, 1))
     try:
         import cupy
 
@@ -250,6 +259,33 @@ def contenders(torch, sfa):
     except Exception as exc:  # noqa: BLE001  (CuPy or its adapter missing: say so in the results)
         plan.append(("stridedfa_cupy", exc, null, 1))
     return plan, (q, k, v, out)
+
+
+def python_node_sdpa(torch):
+    """torch's own cuDNN attention operators behind a Python torch.autograd.Function: the kernels
+    and host work of torch_sdpa_cudnn_train_step, with autograd's node in Python rather than C++
+    (what any Python-defined attention records). Its train step less torch's is what the Python
+    node alone costs on this host."""
+    aten = torch.ops.aten
+
+    class PythonNode(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False)
+            ctx.save_for_backward(q, k, v, res[0], res[1])
+            ctx.rng = res[6], res[7]
+            return res[0]
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            q, k, v, out, lse = ctx.saved_tensors
+            s = q.shape[2]
+            grads = aten._scaled_dot_product_cudnn_attention_backward(
+                grad_out, q, k, v, out, lse, *ctx.rng, None, None, None, s, s, 0.0, False,
+                scale=q.shape[-1] ** -0.5)
+            return grads[0], grads[1], grads[2]
+
+    return PythonNode.apply
 
 
 def backward_calls(torch, sfa, q, k, v):

@@ -219,11 +219,13 @@ def fig_transformers(out):
     rows = data["training"]
     fig, ax = plt.subplots(figsize=(12, 4.6))
     labels = []
+    colors = {"none": PALETTE[0], "ones": PALETTE[1], "right": PALETTE[3], "left": PALETTE[2]}
     for i, r in enumerate(rows):
-        color = PALETTE[3] if r["padded"] else PALETTE[0]
-        ax.bar(i, r["ratio"], color=color, hatch="//" if r["baseline"] != "sdpa" else None, edgecolor="white")
+        padding = r.get("padding", "right" if r["padded"] else "none")  # runs before 61 padded on the right only
+        ax.bar(i, r["ratio"], color=colors[padding], hatch="//" if r["baseline"] != "sdpa" else None,
+               edgecolor="white")
         ax.text(i, r["ratio"] + 0.01, f"{r['ratio']:.2f}", ha="center", fontsize=7)
-        labels.append(f"{r['model']}\n{r['batch']}x{r['seq']}")
+        labels.append(f"{r['model']}\n{r.get('hidden', 2048)} {r['batch']}x{r['seq']}")
     ax.axhline(1.0, color="#1a202c", linewidth=0.8)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels(labels, fontsize=7, rotation=45, ha="right")
@@ -231,10 +233,11 @@ def fig_transformers(out):
     ax.grid(axis="y", alpha=0.3)
     unpadded = [r["ratio"] for r in rows if not r["padded"] and r["baseline"] == "sdpa"]
     geo = math.exp(sum(math.log(x) for x in unpadded) / len(unpadded))
-    ax.legend(handles=[Patch(color=PALETTE[0], label="unpadded batch"), Patch(color=PALETTE[3], label="right-padded"),
+    ax.legend(handles=[Patch(color=colors[p], label=f"padding: {p}") for p in colors
+                       if any(r.get("padding", "right" if r["padded"] else "none") == p for r in rows)] + [
                        Patch(facecolor="#a0aec0", hatch="//", edgecolor="white",
                              label="baseline eager (SDPA has no softcap / sinks)")], fontsize=8, loc="upper center",
-              ncol=3)
+              ncol=5)
     ax.set_ylim(0, max(r["ratio"] for r in rows) * 1.2)
     ax.set_title(f"transformers {data['transformers']} training steps (forward, loss, backward), stridedfa vs "
                  f"the model's SDPA or eager attention; unpadded geomean vs SDPA {geo:.3f}\n{source(path)}",
