@@ -14,11 +14,13 @@ padded batch) unless a mask function is registered under the same name.
 What transformers passes is mapped onto stridedfa's options: ``scaling``, causal or bidirectional
 (from the mask function, else ``is_causal`` / ``module.is_causal``), ``sliding_window``,
 ``softcap``, ``s_aux`` (attention sinks), ``dropout``; GQA runs without repeating k and v. Padding
-and packed documents run without a materialised mask (see :mod:`stridedfa._hf_masks`): right
-padding through ``seqlens_q`` / ``seqlens_kv``, left padding and ``position_ids`` packing through
-the variable-length path, ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (DataCollatorWithFlattening) as
-given (one small host copy per forward classifies the padding; ``set_padding_check(False)`` reads
-nothing on the host and adds the keys' padding as a bias instead). Other masks are added as a
+and packed documents run without a materialised mask (see :mod:`stridedfa._hf_masks`). By default
+no padding mask is read on the host (a training step never waits for the device): the keys'
+padding is a (b, 1, 1, s_kv) bias beside the options, each row's keys cut at its last real token.
+``set_padding_check(True)`` reads it once per forward to run right padding through ``seqlens_q`` /
+``seqlens_kv`` and left padding through the variable-length path. ``position_ids`` packing and
+``cu_seq_lens_q`` / ``cu_seq_lens_k`` (DataCollatorWithFlattening, as given) run on the
+variable-length path. Other masks are added as a
 bias. The output is returned as (batch, seq, heads, head_dim) in
 the memory cuDNN wrote, so transformers' following reshape copies nothing.
 
