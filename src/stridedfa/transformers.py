@@ -147,13 +147,25 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             out, path, rows_seen = _run(module, query, key, value, attention_mask, dropout, scaling, is_causal,
                                         sliding_window, softcap, s_aux, kwargs)
             _count(_served, path)
-            if rows_seen is not None:  # rows that see no key: 0, as torch's SDPA gives them
-                out = out.masked_fill(~rows_seen.expand(out.shape[0], out.shape[1])[:, :, None, None], 0)
+            if rows_seen is not None:
+                out = _zero_unseen_rows(out, rows_seen)
             return out, None
         except StridedFAError as error:  # raised before anything launched
             reason = f"{type(error).__name__}: {error}"
     return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, sliding_window,
                      softcap, s_aux, kwargs)
+
+
+def _zero_unseen_rows(out: torch.Tensor, rows_seen: torch.Tensor) -> torch.Tensor:
+    """out (b, s_q, h, d) with the rows that see no key set to 0, as torch's SDPA gives them. The
+    (b, s_q, 1, 1) complement of rows_seen is built once per mask (kept on rows_seen, which the
+    layers share), so each layer adds one masked_fill."""
+    if torch.compiler.is_compiling():
+        return out.masked_fill(~rows_seen[:, :, None, None], 0)
+    unseen = getattr(rows_seen, "_stridedfa_unseen", None)
+    if unseen is None:
+        unseen = rows_seen._stridedfa_unseen = ~rows_seen[:, :, None, None]  # type: ignore[attr-defined]
+    return out.masked_fill(unseen, 0)
 
 
 # Arguments that select keys per query (DeepSeek's sparse attention, MiniMax's block indices) or
