@@ -217,31 +217,37 @@ def fig_transformers(out):
     path = newest("*/transformers.json")
     data = json.loads(path.read_text())
     rows = data["training"]
-    fig, ax = plt.subplots(figsize=(12, 4.6))
-    labels = []
     colors = {"none": PALETTE[0], "ones": PALETTE[1], "right": PALETTE[3], "left": PALETTE[2]}
-    for i, r in enumerate(rows):
-        padding = r.get("padding", "right" if r["padded"] else "none")  # runs before 61 padded on the right only
-        ax.bar(i, r["ratio"], color=colors[padding], hatch="//" if r["baseline"] != "sdpa" else None,
-               edgecolor="white")
-        ax.text(i, r["ratio"] + 0.01, f"{r['ratio']:.2f}", ha="center", fontsize=7)
-        labels.append(f"{r['model']}\n{r.get('hidden', 2048)} {r['batch']}x{r['seq']}")
-    ax.axhline(1.0, color="#1a202c", linewidth=0.8)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels(labels, fontsize=7, rotation=45, ha="right")
-    ax.set_ylabel("stridedfa ms / baseline ms\n(< 1: stridedfa faster)")
-    ax.grid(axis="y", alpha=0.3)
-    unpadded = [r["ratio"] for r in rows if not r["padded"] and r["baseline"] == "sdpa"]
-    geo = math.exp(sum(math.log(x) for x in unpadded) / len(unpadded))
-    ax.legend(handles=[Patch(color=colors[p], label=f"padding: {p}") for p in colors
-                       if any(r.get("padding", "right" if r["padded"] else "none") == p for r in rows)] + [
-                       Patch(facecolor="#a0aec0", hatch="//", edgecolor="white",
-                             label="baseline eager (SDPA has no softcap / sinks)")], fontsize=8, loc="upper center",
-              ncol=5)
-    ax.set_ylim(0, max(r["ratio"] for r in rows) * 1.2)
-    ax.set_title(f"transformers {data['transformers']} training steps (forward, loss, backward), stridedfa vs "
-                 f"the model's SDPA or eager attention; unpadded geomean vs SDPA {geo:.3f}\n{source(path)}",
-                 fontsize=9)
+
+    def padding(r):
+        return r.get("padding", "right" if r["padded"] else "none")  # runs before 61 padded on the right only
+
+    panels = sorted({(r.get("hidden", 2048), r["batch"], r["seq"]) for r in rows})
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 3.2 * len(panels)), squeeze=False)
+    for ax, (hidden, b, seq) in zip(axes[:, 0], panels):
+        group = [r for r in rows if (r.get("hidden", 2048), r["batch"], r["seq"]) == (hidden, b, seq)]
+        models = list(dict.fromkeys(r["model"] for r in group))
+        kinds = [k for k in colors if any(padding(r) == k for r in group)]
+        width = 0.8 / len(kinds)
+        for r in group:
+            x = models.index(r["model"]) + (kinds.index(padding(r)) - (len(kinds) - 1) / 2) * width
+            ax.bar(x, r["ratio"], width, color=colors[padding(r)], edgecolor="white",
+                   hatch="//" if r["baseline"] != "sdpa" else None)
+            ax.text(x, r["ratio"] + 0.01, f"{r['ratio']:.2f}", ha="center", fontsize=6)
+        ax.axhline(1.0, color="#1a202c", linewidth=0.8)
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels(models, fontsize=8)
+        ax.set_ylim(0, max(r["ratio"] for r in group) * 1.25)
+        ax.grid(axis="y", alpha=0.3)
+        unpadded = [r["ratio"] for r in group if padding(r) == "none" and r["baseline"] == "sdpa"]
+        geo = math.exp(sum(math.log(x) for x in unpadded) / len(unpadded)) if unpadded else float("nan")
+        ax.set_title(f"hidden {hidden}, batch {b} x {seq}: unpadded geomean vs SDPA {geo:.3f}", fontsize=9)
+        ax.set_ylabel("stridedfa ms /\nbaseline ms", fontsize=8)
+        ax.legend(handles=[Patch(color=colors[k], label=f"padding: {k}") for k in kinds] + [
+            Patch(facecolor="#a0aec0", hatch="//", edgecolor="white", label="baseline eager (no softcap / sinks in SDPA)")],
+            fontsize=7, loc="upper center", ncol=len(kinds) + 1)
+    fig.suptitle(f"transformers {data['transformers']} training steps (forward, loss, backward), stridedfa vs the "
+                 f"model's SDPA or eager attention (< 1: stridedfa faster)\n{source(path)}", fontsize=9)
     fig.tight_layout()
     save(fig, "bench_transformers.png", out)
 
