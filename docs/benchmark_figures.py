@@ -244,7 +244,8 @@ def fig_transformers(out):
         ax.set_title(f"hidden {hidden}, batch {b} x {seq}: unpadded geomean vs SDPA {geo:.3f}", fontsize=9)
         ax.set_ylabel("stridedfa ms /\nbaseline ms", fontsize=8)
         ax.legend(handles=[Patch(color=colors[k], label=f"padding: {k}") for k in kinds] + [
-            Patch(facecolor="#a0aec0", hatch="//", edgecolor="white", label="baseline eager (no softcap / sinks in SDPA)")],
+            Patch(facecolor="#a0aec0", hatch="//", edgecolor="white",
+                  label="baseline eager (no softcap / sinks in SDPA)")],
             fontsize=7, loc="upper center", ncol=len(kinds) + 1)
     fig.suptitle(f"transformers {data['transformers']} training steps (forward, loss, backward), stridedfa vs the "
                  f"model's SDPA or eager attention (< 1: stridedfa faster)\n{source(path)}", fontsize=9)
