@@ -270,11 +270,11 @@ def _masked(attention_mask, causal, window, sdpa_args, batch: int, q_length: int
     if attention_mask is None:
         return StridedMask("full", causal, window, sdpa_args)
     keep = _keys_kept(attention_mask, batch, kv_length, kv_offset)
+    if causal and q_length != kv_length:  # a cache: the causal diagonal stays the batch's (bias with
+        return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)  # lengths takes none other)
     positions = torch.arange(1, kv_length + 1, device=keep.device)
     ends = _on((keep * positions).amax(1), keep.device)  # each row's last real token + 1 (0: none)
-    if q_length != kv_length:  # a cache or cross-attention: the keys' lengths only where bidirectional
-        if causal:  # (with a cache the causal diagonal stays the batch's: bias with lengths takes none other)
-            return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)
+    if q_length != kv_length:  # cross-attention: the keys' lengths only
         return StridedMask("masked", causal, window, sdpa_args, key_mask=keep, seqlens_kv=ends)
     # Padded query rows keep SDPA's values: a row that sees some real key attends those, one that
     # sees none (before a causal row's first real token, or a window over padding alone) gives 0.
