@@ -105,12 +105,16 @@ def kernels(monkeypatch):
     return reference
 
 
+def _set_padding_check(monkeypatch, check: bool) -> None:
+    """set_padding_check(check) for one test; the setting comes back when the test ends."""
+    monkeypatch.setitem(sft._hf_masks.settings, "padding_check", sft._hf_masks.settings["padding_check"])
+    sft.set_padding_check(check)
+
+
 @pytest.fixture
-def padding_check():
+def padding_check(monkeypatch):
     """set_padding_check(True) for one test: padding masks read on the host to pick a path."""
-    sft.set_padding_check(True)
-    yield
-    sft.set_padding_check(False)
+    _set_padding_check(monkeypatch, True)
 
 
 def _pair(name: str, seed: int = 0):
@@ -266,12 +270,9 @@ def test_the_dense_form_is_transformers_mask_for_every_kind(padding_check):
 @pytest.mark.parametrize("check", [False, True])
 @pytest.mark.parametrize("padding", ["none", "right", "left"])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_models_match_transformers_forward_and_backward(kernels, name, padding, check):
-    sft.set_padding_check(check)
-    try:
-        _model_matches_transformers(kernels, name, padding)
-    finally:
-        sft.set_padding_check(False)
+def test_models_match_transformers_forward_and_backward(kernels, name, padding, check, monkeypatch):
+    _set_padding_check(monkeypatch, check)
+    _model_matches_transformers(kernels, name, padding)
     # The default reads no padding on the host: the keys' padding is a bias beside the options.
     expected_path = {"none": "dense", "right": "lengths" if check else "masked",
                      "left": "varlen" if check else "masked"}[padding]
@@ -418,18 +419,15 @@ def test_unchecked_padding_generation_matches_transformers(kernels, name):
 
 
 @pytest.mark.parametrize("check", [True, False])
-def test_a_padded_forward_compiles_whole_with_torch_compile(kernels, check):
+def test_a_padded_forward_compiles_whole_with_torch_compile(kernels, check, monkeypatch):
     """torch.compile(fullgraph=True) traces the mask and attention functions without a graph break:
     with the padding check on, traced code takes transformers' 4D mask as a bias; off, the keys'
     padding ("masked") -- either way transformers' logits."""
-    sft.set_padding_check(check)
-    try:
-        ours, baseline = _pair("llama")
-        ids, mask = hf_models.batch("causal", "left")
-        compiled = torch.compile(ours, backend="eager", fullgraph=True)
-        logits = compiled(ids, attention_mask=mask, use_cache=False).logits
-    finally:
-        sft.set_padding_check(True)
+    _set_padding_check(monkeypatch, check)
+    ours, baseline = _pair("llama")
+    ids, mask = hf_models.batch("causal", "left")
+    compiled = torch.compile(ours, backend="eager", fullgraph=True)
+    logits = compiled(ids, attention_mask=mask, use_cache=False).logits
     real = mask.bool()
     _assert_close(logits[real], baseline(ids, attention_mask=mask, use_cache=False).logits[real], "compiled logits")
     assert set(kernels.paths) == ({"bias"} if check else {"masked"}), kernels.paths
@@ -506,7 +504,7 @@ def test_t5_position_bias_and_its_gradient_match_transformers(kernels):
 
 @pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("padding", ["right", "left"])
-def test_cross_attention_keeps_every_decoder_query(kernels, padding, check):
+def test_cross_attention_keeps_every_decoder_query(kernels, padding, check, monkeypatch):
     """BART's cross-attention with as many decoder tokens as encoder tokens: the padding mask is
     the encoder's (the keys'), never the decoder queries'."""
     from transformers import AutoModelForSeq2SeqLM, BartConfig
@@ -517,18 +515,15 @@ def test_cross_attention_keeps_every_decoder_query(kernels, padding, check):
     ids, mask = hf_models.batch("encoder", padding, b=2, s=8)
     decoder_ids, _ = hf_models.batch("causal", "none", b=2, s=8, seed=1)
     logits = []
-    sft.set_padding_check(check)
-    try:
-        for implementation in ("stridedfa", "sdpa"):
-            torch.manual_seed(0)
-            model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=implementation).eval()
-            with torch.no_grad():
-                for parameter in model.parameters():
-                    parameter.normal_(0, 0.3)
-                logits.append(model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids,
-                                    use_cache=False).logits)
-    finally:
-        sft.set_padding_check(True)
+    _set_padding_check(monkeypatch, check)
+    for implementation in ("stridedfa", "sdpa"):
+        torch.manual_seed(0)
+        model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=implementation).eval()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.normal_(0, 0.3)
+            logits.append(model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids,
+                                use_cache=False).logits)
     _assert_close(logits[0], logits[1], f"bart logits ({padding} padding, check {check})")
 
 
@@ -579,7 +574,7 @@ def test_a_float32_mask_stays_finite_in_half_precision():
         assert torch.isfinite(bias_from_mask(low, dtype)).all()
 
 
-def test_a_bidirectional_window_over_padding_on_both_sides_gets_the_dense_mask():
+def test_a_bidirectional_window_over_padding_on_both_sides_gets_the_dense_mask(padding_check):
     """Bidirectional runs put each sequence's diagonal at its run's end: right only when the run
     ends the row (left padding); with padding on both sides a window would move."""
     window = mu.sliding_window_bidirectional_mask_function(2)
@@ -591,7 +586,7 @@ def test_a_bidirectional_window_over_padding_on_both_sides_gets_the_dense_mask()
 
 # --- Issue 30: what the integration did, said; the fallback keeps the window; the mask's dtype ------
 
-def test_stats_count_calls_served_and_fallbacks_by_reason(kernels):
+def test_stats_count_calls_served_and_fallbacks_by_reason(kernels, padding_check):
     """A float32 model (the README's old example) falls back on every call: the counters say so, per
     reason, and so does cache_info(); a bfloat16 model is served."""
     import stridedfa
