@@ -113,6 +113,10 @@ void check_bounds(const PreparedCall& call, std::uintptr_t stream) {
   const bool lengths = call.callers_lengths[0].data || call.callers_lengths[1].data;
   if (!(call.paged || call.ragged.on || lengths) || capturing(stream)) return;
   const Problem& p = call.problem;
+  if (call.ragged.on && call.ragged.by_heads) {  // the core's own offsets; the caller's key lengths at most
+    check_lengths("seqlens_kv", call.callers_lengths[1], p.b, p.s_kv, "keys of the tensors", stream);
+    return;
+  }
   if (call.ragged.on) {
     check_cu_seqlens("cu_seqlens_q", call.ragged.cu_q, call.ragged.sequences, call.ragged.total_q, call.ragged.max_q,
                      stream);

@@ -1,6 +1,8 @@
 #include "stridedfa/call_plan.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 #include <iterator>
 #include <string>
 
@@ -17,6 +19,20 @@ bool is_packed_stats(const TensorView& lse) {
 }
 
 namespace {
+
+// Decoding by heads (plan_decode_by_heads) serves calls of at most this many queries (one token,
+// or speculative decoding's and chunked prefill's few per step).
+constexpr int64_t kDecodeMaxQueries = 16;
+
+// STRIDEDFA_DECODE_BY_HEADS=0 plans decoding calls with their exact extents (a graph per cache
+// length), e.g. to compare the two in a benchmark. Read once per process.
+bool decode_by_heads_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("STRIDEDFA_DECODE_BY_HEADS");
+    return !(value && std::string(value) == "0");
+  }();
+  return enabled;
+}
 
 // A (b, 1, 1, 1) int32 lengths operand whose memory the launch provides.
 TensorView made_lengths_view(const char* name, const Problem& p) {
@@ -321,6 +337,107 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
   plan.slots[kCuSeqlensQ] = plan.slots[kCuSeqlensKV] = nullptr;  // read by the kernel, not by cuDNN
 }
 
+// The smallest power of two >= max(n, 128): a decoding call's declared key extent, so that a cache
+// growing by one token a call crosses a new extent (and builds a graph) once per doubling.
+int64_t key_extent_bucket(int64_t n) {
+  int64_t extent = 128;
+  while (extent < n) extent *= 2;
+  return extent;
+}
+
+// Decoding by heads: a call of a few queries against a cache whose length L changes every step
+// would build a cuDNN graph per L (40-160 ms each), because the graph holds the extents and, for a
+// head-major cache, the batch and head strides (which grow with L). Instead every (batch entry i,
+// key/value head j) becomes one sequence of a ragged problem -- its group of h_q / h_kv query heads
+// that sequence's heads, its keys one head -- that starts at i * batch stride + j * head stride
+// (computed on the device at launch: stridedfa_heads_offsets) and has L keys. The graph then holds
+// only the token and in-group head strides and bucketed extents (the keys' a power of two), so a
+// decoding loop builds one graph per doubling of its cache. Returns false, leaving `plan` as it
+// was, for a call this does not describe (a backward, anything with a per-head or per-key operand,
+// dropout, offsets beyond 31 bits, or STRIDEDFA_DECODE_BY_HEADS=0).
+bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
+                          const Visibility& seen, int64_t cudnn_version, Plan& plan) {
+  if (op != GraphOp::forward || p.ragged || p.paged || !decode_by_heads_enabled()) return false;
+  if (p.s_q > kDecodeMaxQueries || p.s_kv <= p.s_q || p.s_q == 0 || p.h_kv == 0) return false;  // a cache
+  if (cudnn_version < 91801) return false;  // cuDNN's ragged layout on every compute capability
+  if (options.dropout_p > 0) return false;  // its mask would follow the declared extents
+  // Operands indexed by query head (sinks, ALiBi) would see the regrouped heads; a bias has the key
+  // extent; the caller's query lengths would leave rows that the ragged layout does not fill.
+  for (int s : {kBias, kAlibiSlopes, kSinks, kSeqLensQ, kRngState}) {
+    if (operands[s]) return false;
+  }
+  // The keys' lengths only where each sequence's one row then sees every real key.
+  if (operands[kSeqLensKV] && p.s_q != 1) return false;
+  if (seen.row_begin != 0 || seen.row_end != p.s_q) return false;  // every row sees a key: no fills
+  const int64_t group = p.h_q / p.h_kv;
+  const int64_t sequences = p.b * p.h_kv;
+  RaggedPlan r;
+  r.on = r.by_heads = true;
+  r.sequences = sequences;
+  r.padded_sequences = length_bucket(sequences);
+  r.heads_kv = p.h_kv;
+  r.len_q = r.total_q = p.s_q;
+  r.len_kv = r.total_kv = p.s_kv;
+  r.max_q = length_bucket(p.s_q);
+  r.max_kv = key_extent_bucket(p.s_kv);
+  if (operands[kSeqLensKV]) {
+    const TensorView& given = *operands[kSeqLensKV];
+    r.callers_kv = {given.data, given.dims[0] > 1 ? given.strides[0] : 1};
+  }
+  std::fill(std::begin(r.row_of), std::end(r.row_of), int8_t(-1));
+  TensorView declared[kNumSlots];
+  for (int s = 0; s < kNumSlots; ++s) {
+    const OperandKind kind = kOperands[s].kind;
+    if (!operands[s] || (kind != OperandKind::attention && kind != OperandKind::stats)) continue;
+    const TensorView& given = *operands[s];
+    const bool key_side = kOperands[s].shape[2] == kSeqKV;
+    const int64_t heads = key_side ? 1 : group;
+    const int64_t batch_stride = given.dims[0] > 1 ? given.strides[0] : 0;
+    const int64_t head_stride = given.dims[1] > 1 ? given.strides[1] : given.dims[2] * given.dims[3];
+    const int64_t group_stride = head_stride * heads;  // from one sequence's heads to the next's
+    // The largest offset, of the sequence past the last (the ragged offsets' end), in int32.
+    if (batch_stride < 0 || head_stride < 0 || p.b * batch_stride + p.h_kv * group_stride > INT32_MAX) return false;
+    // A token axis of extent 1 carries any stride: described as following the heads.
+    const int64_t token_stride = given.dims[2] > 1 ? given.strides[2] : heads * head_stride;
+    int index = 0;
+    while (index < r.n_rows && !(r.rows[index] == uint32_t(batch_stride) &&
+                                 r.head_strides[index] == uint32_t(group_stride))) {
+      ++index;
+    }
+    if (index == kMaxHeadsRows) return false;
+    if (index == r.n_rows) {
+      r.rows[r.n_rows] = uint32_t(batch_stride);
+      r.head_strides[r.n_rows++] = uint32_t(group_stride);
+    }
+    r.row_of[s] = int8_t(index);
+    TensorView& view = declared[s] = given;
+    view.dims[0] = r.padded_sequences;
+    view.dims[1] = heads;
+    view.dims[2] = key_side ? r.max_kv : r.max_q;
+    view.strides[1] = heads > 1 ? head_stride : view.dims[2] * token_stride;
+    view.strides[2] = token_stride;
+    // cuDNN steps between sequences by the offsets; the batch stride is the padded layout's
+    // (16-byte aligned, as it checks), never used to address.
+    view.strides[0] = (heads * view.dims[2] * token_stride + 7) / 8 * 8;
+  }
+  plan.ragged = r;
+  for (int s = 0; s < kNumSlots; ++s) {
+    if (plan.ragged.row_of[s] >= 0) set_view(plan, s, declared[s]);
+  }
+  plan.problem.b = r.padded_sequences;
+  plan.problem.h_q = group;
+  plan.problem.h_kv = 1;
+  plan.problem.s_q = r.max_q;
+  plan.problem.s_kv = r.max_kv;
+  for (int s : {kSeqLensQ, kSeqLensKV}) {
+    TensorView& lengths = set_view(plan, s, made_lengths_view(kOperands[s].name, plan.problem));
+    lengths.data = 0;  // the launch's buffer
+  }
+  // A sequence of no keys (the caller's length 0): cuDNN computes 0/0 in its row.
+  if (operands[kSeqLensKV]) fill_empty_rows_after(op, plan.slots, operands, plan);
+  return true;
+}
+
 }  // namespace
 
 void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
@@ -333,6 +450,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
   std::copy(operands, operands + kNumSlots, plan.slots);
   if (!(options.dropout_p > 0)) plan.slots[kRngState] = nullptr;  // no dropout: the state is not read
   if (problem.nothing_to_do) return;
+  if (plan_decode_by_heads(op, problem, options, operands, seen, cudnn_version, plan)) return;
   if (problem.ragged) {
     plan_ragged(op, options, operands, cudnn_version, plan);
     return;

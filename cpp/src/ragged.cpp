@@ -26,7 +26,7 @@ constexpr int kMaxDevices = 64;
 
 // The kernels, loaded once per device into its primary context (the driver JIT-compiles the PTX).
 struct Kernels {
-  CUfunction offsets = nullptr, clamp_blocks = nullptr, empty_rows = nullptr;
+  CUfunction offsets = nullptr, heads_offsets = nullptr, clamp_blocks = nullptr, empty_rows = nullptr;
 };
 
 const Kernels& kernels(int32_t device) {
@@ -43,6 +43,8 @@ const Kernels& kernels(int32_t device) {
                  "cuModuleGetFunction (stridedfa_clamp_blocks)");
     check_driver(d.module_get_function(&k.empty_rows, module, "stridedfa_fill_empty_rows"),
                  "cuModuleGetFunction (stridedfa_fill_empty_rows)");
+    check_driver(d.module_get_function(&k.heads_offsets, module, "stridedfa_heads_offsets"),
+                 "cuModuleGetFunction (stridedfa_heads_offsets)");
     check_driver(d.module_get_function(&k.offsets, module, "stridedfa_ragged_offsets"),
                  "cuModuleGetFunction (stridedfa_ragged_offsets)");
   }
@@ -67,7 +69,31 @@ void launch(CUfunction kernel, int64_t threads_needed, void** params, std::uintp
 
 }  // namespace
 
+namespace {
+
+void make_heads_offsets(const RaggedPlan& r, int32_t device, void* buffer, std::uintptr_t stream) {
+  CUfunction kernel = kernels(device).heads_offsets;
+  unsigned long long seqlens_kv = r.callers_kv.data, out = reinterpret_cast<std::uintptr_t>(buffer);
+  unsigned int sequences = unsigned(r.sequences), batch_pad = unsigned(r.padded_sequences), pitch = unsigned(r.pitch());
+  unsigned int heads_kv = unsigned(r.heads_kv), len_q = unsigned(r.len_q), len_kv = unsigned(r.len_kv);
+  unsigned int seqlens_stride = unsigned(r.callers_kv.stride), n_rows = unsigned(r.n_rows);
+  uint32_t batch_strides[kMaxHeadsRows] = {}, head_strides[kMaxHeadsRows] = {};
+  for (int i = 0; i < r.n_rows; ++i) {
+    batch_strides[i] = r.rows[i];
+    head_strides[i] = r.head_strides[i];
+  }
+  void* params[] = {&seqlens_kv, &out,    &sequences,      &batch_pad, &pitch,        &heads_kv,
+                    &len_q,      &len_kv, &seqlens_stride, &n_rows,    batch_strides, head_strides};
+  launch(kernel, r.padded_sequences + 1, params, stream, "cuLaunchKernel (stridedfa_heads_offsets)");
+}
+
+}  // namespace
+
 void make_ragged_offsets(const RaggedPlan& r, int32_t device, void* buffer, std::uintptr_t stream) {
+  if (r.by_heads) {
+    make_heads_offsets(r, device, buffer, stream);
+    return;
+  }
   CUfunction kernel = kernels(device).offsets;
   unsigned long long cu_q = r.cu_q, cu_kv = r.cu_kv, out = reinterpret_cast<std::uintptr_t>(buffer);
   unsigned int batch = unsigned(r.sequences), batch_pad = unsigned(r.padded_sequences), pitch = unsigned(r.pitch());

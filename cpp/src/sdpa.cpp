@@ -126,6 +126,7 @@ void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given, bool kee
 // top-left one: one full-length batch, padding lengths given by one tensor for both sides, or
 // variable-length sequences cut by one cu_seqlens tensor for both.
 bool diagonals_coincide(const Plan& plan) {
+  if (plan.ragged.on && plan.ragged.by_heads) return plan.ragged.len_q == plan.ragged.len_kv && !plan.ragged.callers_kv.data;
   if (plan.ragged.on) return plan.ragged.cu_q == plan.ragged.cu_kv;
   if (plan.full_s_q != plan.full_s_kv || plan.problem.s_q != plan.problem.s_kv) return false;
   const TensorView* q = plan.slots[kSeqLensQ];
@@ -245,8 +246,8 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   if (spec.operands[kAlibiSlopes].present) set_alibi(spec, plan, o);
   if (plan.ragged.on) {  // the workspace is sized by the tokens (a bucket of them: one graph for many)
     spec.ragged = true;
-    spec.max_total_q = length_bucket(plan.ragged.total_q);
-    spec.max_total_kv = length_bucket(plan.ragged.total_kv);
+    spec.max_total_q = plan.ragged.declared_total_q();
+    spec.max_total_kv = plan.ragged.declared_total_kv();
   }
   spec.device = p.device;
   spec.sm_version = sm_version;

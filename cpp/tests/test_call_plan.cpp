@@ -2,6 +2,9 @@
 // fills around it, and the core's own descriptions of what cuDNN refuses (one query row with sinks).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "stridedfa/call_plan.hpp"
 #include "stridedfa/ragged.hpp"
 #include "stridedfa/errors.hpp"
@@ -106,4 +109,99 @@ TEST_CASE("fill_empty_rows spreads few (sequence, head) pairs over enough blocks
   CHECK(stridedfa::empty_rows_blocks_per_head(300, 1 << 20) == 4);
   CHECK(stridedfa::empty_rows_blocks_per_head(1, 0) == 1);
   CHECK(stridedfa::empty_rows_blocks_per_head(0, 100) == 1);
+}
+
+namespace {
+
+// One decoding step: q (2, 8, s_q, 64) against a cache of L keys on 2 key/value heads, head-major
+// ((b, h, s, d) contiguous, as transformers' dynamic cache holds it) or token-major.
+CallOperands decode(int64_t s_q, int64_t L, bool head_major = true) {
+  CallOperands a;
+  const auto cache = [&](const char* name, std::uintptr_t at) {
+    return head_major ? view(name, {2, 2, L, 64}, kBF16, at) : bshd(name, 2, 2, L, 64, at);
+  };
+  a.slot[kQ] = view("q", {2, 8, s_q, 64}, kBF16, kBase);
+  a.slot[kK] = cache("k", kBase + 1 * kMiB);
+  a.slot[kV] = cache("v", kBase + 2 * kMiB);
+  a.slot[kO] = view("out", {2, 8, s_q, 64}, kBF16, kBase + 3 * kMiB);
+  return a;
+}
+
+// What the graph is built from: every slot's declared dims and strides (addresses aside).
+std::vector<int64_t> declared(const Plan& plan) {
+  std::vector<int64_t> out;
+  for (const TensorView* t : plan.slots) {
+    out.push_back(t != nullptr);
+    if (!t) continue;
+    out.insert(out.end(), t->dims, t->dims + 4);
+    out.insert(out.end(), t->strides, t->strides + 4);
+  }
+  out.push_back(plan.ragged.declared_total_q());
+  out.push_back(plan.ragged.declared_total_kv());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a decoding step is described by heads: each (batch, key/value head) one sequence of the group's queries") {
+  SdpaOptions options;
+  options.causal = true;
+  options.alignment = CausalAlignment::bottom_right;
+  const Planned p(decode(1, 300), options);
+  const RaggedPlan& r = p.plan.ragged;
+  REQUIRE(r.on);
+  CHECK(r.by_heads);
+  CHECK(r.sequences == 4);
+  CHECK(r.heads_kv == 2);
+  CHECK(r.len_q == 1);
+  CHECK(r.len_kv == 300);
+  CHECK(r.max_kv == 512);  // a power of two: one graph per doubling of the cache
+  CHECK(p.plan.problem.h_q == 4);
+  CHECK(p.plan.problem.h_kv == 1);
+  const TensorView& k = *p.plan.slots[kK];
+  CHECK(k.dims[0] == r.padded_sequences);
+  CHECK(k.dims[1] == 1);
+  CHECK(k.dims[2] == 512);
+  CHECK(k.strides[2] == 64);
+  CHECK(k.data == kBase + 1 * kMiB);  // the offsets address each sequence
+  // k: entry i, head j starts at i * (2 x 300 x 64) + j * (300 x 64); q's group j at j x 4 heads x 64.
+  const int kr = r.row_of[kK], qr = r.row_of[kQ];
+  CHECK(r.rows[kr] == 2 * 300 * 64);
+  CHECK(r.head_strides[kr] == 300 * 64);
+  CHECK(r.rows[qr] == 8 * 64);
+  CHECK(r.head_strides[qr] == 4 * 64);
+  CHECK(r.row_of[kO] == qr);  // out is laid out like q: one offsets row
+  CHECK(p.plan.n_fills == 0);
+  CHECK(p.plan.n_empty_rows == 0);
+}
+
+TEST_CASE("a decoding loop of 1,000 growing cache lengths declares one problem per doubling") {
+  for (bool head_major : {true, false}) {
+    std::vector<std::vector<int64_t>> seen;
+    for (int64_t L = 300; L < 1300; ++L) {
+      const Planned p(decode(1, L, head_major), SdpaOptions{});
+      const std::vector<int64_t> d = declared(p.plan);
+      if (std::find(seen.begin(), seen.end(), d) == seen.end()) seen.push_back(d);
+    }
+    CHECK(seen.size() == 3);  // 512, 1024, 2048 keys
+  }
+}
+
+TEST_CASE("decoding by heads leaves what it cannot describe to the exact plan") {
+  CallOperands with_sinks = decode(1, 300);
+  with_sinks.slot[kSinks] = view("sinks", {8}, kF32, kBase + 6 * kMiB);
+  CallOperands with_bias = decode(1, 300);
+  with_bias.slot[kBias] = view("bias", {2, 1, 1, 300}, kBF16, kBase + 6 * kMiB);
+  CallOperands prompt = decode(300, 300);  // self-attention: no cache
+  CallOperands many_queries = decode(17, 300);
+  for (const CallOperands* call : {&with_sinks, &with_bias, &prompt, &many_queries}) {
+    const Planned p(*call, SdpaOptions{});
+    CHECK_FALSE(p.plan.ragged.on);
+  }
+  CallOperands lengths = decode(1, 300);
+  lengths.slot[kSeqLensKV] = view("seqlens_kv", {2}, kI32, kBase + 6 * kMiB);
+  const Planned with_lengths(lengths, SdpaOptions{});
+  CHECK(with_lengths.plan.ragged.by_heads);  // the cache's lengths, read by the offsets kernel
+  CHECK(with_lengths.plan.ragged.callers_kv.data == kBase + 6 * kMiB);
+  CHECK(with_lengths.plan.n_empty_rows == 1);  // out's rows of a sequence with no keys
 }

@@ -21,6 +21,14 @@ namespace stridedfa {
 int64_t length_bucket(int64_t n);
 
 inline constexpr int kMaxRaggedRows = 12;
+inline constexpr int kMaxHeadsRows = 6;  // offsets rows of a call by heads (the kernel's parameter arrays)
+
+// Per-sequence int32 lengths on the device (a caller's padding lengths, the core's made ones, or a
+// row of the variable-length launch buffer).
+struct RowLengths {
+  std::uintptr_t data = 0;
+  int64_t stride = 1;  // in elements
+};
 
 // What the offsets kernel makes for one call and where cuDNN reads it. Rows of `pitch` int32:
 // row 0 the query lengths, row 1 the key lengths (padded_sequences each), then one row of
@@ -33,6 +41,17 @@ struct RaggedPlan {
   std::uintptr_t cu_q = 0, cu_kv = 0;
   int n_rows = 0;
   uint32_t rows[kMaxRaggedRows] = {};  // token stride, with bit 31 set for the key side
+  // A decoding call described by heads (call_plan.cpp): no cu_seqlens; sequence n is (batch entry
+  // n / heads_kv, key/value head n % heads_kv) with len_q queries and len_kv keys (or the caller's
+  // seqlens_kv), and offsets row r holds i * rows[r] + j * head_strides[r] (rows: batch strides).
+  bool by_heads = false;
+  int64_t heads_kv = 0, len_q = 0, len_kv = 0;
+  RowLengths callers_kv;  // the caller's key lengths, or none
+  uint32_t head_strides[kMaxRaggedRows] = {};
+  // The token totals cuDNN is told (its workspace): a bucket of the real ones, or by heads the
+  // padded problem's (padded sequences x padded extent), which steps with the extents.
+  int64_t declared_total_q() const { return by_heads ? padded_sequences * max_q : length_bucket(total_q); }
+  int64_t declared_total_kv() const { return by_heads ? padded_sequences * max_kv : length_bucket(total_kv); }
   int8_t row_of[kNumSlots] = {};       // the offsets row of each slot, -1: not ragged
   int64_t pitch() const { return (padded_sequences + 1 + 3) / 4 * 4; }  // 16-byte aligned rows
   int64_t bytes() const { return (2 + n_rows) * pitch() * 4; }
@@ -42,13 +61,6 @@ struct RaggedPlan {
 // into `out` ((b x blocks) int32 on `device`) with every id clamped into [0, num_blocks), on
 // `stream` (the same PTX module; driver calls: the context must be current).
 void clamp_block_table(const TensorView& table, int64_t num_blocks, int32_t device, void* out, std::uintptr_t stream);
-
-// Per-sequence int32 lengths on the device (a caller's padding lengths, the core's made ones, or a
-// row of the variable-length launch buffer).
-struct RowLengths {
-  std::uintptr_t data = 0;
-  int64_t stride = 1;  // in elements
-};
 
 // An output whose rows of empty sequences and padding the launch fills after cuDNN (below).
 struct EmptyRows {

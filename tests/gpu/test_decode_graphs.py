@@ -1,0 +1,109 @@
+"""Decoding by heads (issue 33 item 1): a decoding step -- a few queries against a cache whose length
+changes every step -- runs as a ragged problem of one sequence per (batch entry, key/value head)
+whose extents are bucketed, so a generation loop builds one graph per doubling of its cache instead
+of one per step. Outputs poisoned with NaN, compared with the float64 reference on fresh data, for
+every cache layout a caller has (transformers' head-major dynamic cache, a token-major cache, a
+slice of a static cache), grouped, multi-head and multi-query heads, and each mask decoding uses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers.cuda import require_cuda
+
+torch = require_cuda()
+
+import stridedfa  # noqa: E402
+import stridedfa.torch as st  # noqa: E402
+from stridedfa import reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _np(t):
+    return t.detach().float().cpu().numpy().astype(np.float64)
+
+
+def _check(out, lse, ref_out, ref_lse):
+    out, lse = out.float(), lse.float()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    ref_out, ref_lse = (torch.from_numpy(x).cuda().float() for x in (ref_out, ref_lse))
+    assert (out - ref_out).abs().max().item() <= 2e-2 * ref_out.abs().max().item() + 5e-3
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert (lse[finite] - ref_lse[finite]).abs().max().item() <= 2e-3 * max(1.0, ref_lse[finite].abs().max().item())
+
+
+def _cache(gen, b, h_kv, length, d, layout):
+    if layout == "head_major":
+        return torch.randn(b, h_kv, length, d, generator=gen, device="cuda").bfloat16()
+    if layout == "token_major":
+        return torch.randn(b, length, h_kv, d, generator=gen, device="cuda").bfloat16().transpose(1, 2)
+    full = torch.randn(b, h_kv, length + 300, d, generator=gen, device="cuda").bfloat16()  # a static cache
+    return full[:, :, :length]
+
+
+MASKS = [
+    pytest.param({}, id="no_mask"),
+    pytest.param(dict(causal=True, causal_alignment="bottom_right"), id="causal_br"),
+    pytest.param(dict(causal=True), id="causal_tl"),
+    pytest.param(dict(causal=True, causal_alignment="bottom_right", window=(63, None)), id="window64"),
+    pytest.param(dict(softcap=30.0, causal=True, causal_alignment="bottom_right"), id="softcap"),
+]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("layout", ["head_major", "token_major", "static_slice"])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (8, 1)], ids=["gqa", "mha", "mqa"])
+@pytest.mark.parametrize("s_q", [1, 5])
+def test_a_decoding_step_matches_the_reference(mask, layout, heads, s_q, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, (h_q, h_kv), length, d = 3, heads, 333, 64
+    q = torch.randn(b, h_q, s_q, d, generator=gen, device="cuda").bfloat16()
+    k, v = (_cache(gen, b, h_kv, length, d, layout) for _ in range(2))
+    out = torch.full((b, h_q, s_q, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((b, h_q, s_q), float("nan"), device="cuda")
+    stridedfa.sdpa_forward(q, k, v, out, lse=lse, **mask)
+    ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, **mask)
+    _check(out, lse, ref_out, ref_lse)
+
+
+def test_cache_lengths_on_the_device_with_an_empty_sequence(seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, h_q, h_kv, capacity, d = 3, 8, 2, 512, 64
+    q = torch.randn(b, h_q, 1, d, generator=gen, device="cuda").bfloat16()
+    k, v = (_cache(gen, b, h_kv, capacity, d, "static_slice") for _ in range(2))
+    lengths = [300, 0, 17]
+    out = torch.full((b, h_q, 1, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((b, h_q, 1), float("nan"), device="cuda")
+    stridedfa.sdpa_forward(q, k, v, out, lse=lse, causal=True, causal_alignment="bottom_right",
+                           seqlens_kv=torch.tensor(lengths, device="cuda", dtype=torch.int32))
+    ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, causal=True,
+                                              causal_alignment="bottom_right", seqlens_q=np.ones(b, dtype=np.int64),
+                                              seqlens_kv=np.array(lengths))
+    _check(out, lse, ref_out, ref_lse)
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -torch.inf)
+
+
+@pytest.mark.parametrize("layout", ["head_major", "token_major"])
+def test_a_generation_loop_builds_one_graph_per_doubling(layout, seed):
+    """300 steps of a growing cache (100 -> 399 keys), as transformers' dynamic cache calls it:
+    graphs for 128, 256 and 512 keys, each output right."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, h_q, h_kv, d = 2, 8, 2, 64
+    k_all, v_all = (_cache(gen, b, h_kv, 400, d, layout) for _ in range(2))
+    before = stridedfa.cache_info()["builds"]
+    worst = 0.0
+    for length in range(100, 400):
+        q = torch.randn(b, h_q, 1, d, generator=gen, device="cuda").bfloat16()
+        k, v = k_all[:, :, :length], v_all[:, :, :length]
+        if layout == "head_major":
+            k, v = k.contiguous(), v.contiguous()  # a fresh tensor each step, as torch.cat makes it
+        out = st.attention(q, k, v, causal=True, causal_alignment="bottom_right")
+        if length % 50 == 0:
+            ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+            worst = max(worst, (out.float() - ref).abs().max().item())
+    assert stridedfa.cache_info()["builds"] - before <= 3
+    assert worst < 2e-2

@@ -1,0 +1,88 @@
+"""Decoding builds a bounded number of cuDNN graphs (issue 33 item 1), shown on fake CUDA tensors
+(no GPU) through the graph-cache key a call would use: calls with equal keys share one graph.
+
+A decoding step -- a few queries against a cache one token longer than the last step's -- is
+described by heads (call_plan.cpp, plan_decode_by_heads): the key holds the keys' extent rounded up
+to a power of two and none of the strides that grow with the cache, so 1,000 steps of growing
+length build one graph per doubling of the cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers.fake_dlpack import FakeTensor
+from stridedfa import _core
+
+GiB = 1 << 30
+_bases = itertools.count(1)
+B, H_Q, H_KV, D = 2, 32, 8, 128
+
+
+def fake(shape, dtype="bfloat16", strides=None):
+    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_bases) * GiB)
+
+
+def cache(length, layout):
+    """A KV cache of `length` tokens as the call sees it: head-major (b, h, L, d) contiguous, as
+    transformers' dynamic cache concatenates it; token-major (b, L, h, d) memory; or the first
+    `length` tokens of a 4096-token static cache (head-major)."""
+    if layout == "head_major":
+        return fake((B, H_KV, length, D))
+    if layout == "token_major":
+        return fake((B, H_KV, length, D), strides=(length * H_KV * D, D, H_KV * D, 1))
+    return fake((B, H_KV, length, D), strides=(H_KV * 4096 * D, 4096 * D, D, 1))
+
+
+def step_key(length, layout, s_q=1, lse=False, **options):
+    q = fake((B, H_Q, s_q, D))
+    out = fake((B, H_Q, s_q, D))
+    stats = fake((B, H_Q, s_q), "float32") if lse else None
+    return _core._forward_graph_key(q, cache(length, layout), cache(length, layout), out, stats,
+                                    causal=True, causal_alignment="bottom_right", **options)
+
+
+@pytest.mark.parametrize("layout", ["head_major", "token_major", "static_slice"])
+@pytest.mark.parametrize("lse", [False, True])
+def test_a_thousand_growing_decode_steps_build_at_most_eight_graphs(layout, lse):
+    keys = {step_key(length, layout, lse=lse) for length in range(100, 1100)}
+    assert len(keys) == 5  # 128, 256, 512, 1024 and 2048 keys: one graph per doubling of the cache
+    assert () not in keys
+
+
+@pytest.mark.parametrize("s_q", [2, 7, 16])
+def test_multi_token_decode_steps_build_one_graph_per_doubling(s_q):
+    keys = {step_key(length, "head_major", s_q=s_q) for length in range(300, 1300)}
+    assert len(keys) == 3  # 512, 1024, 2048 keys
+
+
+def test_options_that_take_part_in_decoding_stay_in_the_key():
+    assert step_key(300, "head_major") == step_key(301, "head_major")
+    assert step_key(300, "head_major", softcap=30.0) != step_key(300, "head_major")
+    assert step_key(300, "head_major", window=(127, 0)) != step_key(300, "head_major")
+    assert step_key(300, "head_major", window=(127, 0)) == step_key(400, "head_major", window=(127, 0))
+
+
+def test_a_prompt_keeps_its_exact_graph():
+    """Self-attention over a new prompt (as many queries as keys) and steps of more than 16
+    queries are not decoding: planned with their own extents, as before."""
+    assert step_key(300, "head_major", s_q=300) != step_key(301, "head_major", s_q=301)
+    assert step_key(300, "head_major", s_q=17) != step_key(301, "head_major", s_q=17)
+
+
+def test_decoding_by_heads_can_be_switched_off_per_process():
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_decode_graphs import step_key
+        print(len({{step_key(n, "head_major") for n in range(300, 340)}}))
+    """)
+    env = dict(os.environ, STRIDEDFA_DECODE_BY_HEADS="0")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "40"  # a graph per cache length
