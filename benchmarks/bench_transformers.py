@@ -8,8 +8,10 @@ GQA where the family has it; random weights, bfloat16), in one run:
   - the same step on a right- and on a left-padded batch (lengths uniform in [s/4, s], one full
     row) against SDPA with the mask transformers builds (issue 32's target: >= 1.3x faster);
   - with --compile: every model torch.compile'd (default mode), both implementations;
-  - with --generate: greedy generation with a static cache (transformers compiles the decoding
-    step), batch 8, 512-token prompts, 128 new tokens: tokens per second.
+  - with --generate: greedy generation of every causal model with transformers' dynamic and static
+    caches (the static one compiled by transformers), batch 8, 512-token prompts, 128 new tokens:
+    tokens per second of the first request (stridedfa's graph builds counted) and of the steady
+    state, and the share of tokens equal to the baseline's (issue 33 item 4).
 Gemma 2 and gpt-oss run SDPA where they allow it (transformers' SDPA refuses softcap and has no
 sinks: they are compared with eager attention and marked so). Each step is timed with CUDA events,
 synchronised after each (the pattern of a training loop that logs its loss), the two
@@ -20,7 +22,7 @@ host time spent issuing it: close to the step time means the step is host-bound.
 a test.
 
     python benchmarks/bench_transformers.py --out bench-out [--quick] [--generate] [--hidden 1024]
-        [--compile] [--padding-check on]
+        [--compile] [--padding-check on] [--no-training] [--caches dynamic,static]
 """
 
 from __future__ import annotations
@@ -173,27 +175,43 @@ def train_rows(names, quick, hidden=2048, compiled=False, paddings=("none", "rig
     return rows
 
 
-def generation_rows(names):
+def generation_rows(names, caches=("dynamic", "static"), hidden=1024, batch_size=8, prompt=512, new_tokens=128):
+    """Greedy generation (issue 33 item 4) with each cache: the first request of a fresh model
+    (its graph builds included: stridedfa's counted) and the steady state (the same request
+    again), tokens per second each, and whether stridedfa's tokens equal the baseline's. The static
+    cache is compiled by transformers itself (its default for a static cache)."""
     rows = []
-    ids, mask = batch(8, 512, "none")
+    ids, mask = batch(batch_size, prompt, "none")
     for name in names:
-        row = {"model": name, "batch": 8, "prompt": 512, "new_tokens": 128}
-        for implementation in ("stridedfa", "sdpa"):
-            model = build(name, implementation).eval()
-            settings = dict(max_new_tokens=128, min_new_tokens=128, do_sample=False, pad_token_id=0,
-                            cache_implementation="static")
-            with torch.no_grad():
-                model.generate(ids, attention_mask=mask, **settings)  # compiles
-                torch.cuda.synchronize()
-                began = time.perf_counter()
-                model.generate(ids, attention_mask=mask, **settings)
-                torch.cuda.synchronize()
-            row[f"{implementation}_tokens_per_s"] = 8 * 128 / (time.perf_counter() - began)
-            del model
-            torch.cuda.empty_cache()
-        row["speedup"] = row["stridedfa_tokens_per_s"] / row["sdpa_tokens_per_s"]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        baseline = BASELINE.get(name, "sdpa")
+        for cache in caches:
+            row = {"model": name, "hidden": hidden, "cache": cache, "baseline": baseline, "batch": batch_size,
+                   "prompt": prompt, "new_tokens": new_tokens}
+            tokens = {}
+            for implementation in ("stridedfa", baseline):
+                model = build(name, implementation, hidden).eval()
+                settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                pad_token_id=0, cache_implementation=cache)
+                builds = stridedfa.cache_info()["builds"]
+                with torch.no_grad():
+                    for phase in ("first", "steady"):
+                        torch.cuda.synchronize()
+                        began = time.perf_counter()
+                        out = model.generate(ids, attention_mask=mask, **settings)
+                        torch.cuda.synchronize()
+                        row[f"{implementation}_{phase}_tokens_per_s"] = batch_size * new_tokens / (
+                            time.perf_counter() - began)
+                        if implementation == "stridedfa":
+                            row[f"stridedfa_{phase}_graph_builds"] = stridedfa.cache_info()["builds"] - builds
+                            builds = stridedfa.cache_info()["builds"]
+                tokens[implementation] = out[:, prompt:]
+                del model
+                torch.cuda.empty_cache()
+            for phase in ("first", "steady"):
+                row[f"{phase}_speedup"] = row[f"stridedfa_{phase}_tokens_per_s"] / row[f"{baseline}_{phase}_tokens_per_s"]
+            row["same_tokens"] = float((tokens["stridedfa"] == tokens[baseline]).float().mean())
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -215,9 +233,16 @@ def table(rows, generation):
     if padded:
         lines.append(f"Padded vs SDPA with mask: speedup min {min(padded):.2f}x, "
                      f"geomean {math.exp(sum(map(math.log, padded)) / len(padded)):.2f}x (target >= 1.3x)")
+    if generation:
+        lines += ["", "| model | cache | first request tokens/s (graphs built) | baseline | steady tokens/s | baseline "
+                  "| first, steady speedup | same tokens |", "|---|---|---|---|---|---|---|---|"]
     for g in generation:
-        lines.append(f"Generation {g['model']} (static cache, compiled): {g['stridedfa_tokens_per_s']:.0f} vs "
-                     f"{g['sdpa_tokens_per_s']:.0f} tokens/s SDPA ({g['speedup']:.2f}x)")
+        base = g["baseline"]
+        lines.append(f"| {g['model']} | {g['cache']} | {g['stridedfa_first_tokens_per_s']:.0f} "
+                     f"({g['stridedfa_first_graph_builds']}) | {g[base + '_first_tokens_per_s']:.0f} ({base}) | "
+                     f"{g['stridedfa_steady_tokens_per_s']:.0f} ({g['stridedfa_steady_graph_builds']}) | "
+                     f"{g[base + '_steady_tokens_per_s']:.0f} | {g['first_speedup']:.2f}x, {g['steady_speedup']:.2f}x | "
+                     f"{g['same_tokens']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -226,6 +251,8 @@ def main():
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--generate", action="store_true")
+    parser.add_argument("--caches", default="dynamic,static", help="with --generate: dynamic, static")
+    parser.add_argument("--no-training", action="store_true", help="only the generation rows")
     parser.add_argument("--models", default=",".join(hf_models.available()))
     parser.add_argument("--hidden", type=int, default=2048, help="the models' hidden size (heads of 128)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (default mode)")
@@ -239,8 +266,9 @@ def main():
 
     names = [n for n in args.models.split(",") if n in hf_models.available()]
     stridedfa.transformers.set_padding_check(args.padding_check == "on")
-    rows = train_rows(names, args.quick, args.hidden, args.compile, args.paddings.split(","))
-    generation = generation_rows(["llama"]) if args.generate else []
+    rows = [] if args.no_training else train_rows(names, args.quick, args.hidden, args.compile, args.paddings.split(","))
+    generation = (generation_rows([n for n in names if hf_models.FAMILIES[n][1] == "causal"],
+                                  args.caches.split(","), args.hidden) if args.generate else [])
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "transformers": transformers.__version__, "hidden": args.hidden, "compiled": args.compile,
               "padding_check": args.padding_check, "provenance": provenance(stridedfa), "training": rows,
