@@ -64,7 +64,10 @@ def test_dropout_with_a_paged_cache_is_refused():
 def test_the_key_holds_the_cache_and_table_layout_not_the_table_contents():
     base = _core._forward_graph_key(**args(), causal=True, causal_alignment="bottom_right")
     assert base == _core._forward_graph_key(**args(), causal=True, causal_alignment="bottom_right")
-    assert base != _core._forward_graph_key(**args(block_table=fake((B, BLOCKS + 1), "int32")), causal=True,
+    # the table's width is declared as a bucket (a power of two >= 8): 12 and 13 blocks share one
+    assert base == _core._forward_graph_key(**args(block_table=fake((B, BLOCKS + 1), "int32")), causal=True,
+                                            causal_alignment="bottom_right")
+    assert base != _core._forward_graph_key(**args(block_table=fake((B, BLOCKS + 5), "int32")), causal=True,
                                             causal_alignment="bottom_right")
     # a table whose rows have a stride of their own is read packed (its range-checked copy): one graph
     wide_rows = fake((B, BLOCKS), "int32", strides=(2 * BLOCKS, 1))
@@ -72,6 +75,15 @@ def test_the_key_holds_the_cache_and_table_layout_not_the_table_contents():
                                             causal_alignment="bottom_right")
     bshd = fake((NUM_BLOCKS, H_KV, BLOCK, D), strides=(BLOCK * H_KV * D, D, H_KV * D, 1))
     assert base != _core._forward_graph_key(**args(k=bshd), causal=True, causal_alignment="bottom_right")
+
+
+def test_a_thousand_decode_steps_with_a_growing_table_build_one_graph_per_doubling():
+    """A caller that passes each step only the blocks its cache fills (100 -> 1,099 tokens of
+    16-token blocks: 7 -> 69 blocks) gets tables declared 8, 16, 32, 64 and 128 blocks wide."""
+    keys = {_core._forward_graph_key(**args(block_table=fake((B, -(-n // BLOCK)), "int32")), causal=True,
+                                     causal_alignment="bottom_right")
+            for n in range(100, 1100)}
+    assert len(keys) == 5
 
 
 def test_the_torch_entry_point_appends_and_attends_through_the_fakes():

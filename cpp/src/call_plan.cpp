@@ -461,8 +461,10 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
           "dropout is not supported with a paged KV cache (block_table); paged calls serve "
           "inference.");
     }
-    // cuDNN reads the launch's range-checked, packed copy of the table: described packed.
+    // cuDNN reads the launch's range-checked, packed copy of the table: described packed, at its
+    // bucketed width (the padding lengths keep cuDNN inside each sequence's own blocks).
     TensorView& table = set_view(plan, kBlockTable, *operands[kBlockTable]);
+    table.dims[2] = table_width_bucket(table.dims[2]);
     table.strides[0] = table.dims[2];
   }
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.

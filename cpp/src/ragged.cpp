@@ -106,14 +106,15 @@ void make_ragged_offsets(const RaggedPlan& r, int32_t device, void* buffer, std:
   launch(kernel, r.padded_sequences + 1, params, stream, "cuLaunchKernel (stridedfa_ragged_offsets)");
 }
 
-void clamp_block_table(const TensorView& table, int64_t num_blocks, int32_t device, void* out, std::uintptr_t stream) {
+void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, int32_t device, void* out,
+                       std::uintptr_t stream) {
   CUfunction kernel = kernels(device).clamp_blocks;
   unsigned long long in = table.data, packed = reinterpret_cast<std::uintptr_t>(out);
   unsigned int rows = unsigned(table.dims[0]), cols = unsigned(table.dims[2]);
   unsigned int row_stride = unsigned(table.dims[0] > 1 ? table.strides[0] : table.dims[2]);
-  unsigned int blocks = unsigned(num_blocks);
-  void* params[] = {&in, &packed, &rows, &cols, &row_stride, &blocks};
-  launch(kernel, table.dims[0] * table.dims[2], params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
+  unsigned int blocks = unsigned(num_blocks), out_cols = unsigned(width);
+  void* params[] = {&in, &packed, &rows, &cols, &row_stride, &blocks, &out_cols};
+  launch(kernel, table.dims[0] * width, params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
 }
 
 void fill_empty_rows(const TensorView& t, RowLengths this_side, RowLengths other_side, std::uintptr_t ragged_offsets,

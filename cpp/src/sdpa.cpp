@@ -312,6 +312,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   if (problem.paged) {
     call.paged = true;
     call.block_table = *operands[kBlockTable];
+    call.table_width = plan.slots[kBlockTable]->dims[2];
     call.num_blocks = problem.num_blocks;
   }
   std::fill(std::begin(call.ragged_row_of_ptr), std::end(call.ragged_row_of_ptr), int8_t(-1));
@@ -452,8 +453,9 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   try {
     if (call.paged) {  // block ids clamped into the cache: no id reads outside it
       const TensorView& given = call.block_table;
-      table = pool_alloc(call.problem.device, std::max<int64_t>(given.numel(), 1) * int64_t(sizeof(int32_t)), stream);
-      clamp_block_table(given, call.num_blocks, call.problem.device, table, stream);
+      const int64_t entries = std::max<int64_t>(given.dims[0] * call.table_width, 1);
+      table = pool_alloc(call.problem.device, entries * int64_t(sizeof(int32_t)), stream);
+      clamp_block_table(given, call.num_blocks, call.table_width, call.problem.device, table, stream);
       for (int side = 0; side < 2; ++side) {
         if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
       }

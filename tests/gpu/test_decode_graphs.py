@@ -107,3 +107,32 @@ def test_a_generation_loop_builds_one_graph_per_doubling(layout, seed):
             worst = max(worst, (out.float() - ref).abs().max().item())
     assert stridedfa.cache_info()["builds"] - before <= 3
     assert worst < 2e-2
+
+
+def test_a_paged_decoding_loop_with_a_growing_table(seed):
+    """A caller passing each step only the blocks its cache fills: the table is declared a power
+    of two wide (block 0 past the caller's columns), so 100 steps over 20 -> 119 keys of 8-key
+    blocks (3 -> 15 blocks) build the graphs of 8 and 16 blocks; each output right."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, h_q, h_kv, d, block, num_blocks = 2, 8, 2, 64, 8, 40
+    k_cache = torch.randn(num_blocks, h_kv, block, d, generator=gen, device="cuda").bfloat16()
+    v_cache = torch.randn(num_blocks, h_kv, block, d, generator=gen, device="cuda").bfloat16()
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))
+    full_table = order[:2 * 16].view(b, 16).to(device="cuda", dtype=torch.int32)
+    before = stridedfa.cache_info()["builds"]
+    for length in range(20, 120):
+        blocks = -(-length // block)
+        q = torch.randn(b, h_q, 1, d, generator=gen, device="cuda").bfloat16()
+        out = torch.full((b, h_q, 1, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+        lse = torch.full((b, h_q, 1), float("nan"), device="cuda")
+        lengths = torch.tensor([length, length - 7], device="cuda", dtype=torch.int32)
+        stridedfa.sdpa_forward(q, k_cache, v_cache, out, lse=lse, block_table=full_table[:, :blocks].contiguous(),
+                               seqlens_kv=lengths, causal=True, causal_alignment="bottom_right")
+        if length % 33 == 0:
+            for i, n in enumerate(lengths.tolist()):
+                ids = full_table[i, :blocks].tolist()
+                keys = torch.cat([k_cache[j] for j in ids], dim=1)[:, :n][None]
+                values = torch.cat([v_cache[j] for j in ids], dim=1)[:, :n][None]
+                ref_out, ref_lse = reference.sdpa_forward(_np(q[i:i + 1]), _np(keys), _np(values), dtype=np.float64)
+                _check(out[i:i + 1], lse[i:i + 1], ref_out, ref_lse)
+    assert stridedfa.cache_info()["builds"] - before <= 2

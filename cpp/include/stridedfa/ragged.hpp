@@ -58,9 +58,19 @@ struct RaggedPlan {
 };
 
 // A paged call's block table (`table`: its (b, 1, blocks, 1) view, rows contiguous) copied packed
-// into `out` ((b x blocks) int32 on `device`) with every id clamped into [0, num_blocks), on
-// `stream` (the same PTX module; driver calls: the context must be current).
-void clamp_block_table(const TensorView& table, int64_t num_blocks, int32_t device, void* out, std::uintptr_t stream);
+// into `out` ((b x width) int32 on `device`, width >= blocks: the declared table's) with every id
+// clamped into [0, num_blocks) and block 0 past the caller's columns, on `stream` (the same PTX
+// module; driver calls: the context must be current).
+void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, int32_t device, void* out,
+                       std::uintptr_t stream);
+
+// The declared width of a paged call's block table: the smallest power of two >= blocks (at least
+// 8), so that a decoding loop whose table grows by a block at a time builds a graph per doubling.
+inline int64_t table_width_bucket(int64_t blocks) {
+  int64_t width = 8;
+  while (width < blocks) width *= 2;
+  return width;
+}
 
 // An output whose rows of empty sequences and padding the launch fills after cuDNN (below).
 struct EmptyRows {

@@ -61,6 +61,7 @@ struct PreparedCall {
   bool paged = false;
   TensorView block_table;
   int64_t num_blocks = 0;
+  int64_t table_width = 0;  // the copy's (and the graph's) columns: a bucket of the caller's
   int page_table_ptr[2] = {-1, -1};
 };
 
