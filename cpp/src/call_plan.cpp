@@ -395,10 +395,17 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
     const int64_t batch_stride = given.dims[0] > 1 ? given.strides[0] : 0;
     const int64_t head_stride = given.dims[1] > 1 ? given.strides[1] : given.dims[2] * given.dims[3];
     const int64_t group_stride = head_stride * heads;  // from one sequence's heads to the next's
-    // The largest offset, of the sequence past the last (the ragged offsets' end), in int32.
-    if (batch_stride < 0 || head_stride < 0 || p.b * batch_stride + p.h_kv * group_stride > INT32_MAX) return false;
+    // The offsets must not decrease from one sequence to the next (as cu_seqlens' do): batch
+    // entries outside their heads, as every (b, h, s, d) and (b, s, h, d) layout has them.
+    if (batch_stride < 0 || head_stride < 0 || (p.b > 1 && batch_stride < p.h_kv * group_stride)) return false;
+    // The largest offset, the end of the last sequence (written for the padding ones), in int32.
+    const int64_t end = (p.b - 1) * batch_stride + p.h_kv * group_stride;
+    if (end > INT32_MAX) return false;
     // A token axis of extent 1 carries any stride: described as following the heads.
     const int64_t token_stride = given.dims[2] > 1 ? given.strides[2] : heads * head_stride;
+    // What the offsets reach, past the last element cuDNN reads (the caller's extents).
+    const int64_t reach = end - group_stride + (heads - 1) * head_stride + (given.dims[2] - 1) * token_stride +
+                          given.dims[3];
     int index = 0;
     while (index < r.n_rows && !(r.rows[index] == uint32_t(batch_stride) &&
                                  r.head_strides[index] == uint32_t(group_stride))) {
@@ -417,8 +424,16 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
     view.strides[1] = heads > 1 ? head_stride : view.dims[2] * token_stride;
     view.strides[2] = token_stride;
     // cuDNN steps between sequences by the offsets; the batch stride is the padded layout's
-    // (16-byte aligned, as it checks), never used to address.
-    view.strides[0] = (heads * view.dims[2] * token_stride + 7) / 8 * 8;
+    // (16-byte aligned, as it checks), never used to address -- but the declared tensor covers
+    // all that the offsets reach (a static cache's heads lie a capacity apart): a power of two
+    // where the padded layout falls short, so that the key stays put while the cache grows.
+    int64_t batch_extent = heads * view.dims[2] * token_stride;
+    if (r.padded_sequences * batch_extent < reach) {
+      int64_t covering = 8;
+      while (r.padded_sequences * covering < reach) covering *= 2;
+      batch_extent = covering;
+    }
+    view.strides[0] = (batch_extent + 7) / 8 * 8;
   }
   plan.ragged = r;
   for (int s = 0; s < kNumSlots; ++s) {
@@ -466,6 +481,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     TensorView& table = set_view(plan, kBlockTable, *operands[kBlockTable]);
     table.dims[2] = table_width_bucket(table.dims[2]);
     table.strides[0] = table.dims[2];
+    table.strides[2] = 1;
   }
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);

@@ -506,7 +506,8 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     RowLengths lengths[2];
     for (int side = 0; side < 2; ++side) {
       lengths[side] = call.callers_lengths[side];
-      if (!lengths[side].data && call.lengths_ptr[side] >= 0)
+      // A ragged call's lengths are per sequence (by heads: b x h_kv of them), in the launch's rows.
+      if ((call.ragged.on || !lengths[side].data) && call.lengths_ptr[side] >= 0)
         lengths[side] = {reinterpret_cast<std::uintptr_t>(ptrs[call.lengths_ptr[side]]), 1};
     }
     const bool lengths_known = lengths[0].data && lengths[1].data;

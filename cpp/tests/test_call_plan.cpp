@@ -205,3 +205,31 @@ TEST_CASE("decoding by heads leaves what it cannot describe to the exact plan") 
   CHECK(with_lengths.plan.ragged.callers_kv.data == kBase + 6 * kMiB);
   CHECK(with_lengths.plan.n_empty_rows == 1);  // out's rows of a sequence with no keys
 }
+
+TEST_CASE("decoding by heads declares tensors that cover all their offsets reach (a static cache's heads)") {
+  // One batch entry, 8 key/value heads of a 4096-token static cache, 200 tokens filled.
+  CallOperands a;
+  a.slot[kQ] = view("q", {1, 32, 1, 128}, kBF16, kBase);
+  a.slot[kK] = view("k", {1, 8, 200, 128}, kBF16, kBase + 1 * kMiB, {8 * 4096 * 128, 4096 * 128, 128, 1});
+  a.slot[kV] = view("v", {1, 8, 200, 128}, kBF16, kBase + 64 * kMiB, {8 * 4096 * 128, 4096 * 128, 128, 1});
+  a.slot[kO] = view("out", {1, 32, 1, 128}, kBF16, kBase + 128 * kMiB);
+  const Planned p(a, SdpaOptions{});
+  REQUIRE(p.plan.ragged.by_heads);
+  const TensorView& k = *p.plan.slots[kK];
+  const int64_t reach = 7 * 4096 * 128 + 199 * 128 + 128;  // the last head's last key
+  CHECK(k.dims[0] * k.strides[0] >= reach);
+  CHECK(k.dims[2] == 256);
+  // A longer fill declares the same tensors: the cover follows the capacity, not the fill.
+  a.slot[kK].dims[2] = a.slot[kV].dims[2] = 250;
+  const Planned longer(a, SdpaOptions{});
+  CHECK(longer.plan.slots[kK]->strides[0] == k.strides[0]);
+}
+
+TEST_CASE("decoding by heads needs each batch entry outside its heads (offsets that never decrease)") {
+  CallOperands a = decode(1, 300);
+  // heads outside the batch: (h, b, L, d) memory
+  a.slot[kK] = view("k", {2, 2, 300, 64}, kBF16, kBase + 1 * kMiB, {300 * 64, 2 * 300 * 64, 64, 1});
+  a.slot[kV] = view("v", {2, 2, 300, 64}, kBF16, kBase + 2 * kMiB, {300 * 64, 2 * 300 * 64, 64, 1});
+  const Planned p(a, SdpaOptions{});
+  CHECK_FALSE(p.plan.ragged.on);
+}

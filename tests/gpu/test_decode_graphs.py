@@ -136,3 +136,20 @@ def test_a_paged_decoding_loop_with_a_growing_table(seed):
                 ref_out, ref_lse = reference.sdpa_forward(_np(q[i:i + 1]), _np(keys), _np(values), dtype=np.float64)
                 _check(out[i:i + 1], lse[i:i + 1], ref_out, ref_lse)
     assert stridedfa.cache_info()["builds"] - before <= 2
+
+
+def test_a_static_cache_whose_heads_lie_far_beyond_the_declared_extent(seed):
+    """One batch entry, 8 key/value heads of a 4096-token static cache with 200 tokens filled: the
+    offsets of the later heads reach far past 256 keys x 8 sequences, which the declared tensors
+    must cover."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    h_q, h_kv, d = 32, 8, 128
+    q = torch.randn(1, h_q, 1, d, generator=gen, device="cuda").bfloat16()
+    k_cache, v_cache = (torch.randn(1, h_kv, 4096, d, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    for length in (200, 201, 255):
+        k, v = k_cache[:, :, :length], v_cache[:, :, :length]
+        out = torch.full((1, h_q, 1, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+        lse = torch.full((1, h_q, 1), float("nan"), device="cuda")
+        stridedfa.sdpa_forward(q, k, v, out, lse=lse, causal=True, causal_alignment="bottom_right")
+        ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64)
+        _check(out, lse, ref_out, ref_lse)
