@@ -208,7 +208,8 @@ def generation_rows(names, caches=("dynamic", "static"), hidden=1024, batch_size
                 del model
                 torch.cuda.empty_cache()
             for phase in ("first", "steady"):
-                row[f"{phase}_speedup"] = row[f"stridedfa_{phase}_tokens_per_s"] / row[f"{baseline}_{phase}_tokens_per_s"]
+                ours, theirs = row[f"stridedfa_{phase}_tokens_per_s"], row[f"{baseline}_{phase}_tokens_per_s"]
+                row[f"{phase}_speedup"] = ours / theirs
             row["same_tokens"] = float((tokens["stridedfa"] == tokens[baseline]).float().mean())
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -241,7 +242,8 @@ def table(rows, generation):
         lines.append(f"| {g['model']} | {g['cache']} | {g['stridedfa_first_tokens_per_s']:.0f} "
                      f"({g['stridedfa_first_graph_builds']}) | {g[base + '_first_tokens_per_s']:.0f} ({base}) | "
                      f"{g['stridedfa_steady_tokens_per_s']:.0f} ({g['stridedfa_steady_graph_builds']}) | "
-                     f"{g[base + '_steady_tokens_per_s']:.0f} | {g['first_speedup']:.2f}x, {g['steady_speedup']:.2f}x | "
+                     f"{g[base + '_steady_tokens_per_s']:.0f} | "
+                     f"{g['first_speedup']:.2f}x, {g['steady_speedup']:.2f}x | "
                      f"{g['same_tokens']:.3f} |")
     return "\n".join(lines) + "\n"
 
@@ -266,7 +268,8 @@ def main():
 
     names = [n for n in args.models.split(",") if n in hf_models.available()]
     stridedfa.transformers.set_padding_check(args.padding_check == "on")
-    rows = [] if args.no_training else train_rows(names, args.quick, args.hidden, args.compile, args.paddings.split(","))
+    paddings = args.paddings.split(",")
+    rows = [] if args.no_training else train_rows(names, args.quick, args.hidden, args.compile, paddings)
     generation = (generation_rows([n for n in names if hf_models.FAMILIES[n][1] == "causal"],
                                   args.caches.split(","), args.hidden) if args.generate else [])
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -404,11 +404,11 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
     // A token axis of extent 1 carries any stride: described as following the heads.
     const int64_t token_stride = given.dims[2] > 1 ? given.strides[2] : heads * head_stride;
     // What the offsets reach, past the last element cuDNN reads (the caller's extents).
-    const int64_t reach = end - group_stride + (heads - 1) * head_stride + (given.dims[2] - 1) * token_stride +
-                          given.dims[3];
+    const int64_t reach =
+        end - group_stride + (heads - 1) * head_stride + (given.dims[2] - 1) * token_stride + given.dims[3];
     int index = 0;
-    while (index < r.n_rows && !(r.rows[index] == uint32_t(batch_stride) &&
-                                 r.head_strides[index] == uint32_t(group_stride))) {
+    while (index < r.n_rows &&
+           !(r.rows[index] == uint32_t(batch_stride) && r.head_strides[index] == uint32_t(group_stride))) {
       ++index;
     }
     if (index == kMaxHeadsRows) return false;

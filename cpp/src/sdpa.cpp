@@ -126,7 +126,8 @@ void as_top_left(GraphSpec& spec, const Problem& p, bool lengths_given, bool kee
 // top-left one: one full-length batch, padding lengths given by one tensor for both sides, or
 // variable-length sequences cut by one cu_seqlens tensor for both.
 bool diagonals_coincide(const Plan& plan) {
-  if (plan.ragged.on && plan.ragged.by_heads) return plan.ragged.len_q == plan.ragged.len_kv && !plan.ragged.callers_kv.data;
+  if (plan.ragged.on && plan.ragged.by_heads)
+    return plan.ragged.len_q == plan.ragged.len_kv && !plan.ragged.callers_kv.data;
   if (plan.ragged.on) return plan.ragged.cu_q == plan.ragged.cu_kv;
   if (plan.full_s_q != plan.full_s_kv || plan.problem.s_q != plan.problem.s_kv) return false;
   const TensorView* q = plan.slots[kSeqLensQ];

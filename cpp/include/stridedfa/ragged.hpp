@@ -52,7 +52,7 @@ struct RaggedPlan {
   // padded problem's (padded sequences x padded extent), which steps with the extents.
   int64_t declared_total_q() const { return by_heads ? padded_sequences * max_q : length_bucket(total_q); }
   int64_t declared_total_kv() const { return by_heads ? padded_sequences * max_kv : length_bucket(total_kv); }
-  int8_t row_of[kNumSlots] = {};       // the offsets row of each slot, -1: not ragged
+  int8_t row_of[kNumSlots] = {};                                        // the offsets row of each slot, -1: not ragged
   int64_t pitch() const { return (padded_sequences + 1 + 3) / 4 * 4; }  // 16-byte aligned rows
   int64_t bytes() const { return (2 + n_rows) * pitch() * 4; }
 };
