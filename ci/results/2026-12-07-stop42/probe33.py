@@ -10,7 +10,7 @@ dev, dt = "cuda", torch.bfloat16
 hq, hk, d, C = 32, 8, 128, 8192
 rows = []
 
-def timeit(fn, n=300):
+def timeit(fn, n=100):
     for _ in range(5): fn()
     torch.cuda.synchronize(); t = time.perf_counter()
     for _ in range(n): fn()
