@@ -364,6 +364,17 @@ def test_unchecked_padding_is_the_keys_bias_and_each_rows_end():
     assert decoding.kind == "masked" and decoding.seqlens_kv is None, "with a cache: the batch's diagonal"
 
 
+def test_a_decoding_step_without_padding_runs_on_the_options_alone():
+    """Generation (no autograd) asks whether a decoding step's mask has padding, as SDPA's path does:
+    an all-ones mask needs no bias (and keeps decoding by heads' graphs); real padding keeps it."""
+    with torch.no_grad():
+        assert _mask(torch.ones(2, 7), q_length=1, kv_length=7, q_offset=6).kind == "full"
+        padded = torch.ones(2, 7)
+        padded[1, :2] = 0
+        assert _mask(padded, q_length=1, kv_length=7, q_offset=6).kind == "masked"
+    assert _mask(torch.ones(2, 7), q_length=1, kv_length=7, q_offset=6).kind == "masked"  # autograd: no read
+
+
 def test_unchecked_padding_finds_the_rows_a_window_leaves_without_keys():
     """A row whose window holds padding alone sees no key (0 under SDPA): rows_seen says so."""
     from stridedfa._hf_masks import _rows_seen

@@ -10,7 +10,9 @@ training step never waits for the device (transformers' SDPA path reads ``paddin
 - ``"full"``: no padding -- the options alone (causal or not, a window) describe the mask;
 - ``"masked"``: the keys' padding as a (b, 1, 1, s_kv) bias beside the options, exact for any
   padding mask (holes too); without a cache each row also stops at its last real token, found on
-  the device (right padding's work skipped). It also runs inside torch.compile and CUDA graphs;
+  the device (right padding's work skipped). It also runs inside torch.compile and CUDA graphs.
+  The one read: a decoding step outside autograd (generation) asks whether its mask has any
+  padding, as SDPA's path does, and runs as ``"full"`` when it has none;
 - ``"packed"``: documents packed along one row (``position_ids`` restarting at 0) -- the
   variable-length path with one sequence per document, cut on the host from the ids (a
   collator's ``cu_seq_lens_q`` / ``cu_seq_lens_k`` avoid that read).
@@ -271,7 +273,13 @@ def _masked(attention_mask, causal, window, sdpa_args, batch: int, q_length: int
         return StridedMask("full", causal, window, sdpa_args)
     keep = _keys_kept(attention_mask, batch, kv_length, kv_offset)
     if causal and q_length != kv_length:  # a cache: the causal diagonal stays the batch's (bias with
-        return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)  # lengths takes none other)
+        # lengths takes none other). A decoding step outside autograd asks whether there is padding
+        # at all, as transformers' SDPA path does (one host read per step): without it the step runs
+        # on the options alone -- no bias, and decoding by heads' one graph per doubling of the cache
+        # instead of a graph per step. Training steps and traced or captured code never read.
+        if not torch.is_grad_enabled() and not _cannot_read_values() and bool(keep.all()):
+            return StridedMask("full", causal, window, sdpa_args)
+        return StridedMask("masked", causal, window, sdpa_args, key_mask=keep)
     positions = torch.arange(1, kv_length + 1, device=keep.device)
     ends = _on((keep * positions).amax(1), keep.device)  # each row's last real token + 1 (0: none)
     if q_length != kv_length:  # cross-attention: the keys' lengths only
