@@ -37,13 +37,13 @@ def measure(batches, lengths, loop_steps, iters):
     def builds():
         return stridedfa.cache_info()["builds"]
 
-    def steady(fn):
+    def steady(fn, *args, **kwargs):
         for _ in range(3):
-            fn()
+            fn(*args, **kwargs)
         torch.cuda.synchronize()
         began = time.perf_counter()
         for _ in range(iters):
-            fn()
+            fn(*args, **kwargs)
         torch.cuda.synchronize()
         return (time.perf_counter() - began) / iters * 1e6
 
@@ -64,8 +64,8 @@ def measure(batches, lengths, loop_steps, iters):
             built = builds() - before
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
             rows.append({"b": b, "L": length, "first_call_ms": first_ms, "first_call_builds": built,
-                         "steady_us": steady(lambda: st.attention(q, k, v, **options)),
-                         "sdpa_steady_us": steady(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)),
+                         "steady_us": steady(st.attention, q, k, v, **options),
+                         "sdpa_steady_us": steady(F.scaled_dot_product_attention, q, k, v, enable_gqa=True),
                          "max_error": (out.float() - ref).abs().max().item()})
             print(json.dumps(rows[-1]), flush=True)
     q = torch.randn(1, H_Q, 1, D, generator=gen, device=dev, dtype=dt)
