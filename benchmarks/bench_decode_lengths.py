@@ -1,6 +1,6 @@
 """What a new cache length costs a decoding step (issue 33 item 1): stridedfa's decoding by heads
-(one graph per doubling of the cache) against its exact plan (STRIDEDFA_DECODE_BY_HEADS=0: a graph
-per length, the behaviour before) and torch's SDPA, in one run.
+(STRIDEDFA_DECODE_GRAPHS=bucketed: one graph per doubling of the cache) against its exact plan
+(STRIDEDFA_DECODE_GRAPHS=exact, the default: a graph per length) and torch's SDPA, in one run.
 
 Per batch size and cache length L (GQA 32/8, head dim 128, bf16, one query, causal bottom-right,
 transformers' head-major dynamic cache: a fresh (b, 8, L, 128) tensor per step):
@@ -109,10 +109,13 @@ def main():
         return
     args.out.mkdir(parents=True, exist_ok=True)
     exact_file = args.out / "exact.json"
-    env = dict(os.environ, STRIDEDFA_DECODE_BY_HEADS="0")
+    env = dict(os.environ, STRIDEDFA_DECODE_GRAPHS="exact")
     subprocess.run([sys.executable, __file__, "--out", str(args.out), "--child", str(exact_file)]
                    + (["--quick"] if args.quick else []), env=env, check=True)
     exact = json.loads(exact_file.read_text())
+    from stridedfa import _core
+
+    _core._decode_graphs(True)
     by_heads = measure(batches, lengths, loop_steps, iters)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from provenance import provenance

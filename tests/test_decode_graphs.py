@@ -1,8 +1,9 @@
 """Decoding builds a bounded number of cuDNN graphs (issue 33 item 1), shown on fake CUDA tensors
 (no GPU) through the graph-cache key a call would use: calls with equal keys share one graph.
 
-A decoding step -- a few queries against a cache one token longer than the last step's -- is
-described by heads (call_plan.cpp, plan_decode_by_heads): the key holds the keys' extent rounded up
+With STRIDEDFA_DECODE_GRAPHS=bucketed (the tests set it; exact is the default until a GPU run
+verifies it), a decoding step -- a few queries against a cache one token longer than the last
+step's -- is described by heads (call_plan.cpp, plan_decode_by_heads): the key holds the keys' extent rounded up
 to a power of two and none of the strides that grow with the cache, so 1,000 steps of growing
 length build one graph per doubling of the cache.
 """
@@ -23,6 +24,15 @@ from stridedfa import _core
 GiB = 1 << 30
 _bases = itertools.count(1)
 B, H_Q, H_KV, D = 2, 32, 8, 128
+
+
+@pytest.fixture(autouse=True)
+def bucketed():
+    """Decode graphs bucketed (STRIDEDFA_DECODE_GRAPHS=bucketed) for each test, as before after."""
+    before = _core._decode_graphs()
+    _core._decode_graphs(True)
+    yield
+    _core._decode_graphs(before)
 
 
 def fake(shape, dtype="bfloat16", strides=None):
@@ -76,13 +86,18 @@ def test_a_prompt_keeps_its_exact_graph():
     assert step_key(300, "head_major", s_q=17) != step_key(301, "head_major", s_q=17)
 
 
-def test_decoding_by_heads_can_be_switched_off_per_process():
+def test_exact_decode_graphs_are_the_default_and_can_be_set_per_process():
+    """Until decoding by heads is verified on a GPU, a process plans decoding steps at their exact
+    extents (a graph per cache length) unless STRIDEDFA_DECODE_GRAPHS=bucketed."""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_decode_graphs import step_key
         print(len({{step_key(n, "head_major") for n in range(300, 340)}}))
     """)
-    env = dict(os.environ, STRIDEDFA_DECODE_BY_HEADS="0")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "40"  # a graph per cache length
+    for setting, graphs in ((None, "40"), ("exact", "40"), ("bucketed", "1")):
+        env = {k: v for k, v in os.environ.items() if k != "STRIDEDFA_DECODE_GRAPHS"}
+        if setting:
+            env["STRIDEDFA_DECODE_GRAPHS"] = setting
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == graphs, setting

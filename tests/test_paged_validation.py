@@ -61,12 +61,22 @@ def test_dropout_with_a_paged_cache_is_refused():
         _core._forward_graph_key(**args(), dropout_p=0.1, rng_state=fake((2,), "int64"), causal=True)
 
 
-def test_the_key_holds_the_cache_and_table_layout_not_the_table_contents():
+@pytest.fixture(params=[False, True], ids=["exact", "bucketed"])
+def decode_graphs(request):
+    """Decode graphs exact (the default) or bucketed (STRIDEDFA_DECODE_GRAPHS=bucketed) for a test."""
+    before = _core._decode_graphs()
+    _core._decode_graphs(request.param)
+    yield request.param
+    _core._decode_graphs(before)
+
+
+def test_the_key_holds_the_cache_and_table_layout_not_the_table_contents(decode_graphs):
     base = _core._forward_graph_key(**args(), causal=True, causal_alignment="bottom_right")
     assert base == _core._forward_graph_key(**args(), causal=True, causal_alignment="bottom_right")
-    # the table's width is declared as a bucket (a power of two >= 8): 12 and 13 blocks share one
-    assert base == _core._forward_graph_key(**args(block_table=fake((B, BLOCKS + 1), "int32")), causal=True,
-                                            causal_alignment="bottom_right")
+    # bucketed, the table's width is declared a power of two >= 8: 12 and 13 blocks share one graph
+    wider = _core._forward_graph_key(**args(block_table=fake((B, BLOCKS + 1), "int32")), causal=True,
+                                     causal_alignment="bottom_right")
+    assert (base == wider) == decode_graphs
     assert base != _core._forward_graph_key(**args(block_table=fake((B, BLOCKS + 5), "int32")), causal=True,
                                             causal_alignment="bottom_right")
     # a table whose rows have a stride of their own is read packed (its range-checked copy): one graph
@@ -77,13 +87,13 @@ def test_the_key_holds_the_cache_and_table_layout_not_the_table_contents():
     assert base != _core._forward_graph_key(**args(k=bshd), causal=True, causal_alignment="bottom_right")
 
 
-def test_a_thousand_decode_steps_with_a_growing_table_build_one_graph_per_doubling():
+def test_a_thousand_decode_steps_with_a_growing_table_build_one_graph_per_doubling(decode_graphs):
     """A caller that passes each step only the blocks its cache fills (100 -> 1,099 tokens of
     16-token blocks: 7 -> 69 blocks) gets tables declared 8, 16, 32, 64 and 128 blocks wide."""
     keys = {_core._forward_graph_key(**args(block_table=fake((B, -(-n // BLOCK)), "int32")), causal=True,
                                      causal_alignment="bottom_right")
             for n in range(100, 1100)}
-    assert len(keys) == 5
+    assert len(keys) == (5 if decode_graphs else 63)  # exact: a graph per table width
 
 
 def test_the_torch_entry_point_appends_and_attends_through_the_fakes():

@@ -1,6 +1,7 @@
 #include "stridedfa/call_plan.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <iterator>
@@ -24,15 +25,25 @@ namespace {
 // or speculative decoding's and chunked prefill's few per step).
 constexpr int64_t kDecodeMaxQueries = 16;
 
-// STRIDEDFA_DECODE_BY_HEADS=0 plans decoding calls with their exact extents (a graph per cache
-// length), e.g. to compare the two in a benchmark. Read once per process.
-bool decode_by_heads_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("STRIDEDFA_DECODE_BY_HEADS");
-    return !(value && std::string(value) == "0");
-  }();
-  return enabled;
+// -1: not read yet from STRIDEDFA_DECODE_GRAPHS; then 0 (exact) or 1 (bucketed).
+std::atomic<int> decode_graphs_mode{-1};
+
+}  // namespace
+
+bool decode_graphs_bucketed() {
+  int mode = decode_graphs_mode.load(std::memory_order_relaxed);
+  if (mode < 0) {
+    const char* value = std::getenv("STRIDEDFA_DECODE_GRAPHS");
+    int expected = -1;
+    decode_graphs_mode.compare_exchange_strong(expected, value && std::string(value) == "bucketed" ? 1 : 0);
+    mode = decode_graphs_mode.load(std::memory_order_relaxed);
+  }
+  return mode == 1;
 }
+
+void set_decode_graphs_bucketed(bool bucketed) { decode_graphs_mode.store(bucketed ? 1 : 0); }
+
+namespace {
 
 // A (b, 1, 1, 1) int32 lengths operand whose memory the launch provides.
 TensorView made_lengths_view(const char* name, const Problem& p) {
@@ -354,10 +365,10 @@ int64_t key_extent_bucket(int64_t n) {
 // only the token and in-group head strides and bucketed extents (the keys' a power of two), so a
 // decoding loop builds one graph per doubling of its cache. Returns false, leaving `plan` as it
 // was, for a call this does not describe (a backward, anything with a per-head or per-key operand,
-// dropout, offsets beyond 31 bits, or STRIDEDFA_DECODE_BY_HEADS=0).
+// dropout, offsets beyond 31 bits, or decode graphs not bucketed: decode_graphs_bucketed()).
 bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                           const Visibility& seen, int64_t cudnn_version, Plan& plan) {
-  if (op != GraphOp::forward || p.ragged || p.paged || !decode_by_heads_enabled()) return false;
+  if (op != GraphOp::forward || p.ragged || p.paged || !decode_graphs_bucketed()) return false;
   if (p.s_q > kDecodeMaxQueries || p.s_kv <= p.s_q || p.s_q == 0 || p.h_kv == 0) return false;  // a cache
   if (cudnn_version < 91801) return false;  // cuDNN's ragged layout on every compute capability
   if (options.dropout_p > 0) return false;  // its mask would follow the declared extents
@@ -479,7 +490,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     // cuDNN reads the launch's range-checked, packed copy of the table: described packed, at its
     // bucketed width (the padding lengths keep cuDNN inside each sequence's own blocks).
     TensorView& table = set_view(plan, kBlockTable, *operands[kBlockTable]);
-    table.dims[2] = table_width_bucket(table.dims[2]);
+    if (decode_graphs_bucketed()) table.dims[2] = table_width_bucket(table.dims[2]);
     table.strides[0] = table.dims[2];
     table.strides[2] = 1;
   }

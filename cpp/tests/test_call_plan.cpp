@@ -113,6 +113,13 @@ TEST_CASE("fill_empty_rows spreads few (sequence, head) pairs over enough blocks
 
 namespace {
 
+// Decode graphs bucketed (STRIDEDFA_DECODE_GRAPHS=bucketed) for one test case, as before after.
+struct BucketedDecodeGraphs {
+  bool before = decode_graphs_bucketed();
+  BucketedDecodeGraphs() { set_decode_graphs_bucketed(true); }
+  ~BucketedDecodeGraphs() { set_decode_graphs_bucketed(before); }
+};
+
 // One decoding step: q (2, 8, s_q, 64) against a cache of L keys on 2 key/value heads, head-major
 // ((b, h, s, d) contiguous, as transformers' dynamic cache holds it) or token-major.
 CallOperands decode(int64_t s_q, int64_t L, bool head_major = true) {
@@ -144,6 +151,7 @@ std::vector<int64_t> declared(const Plan& plan) {
 }  // namespace
 
 TEST_CASE("a decoding step is described by heads: each (batch, key/value head) one sequence of the group's queries") {
+  const BucketedDecodeGraphs bucketed;
   SdpaOptions options;
   options.causal = true;
   options.alignment = CausalAlignment::bottom_right;
@@ -176,6 +184,7 @@ TEST_CASE("a decoding step is described by heads: each (batch, key/value head) o
 }
 
 TEST_CASE("a decoding loop of 1,000 growing cache lengths declares one problem per doubling") {
+  const BucketedDecodeGraphs bucketed;
   for (bool head_major : {true, false}) {
     std::vector<std::vector<int64_t>> seen;
     for (int64_t L = 300; L < 1300; ++L) {
@@ -187,7 +196,15 @@ TEST_CASE("a decoding loop of 1,000 growing cache lengths declares one problem p
   }
 }
 
+TEST_CASE("exact decode graphs (the default until a GPU run verifies the bucketed ones) plan decoding exactly") {
+  set_decode_graphs_bucketed(false);
+  const Planned p(decode(1, 300), SdpaOptions{});
+  CHECK_FALSE(p.plan.ragged.on);
+  CHECK(p.plan.slots[kK]->dims[2] == 300);
+}
+
 TEST_CASE("decoding by heads leaves what it cannot describe to the exact plan") {
+  const BucketedDecodeGraphs bucketed;
   CallOperands with_sinks = decode(1, 300);
   with_sinks.slot[kSinks] = view("sinks", {8}, kF32, kBase + 6 * kMiB);
   CallOperands with_bias = decode(1, 300);
@@ -207,6 +224,7 @@ TEST_CASE("decoding by heads leaves what it cannot describe to the exact plan") 
 }
 
 TEST_CASE("decoding by heads declares tensors that cover all their offsets reach (a static cache's heads)") {
+  const BucketedDecodeGraphs bucketed;
   // One batch entry, 8 key/value heads of a 4096-token static cache, 200 tokens filled.
   CallOperands a;
   a.slot[kQ] = view("q", {1, 32, 1, 128}, kBF16, kBase);
@@ -226,6 +244,7 @@ TEST_CASE("decoding by heads declares tensors that cover all their offsets reach
 }
 
 TEST_CASE("decoding by heads needs each batch entry outside its heads (offsets that never decrease)") {
+  const BucketedDecodeGraphs bucketed;
   CallOperands a = decode(1, 300);
   // heads outside the batch: (h, b, L, d) memory
   a.slot[kK] = view("k", {2, 2, 300, 64}, kBF16, kBase + 1 * kMiB, {300 * 64, 2 * 300 * 64, 64, 1});

@@ -202,6 +202,11 @@ cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
     void buffer_free(int32_t device, void* ptr, uintptr_t stream, cbool synchronize) noexcept
 
 
+cdef extern from "stridedfa/call_plan.hpp" namespace "stridedfa" nogil:
+    cbool decode_graphs_bucketed()
+    void set_decode_graphs_bucketed(cbool bucketed)
+
+
 cdef extern from "stridedfa/graph_cache.hpp" namespace "stridedfa" nogil:
     cdef cppclass CacheStats:
         int64_t hits, misses, builds, build_failures, evictions, size, capacity

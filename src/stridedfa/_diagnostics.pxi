@@ -67,6 +67,15 @@ def _set_cache_capacity(size_t capacity):
     graph_cache().set_capacity(capacity)
 
 
+def _decode_graphs(bucketed=None):
+    """Whether decoding calls get graphs a growing cache reuses (decoding by heads, a paged table's
+    bucketed width) rather than graphs of their exact extents; with ``bucketed`` set it first (for
+    tests and benchmarks; the process default is STRIDEDFA_DECODE_GRAPHS=bucketed or exact)."""
+    if bucketed is not None:
+        set_decode_graphs_bucketed(bool(bucketed))
+    return decode_graphs_bucketed()
+
+
 def _compiled_versions():
     """Versions of what the extension was compiled against, as integers."""
     return {"cudnn_frontend": compiled_frontend_version(), "cudnn": compiled_cudnn_version(),

@@ -22,6 +22,15 @@ from stridedfa import reference  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def bucketed():
+    """Decode graphs bucketed (STRIDEDFA_DECODE_GRAPHS=bucketed: not yet the default)."""
+    before = stridedfa._core._decode_graphs()
+    stridedfa._core._decode_graphs(True)
+    yield
+    stridedfa._core._decode_graphs(before)
+
+
 def _np(t):
     return t.detach().float().cpu().numpy().astype(np.float64)
 

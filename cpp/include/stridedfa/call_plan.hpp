@@ -49,6 +49,13 @@ struct Plan {
 void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
                int64_t cudnn_version, Plan& plan);
 
+// Whether decoding calls get graphs that a growing cache reuses (decoding by heads, a paged
+// table's bucketed width: call_plan.cpp) or graphs of their exact extents (one per cache length).
+// STRIDEDFA_DECODE_GRAPHS=bucketed turns it on; exact (the default) until it is verified on a GPU.
+// The setter is for tests and benchmarks; graphs of either kind have keys of their own.
+bool decode_graphs_bucketed();
+void set_decode_graphs_bucketed(bool bucketed);
+
 // A float32 (b, h, s[, 1]) statistics view packed as cuDNN reads it before 9.12 / 9.26.
 bool is_packed_stats(const TensorView& lse);
 
