@@ -348,14 +348,6 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
   plan.slots[kCuSeqlensQ] = plan.slots[kCuSeqlensKV] = nullptr;  // read by the kernel, not by cuDNN
 }
 
-// The smallest power of two >= max(n, 128): a decoding call's declared key extent, so that a cache
-// growing by one token a call crosses a new extent (and builds a graph) once per doubling.
-int64_t key_extent_bucket(int64_t n) {
-  int64_t extent = 128;
-  while (extent < n) extent *= 2;
-  return extent;
-}
-
 // Decoding by heads: a call of a few queries against a cache whose length L changes every step
 // would build a cuDNN graph per L (40-160 ms each), because the graph holds the extents and, for a
 // head-major cache, the batch and head strides (which grow with L). Instead every (batch entry i,
@@ -390,7 +382,7 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
   r.len_q = r.total_q = p.s_q;
   r.len_kv = r.total_kv = p.s_kv;
   r.max_q = length_bucket(p.s_q);
-  r.max_kv = key_extent_bucket(p.s_kv);
+  r.max_kv = power_of_two_bucket(p.s_kv, 128);
   if (operands[kSeqLensKV]) {
     const TensorView& given = *operands[kSeqLensKV];
     r.callers_kv = {given.data, given.dims[0] > 1 ? given.strides[0] : 1};
@@ -440,9 +432,7 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
     // where the padded layout falls short, so that the key stays put while the cache grows.
     int64_t batch_extent = heads * view.dims[2] * token_stride;
     if (r.padded_sequences * batch_extent < reach) {
-      int64_t covering = 8;
-      while (r.padded_sequences * covering < reach) covering *= 2;
-      batch_extent = covering;
+      batch_extent = power_of_two_bucket((reach + r.padded_sequences - 1) / r.padded_sequences, 8);
     }
     view.strides[0] = (batch_extent + 7) / 8 * 8;
   }
@@ -490,7 +480,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     // cuDNN reads the launch's range-checked, packed copy of the table: described packed, at its
     // bucketed width (the padding lengths keep cuDNN inside each sequence's own blocks).
     TensorView& table = set_view(plan, kBlockTable, *operands[kBlockTable]);
-    if (decode_graphs_bucketed()) table.dims[2] = table_width_bucket(table.dims[2]);
+    if (decode_graphs_bucketed()) table.dims[2] = power_of_two_bucket(table.dims[2], 8);
     table.strides[0] = table.dims[2];
     table.strides[2] = 1;
   }

@@ -67,10 +67,6 @@ void launch(CUfunction kernel, int64_t threads_needed, void** params, std::uintp
                what);
 }
 
-}  // namespace
-
-namespace {
-
 void make_heads_offsets(const RaggedPlan& r, int32_t device, void* buffer, std::uintptr_t stream) {
   CUfunction kernel = kernels(device).heads_offsets;
   unsigned long long seqlens_kv = r.callers_kv.data, out = reinterpret_cast<std::uintptr_t>(buffer);

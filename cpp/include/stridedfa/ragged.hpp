@@ -64,12 +64,12 @@ struct RaggedPlan {
 void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, int32_t device, void* out,
                        std::uintptr_t stream);
 
-// The declared width of a paged call's block table: the smallest power of two >= blocks (at least
-// 8), so that a decoding loop whose table grows by a block at a time builds a graph per doubling.
-inline int64_t table_width_bucket(int64_t blocks) {
-  int64_t width = 8;
-  while (width < blocks) width *= 2;
-  return width;
+// The smallest power of two >= max(n, floor): an extent declared so that one growing by a step at
+// a time (a decoding call's keys, a paged table's width) reaches a new graph once per doubling.
+inline int64_t power_of_two_bucket(int64_t n, int64_t floor) {
+  int64_t bucket = floor;
+  while (bucket < n) bucket *= 2;
+  return bucket;
 }
 
 // An output whose rows of empty sequences and padding the launch fills after cuDNN (below).
