@@ -72,6 +72,30 @@ def test_multi_token_decode_steps_build_one_graph_per_doubling(s_q):
     assert len(keys) == 3  # 512, 1024, 2048 keys
 
 
+
+def varlen_step_key(length, sequences=4, promise=True, s_q=1):
+    """A variable-length decoding step (flash_attn_varlen_func's form): `sequences` sequences of
+    `s_q` queries each against caches of `length` + 7 i keys, tokens packed (t, h, d)."""
+    t_q, t_kv = sequences * s_q, sum(length + 7 * i for i in range(sequences))
+    promised = dict(max_seqlen_q=s_q, max_seqlen_kv=length + 7 * (sequences - 1)) if promise else {}
+    return _core._forward_graph_key(
+        fake((t_q, H_Q, D)), fake((t_kv, H_KV, D)), fake((t_kv, H_KV, D)), fake((t_q, H_Q, D)),
+        fake((H_Q, t_q), "float32", strides=(1, H_Q)), causal=True, causal_alignment="bottom_right",
+        cu_seqlens_q=fake((sequences + 1,), "int32"), cu_seqlens_kv=fake((sequences + 1,), "int32"), **promised)
+
+
+@pytest.mark.parametrize("promise", [True, False])
+def test_a_thousand_growing_variable_length_decode_steps_build_one_graph_per_doubling(promise):
+    keys = {varlen_step_key(length, promise=promise) for length in range(100, 1100)}
+    # The longest cache (promised) or the key total from ~400 to ~4,400 tokens: 5 powers of two.
+    assert len(keys) == 5
+
+
+def test_variable_length_prefill_and_training_keep_their_finer_buckets():
+    """More than 16 queries per sequence is not decoding: the keys keep four buckets per doubling."""
+    keys = {varlen_step_key(length, s_q=64) for length in range(100, 1100)}
+    assert len(keys) > 8
+
 def test_options_that_take_part_in_decoding_stay_in_the_key():
     assert step_key(300, "head_major") == step_key(301, "head_major")
     assert step_key(300, "head_major", softcap=30.0) != step_key(300, "head_major")

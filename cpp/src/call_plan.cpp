@@ -283,11 +283,20 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
   r.padded_sequences = length_bucket(full.sequences);
   r.total_q = full.s_q;
   r.total_kv = full.s_kv;
-  const auto padded_max = [](int64_t promised, int64_t tokens) {
-    return length_bucket(promised > 0 ? std::min(promised, tokens) : tokens);
+  // The longest sequence: the caller's promise (max_seqlen_*) where it is tighter than the tokens.
+  const auto longest = [](int64_t promised, int64_t tokens) {
+    return promised > 0 ? std::min(promised, tokens) : tokens;
   };
-  r.max_q = padded_max(options.max_seqlen_q, full.s_q);
-  r.max_kv = padded_max(options.max_seqlen_kv, full.s_kv);
+  r.max_q = length_bucket(longest(options.max_seqlen_q, full.s_q));
+  r.max_kv = length_bucket(longest(options.max_seqlen_kv, full.s_kv));
+  if (op == GraphOp::forward && decode_graphs_bucketed() &&
+      longest(options.max_seqlen_q, full.s_q) <= kDecodeMaxQueries && full.s_kv > full.s_q) {
+    // A variable-length decoding step (a few queries per sequence against longer caches): the keys'
+    // extent a power of two and the totals stepping with it, so growing caches build one graph per
+    // doubling instead of four (and another whenever the key total crosses a bucket of its own).
+    r.max_kv = power_of_two_bucket(longest(options.max_seqlen_kv, full.s_kv), 128);
+    r.totals_from_extents = true;
+  }
   r.cu_q = operands[kCuSeqlensQ]->data;
   r.cu_kv = operands[kCuSeqlensKV]->data;
   std::fill(std::begin(r.row_of), std::end(r.row_of), int8_t(-1));
@@ -375,7 +384,7 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
   const int64_t group = p.h_q / p.h_kv;
   const int64_t sequences = p.b * p.h_kv;
   RaggedPlan r;
-  r.on = r.by_heads = true;
+  r.on = r.by_heads = r.totals_from_extents = true;
   r.sequences = sequences;
   r.padded_sequences = length_bucket(sequences);
   r.heads_kv = p.h_kv;

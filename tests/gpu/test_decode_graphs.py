@@ -162,3 +162,27 @@ def test_a_static_cache_whose_heads_lie_far_beyond_the_declared_extent(seed):
         stridedfa.sdpa_forward(q, k, v, out, lse=lse, causal=True, causal_alignment="bottom_right")
         ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64)
         _check(out, lse, ref_out, ref_lse)
+
+
+def test_a_variable_length_decoding_loop_builds_one_graph_per_doubling(seed):
+    """flash_attn_varlen_func's decoding form: 3 sequences of one query against packed caches of
+    L, L + 50 and L + 9 keys, L = 100 -> 349 with max_seqlen_kv promised: the keys' extent a power
+    of two, the totals stepping with it (graphs of 128, 256 and 512 keys); each output right."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    h_q, h_kv, d = 8, 2, 64
+    before = stridedfa.cache_info()["builds"]
+    for length in range(100, 350):
+        lengths = [length, length + 50, length + 9]
+        cu_kv = torch.tensor([0, *np.cumsum(lengths)], device="cuda", dtype=torch.int32)
+        cu_q = torch.arange(4, device="cuda", dtype=torch.int32)
+        q = torch.randn(3, h_q, d, generator=gen, device="cuda").bfloat16()
+        k, v = (torch.randn(sum(lengths), h_kv, d, generator=gen, device="cuda").bfloat16() for _ in range(2))
+        out, lse = st.varlen_attention(q, k, v, cu_q, cu_kv, 1, max(lengths), causal=True,
+                                       causal_alignment="bottom_right", return_lse=True)
+        if length % 83 == 0:
+            for i, n in enumerate(lengths):
+                keys, values = (x[cu_kv[i]:cu_kv[i] + n].transpose(0, 1)[None] for x in (k, v))
+                ref_out, ref_lse = reference.sdpa_forward(_np(q[i:i + 1].transpose(0, 1)[None]), _np(keys),
+                                                          _np(values), dtype=np.float64)
+                _check(out[i:i + 1].transpose(0, 1)[None], lse[:, i:i + 1][None], ref_out, ref_lse)
+    assert stridedfa.cache_info()["builds"] - before <= 3

@@ -48,10 +48,14 @@ struct RaggedPlan {
   int64_t heads_kv = 0, len_q = 0, len_kv = 0;
   RowLengths callers_kv;  // the caller's key lengths, or none
   uint32_t head_strides[kMaxRaggedRows] = {};
-  // The token totals cuDNN is told (its workspace): a bucket of the real ones, or by heads the
-  // padded problem's (padded sequences x padded extent), which steps with the extents.
-  int64_t declared_total_q() const { return by_heads ? padded_sequences * max_q : length_bucket(total_q); }
-  int64_t declared_total_kv() const { return by_heads ? padded_sequences * max_kv : length_bucket(total_kv); }
+  // The token totals cuDNN is told (its workspace): a bucket of the real ones, or for a decoding
+  // call (by heads, or variable-length with few queries per sequence) the padded problem's (padded
+  // sequences x padded extent), which steps with the extents rather than on its own.
+  bool totals_from_extents = false;
+  int64_t declared_total_q() const { return totals_from_extents ? padded_sequences * max_q : length_bucket(total_q); }
+  int64_t declared_total_kv() const {
+    return totals_from_extents ? padded_sequences * max_kv : length_bucket(total_kv);
+  }
   int8_t row_of[kNumSlots] = {};                                        // the offsets row of each slot, -1: not ragged
   int64_t pitch() const { return (padded_sequences + 1 + 3) / 4 * 4; }  // 16-byte aligned rows
   int64_t bytes() const { return (2 + n_rows) * pitch() * 4; }
