@@ -463,6 +463,76 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
   return true;
 }
 
+// Split-KV decoding of a paged cache (split_kv.hpp): one query per sequence, so that every chunk's
+// row sees all of its keys whatever the chunk (no band that a chunk would misplace, no operand per
+// key or per head that a chunk would need cut). Returns false, leaving `plan` as it was, for a call
+// it does not describe or that already fills the GPU (split_kv_chunks: 1).
+bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
+                   Plan& plan) {
+  if (op != GraphOp::forward || !p.paged || p.s_q != 1 || !split_kv_enabled()) return false;
+  for (int s : {kBias, kAlibiSlopes, kSinks, kSeqLensQ, kRngState}) {
+    if (operands[s]) return false;
+  }
+  // One query sees every key of its sequence unless a left bound cuts them, or a top-left band
+  // keeps it to the first keys.
+  if (options.left_bound() != SdpaOptions::kUnbounded) return false;
+  if (options.right_bound() != SdpaOptions::kUnbounded && options.alignment != CausalAlignment::bottom_right)
+    return false;
+  const TensorView& table = *plan.slots[kBlockTable];  // its declared (possibly bucketed) width
+  const int64_t width = table.dims[2];
+  const int64_t chunks = split_kv_chunks(p.b, p.h_q, width * p.block_size);
+  if (chunks < 2) return false;
+  SplitKv& split = plan.split;
+  split.on = true;
+  split.batch = p.b;
+  split.chunks = chunks;
+  split.heads = p.h_q;
+  split.d_qk = p.d_qk;
+  split.d_v = p.d_v;
+  split.blocks_per_chunk = (width + chunks - 1) / chunks;
+  split.keys_per_chunk = split.blocks_per_chunk * p.block_size;
+  split.full_len = p.s_kv;
+  split.bf16 = p.dtype.code == kDLBfloat;
+  split.q = *operands[kQ];
+  split.out = *operands[kO];
+  if (operands[kLse]) split.lse = *operands[kLse];
+  plan.problem.b = split.sequences();
+  plan.problem.blocks = split.blocks_per_chunk;
+  plan.problem.s_kv = split.keys_per_chunk;
+  plan.unmasked = true;  // one query that sees all its keys: cuDNN's padding mask is the whole mask
+  // The scratch, packed: (sequences, heads, 1, d) queries and partial outputs, (sequences, heads, 1,
+  // 1) float32 statistics; the table's packed copy read as (sequences, 1, blocks_per_chunk, 1).
+  const auto packed = [&](int slot, const TensorView& like, int64_t inner, DLDataType dtype) {
+    TensorView& view = set_view(plan, slot, like);
+    view.data = 0;  // the launch's scratch
+    view.present = true;
+    view.dtype = dtype;
+    view.dims[0] = split.sequences();
+    view.dims[1] = p.h_q;
+    view.dims[2] = 1;
+    view.dims[3] = inner;
+    view.strides[3] = 1;
+    view.strides[2] = inner;
+    view.strides[1] = inner;
+    view.strides[0] = p.h_q * inner;
+  };
+  packed(kQ, *operands[kQ], p.d_qk, p.dtype);
+  packed(kO, *operands[kO], p.d_v, p.dtype);
+  TensorView stats = *operands[kO];
+  stats.name = kOperands[kLse].name;
+  packed(kLse, stats, 1, DLDataType{kDLFloat, 32, 1});
+  TensorView& split_table = set_view(plan, kBlockTable, table);
+  split_table.dims[0] = split.sequences();
+  split_table.dims[2] = split.blocks_per_chunk;
+  split_table.strides[0] = split.blocks_per_chunk;
+  split_table.strides[2] = 1;
+  for (int s : {kSeqLensQ, kSeqLensKV}) {
+    TensorView& lengths = set_view(plan, s, made_lengths_view(kOperands[s].name, plan.problem));
+    lengths.data = 0;  // the launch's scratch
+  }
+  return true;
+}
+
 }  // namespace
 
 void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
@@ -492,6 +562,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     if (decode_graphs_bucketed()) table.dims[2] = power_of_two_bucket(table.dims[2], 8);
     table.strides[0] = table.dims[2];
     table.strides[2] = 1;
+    if (plan_split_kv(op, problem, options, operands, plan)) return;
   }
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);

@@ -4,6 +4,7 @@
 
 #include "stridedfa/cuda_driver.hpp"
 #include "stridedfa/errors.hpp"
+#include "stridedfa/split_kv.hpp"
 
 namespace stridedfa {
 
@@ -27,6 +28,7 @@ constexpr int kMaxDevices = 64;
 // The kernels, loaded once per device into its primary context (the driver JIT-compiles the PTX).
 struct Kernels {
   CUfunction offsets = nullptr, heads_offsets = nullptr, clamp_blocks = nullptr, empty_rows = nullptr;
+  CUfunction split_inputs = nullptr, split_merge = nullptr;
 };
 
 const Kernels& kernels(int32_t device) {
@@ -47,6 +49,10 @@ const Kernels& kernels(int32_t device) {
                  "cuModuleGetFunction (stridedfa_heads_offsets)");
     check_driver(d.module_get_function(&k.offsets, module, "stridedfa_ragged_offsets"),
                  "cuModuleGetFunction (stridedfa_ragged_offsets)");
+    check_driver(d.module_get_function(&k.split_inputs, module, "stridedfa_split_inputs"),
+                 "cuModuleGetFunction (stridedfa_split_inputs)");
+    check_driver(d.module_get_function(&k.split_merge, module, "stridedfa_split_merge"),
+                 "cuModuleGetFunction (stridedfa_split_merge)");
   }
   return k;
 }
@@ -129,6 +135,36 @@ void fill_empty_rows(const TensorView& t, RowLengths this_side, RowLengths other
   launch_blocks(kernel, unsigned(t.dims[0] * t.dims[1]),
                 empty_rows_blocks_per_head(t.dims[0] * t.dims[1], t.dims[2] * t.dims[3]), params, stream,
                 "cuLaunchKernel (stridedfa_fill_empty_rows)");
+}
+
+void split_kv_inputs(const SplitKv& s, void* scratch, RowLengths callers_kv, int32_t device, std::uintptr_t stream) {
+  CUfunction kernel = kernels(device).split_inputs;
+  unsigned long long q = s.q.data,
+                     q_split = reinterpret_cast<std::uintptr_t>(split_kv_part(s, scratch, SplitPart::queries));
+  unsigned long long lengths = reinterpret_cast<std::uintptr_t>(split_kv_part(s, scratch, SplitPart::lengths_q));
+  unsigned long long seqlens_kv = callers_kv.data;
+  unsigned int seqlens_stride = unsigned(callers_kv.stride), batch = unsigned(s.batch), chunks = unsigned(s.chunks);
+  unsigned int heads = unsigned(s.heads), d = unsigned(s.d_qk);
+  long long stride_b = s.q.strides[0], stride_h = s.q.strides[1], stride_d = s.q.strides[3];
+  unsigned int full_len = unsigned(s.full_len), keys_per_chunk = unsigned(s.keys_per_chunk);
+  void* params[] = {&q,     &q_split, &lengths,  &seqlens_kv, &seqlens_stride, &batch,    &chunks,
+                    &heads, &d,       &stride_b, &stride_h,   &stride_d,       &full_len, &keys_per_chunk};
+  launch(kernel, s.sequences() * s.heads * s.d_qk, params, stream, "cuLaunchKernel (stridedfa_split_inputs)");
+}
+
+void split_kv_merge(const SplitKv& s, void* scratch, int32_t device, std::uintptr_t stream) {
+  CUfunction kernel = kernels(device).split_merge;
+  unsigned long long partial_out = reinterpret_cast<std::uintptr_t>(split_kv_part(s, scratch, SplitPart::outputs));
+  unsigned long long partial_lse = reinterpret_cast<std::uintptr_t>(split_kv_part(s, scratch, SplitPart::statistics));
+  unsigned long long lengths_kv = reinterpret_cast<std::uintptr_t>(split_kv_part(s, scratch, SplitPart::lengths_kv));
+  unsigned long long out = s.out.data, lse = s.lse.present ? s.lse.data : 0;
+  unsigned int batch = unsigned(s.batch), chunks = unsigned(s.chunks), heads = unsigned(s.heads), d = unsigned(s.d_v);
+  long long out_b = s.out.strides[0], out_h = s.out.strides[1], out_d = s.out.strides[3];
+  long long lse_b = s.lse.present ? s.lse.strides[0] : 0, lse_h = s.lse.present ? s.lse.strides[1] : 0;
+  unsigned int is_bf16 = s.bf16 ? 1u : 0u;
+  void* params[] = {&partial_out, &partial_lse, &lengths_kv, &out,   &lse,   &batch, &chunks, &heads,
+                    &d,           &out_b,       &out_h,      &out_d, &lse_b, &lse_h, &is_bf16};
+  launch(kernel, s.batch * s.heads * s.d_v, params, stream, "cuLaunchKernel (stridedfa_split_merge)");
 }
 
 }  // namespace stridedfa

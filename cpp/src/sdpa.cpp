@@ -17,6 +17,7 @@
 #include "stridedfa/graph_cache.hpp"
 #include "stridedfa/memops.hpp"
 #include "stridedfa/runtime.hpp"
+#include "stridedfa/split_kv.hpp"
 #include "stridedfa/validate_ragged.hpp"
 
 namespace stridedfa {
@@ -316,6 +317,8 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
     call.table_width = plan.slots[kBlockTable]->dims[2];
     call.num_blocks = problem.num_blocks;
   }
+  call.split = plan.split;
+  if (plan.split.on) call.table_width = plan.split.chunks * plan.split.blocks_per_chunk;  // the entries' rows
   std::fill(std::begin(call.ragged_row_of_ptr), std::end(call.ragged_row_of_ptr), int8_t(-1));
   call.n_empty_rows = plan.n_empty_rows;
   std::copy(plan.empty_rows, plan.empty_rows + plan.n_empty_rows, call.empty_rows);
@@ -329,6 +332,15 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   }
   for (int i = 0; i < call.n_ptrs; ++i) {
     const int slot = call.graph->operand_order[size_t(i)];
+    if (plan.split.on && (slot == kQ || slot == kO || slot == kLse || slot == kSeqLensQ || slot == kSeqLensKV)) {
+      const SplitPart part = slot == kQ          ? SplitPart::queries
+                             : slot == kO        ? SplitPart::outputs
+                             : slot == kLse      ? SplitPart::statistics
+                             : slot == kSeqLensQ ? SplitPart::lengths_q
+                                                 : SplitPart::lengths_kv;
+      call.split_ptr[int(part)] = i;
+      continue;
+    }
     if (slot == kSeqLensQ || slot == kSeqLensKV) call.lengths_ptr[slot - kSeqLensQ] = i;
     if (plan.ragged.on && (slot == kSeqLensQ || slot == kSeqLensKV || slot >= kRaggedOffsetTensor)) {
       // rows of the kernel's buffer: the lengths, then the offsets rows
@@ -449,6 +461,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   void* lengths = nullptr;
   void* ragged = nullptr;
   void* table = nullptr;
+  void* split = nullptr;
   void* ptrs[kMaxGraphTensors];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
@@ -459,6 +472,13 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       clamp_block_table(given, call.num_blocks, call.table_width, call.problem.device, table, stream);
       for (int side = 0; side < 2; ++side) {
         if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
+      }
+    }
+    if (call.split.on) {  // the chunks' queries and lengths; cuDNN writes their partials beside them
+      split = pool_alloc(call.problem.device, split_kv_bytes(call.split), stream);
+      split_kv_inputs(call.split, split, call.callers_lengths[1], call.problem.device, stream);
+      for (int part = 0; part < 5; ++part) {
+        if (call.split_ptr[part] >= 0) ptrs[call.split_ptr[part]] = split_kv_part(call.split, split, SplitPart(part));
       }
     }
     if (call.ragged.on) {
@@ -500,6 +520,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       ptrs[call.staged_lse_ptr] = staged;
     }
     call.graph->execute(handle, ptrs, workspace);
+    if (split) split_kv_merge(call.split, split, call.problem.device, stream);
     if (call.staged_lse_ptr >= 0 && forward) {
       const TensorView& user = call.staged_lse_source;
       copy_strided(packed_like(user, reinterpret_cast<std::uintptr_t>(staged)), user, stream);
@@ -528,6 +549,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     if (lengths) pool_free(lengths, stream);
     if (ragged) pool_free(ragged, stream);
     if (table) pool_free(table, stream);
+    if (split) pool_free(split, stream);
     throw;
   }
   if (pooled) pool_free(pooled, stream);
@@ -535,6 +557,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   if (lengths) pool_free(lengths, stream);
   if (ragged) pool_free(ragged, stream);
   if (table) pool_free(table, stream);
+  if (split) pool_free(split, stream);
 }
 
 }  // namespace stridedfa

@@ -252,3 +252,84 @@ TEST_CASE("decoding by heads needs each batch entry outside its heads (offsets t
   const Planned p(a, SdpaOptions{});
   CHECK_FALSE(p.plan.ragged.on);
 }
+
+namespace {
+
+struct SplitKvOn {
+  bool before = split_kv_enabled();
+  SplitKvOn() { set_split_kv_enabled(true); }
+  ~SplitKvOn() { set_split_kv_enabled(before); }
+};
+
+// One paged decoding step: q (b, 32, s_q, 128) against 8 key/value heads in blocks of 16 keys, a
+// table of `blocks` columns per entry.
+CallOperands paged_decode(int64_t b, int64_t blocks, int64_t s_q = 1, bool lse = false) {
+  CallOperands a;
+  a.slot[kQ] = view("q", {b, 32, s_q, 128}, kBF16, kBase);
+  a.slot[kK] = view("k", {4096, 8, 16, 128}, kBF16, kBase + 64 * kMiB);
+  a.slot[kV] = view("v", {4096, 8, 16, 128}, kBF16, kBase + 256 * kMiB);
+  a.slot[kO] = view("out", {b, 32, s_q, 128}, kBF16, kBase + 8 * kMiB);
+  if (lse) a.slot[kLse] = view("lse", {b, 32, s_q}, kF32, kBase + 9 * kMiB);
+  a.slot[kBlockTable] = view("block_table", {b, blocks}, kI32, kBase + 10 * kMiB);
+  a.slot[kSeqLensKV] = view("seqlens_kv", {b}, kI32, kBase + 11 * kMiB);
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("split-KV: a paged decoding step at batch 1 becomes chunks of its keys, merged after cuDNN") {
+  CHECK(split_kv_chunks(1, 32, 8192) == 8);  // 256 thread blocks
+  CHECK(split_kv_chunks(1, 32, 1024) == 4);  // chunks of at least 256 keys
+  CHECK(split_kv_chunks(1, 32, 300) == 1);
+  CHECK(split_kv_chunks(4, 32, 8192) == 2);
+  CHECK(split_kv_chunks(8, 32, 8192) == 1);  // the batch alone fills the GPU
+  CHECK(split_kv_chunks(1, 1, 1 << 20) == 64);
+  const SplitKvOn on;
+  SdpaOptions options;
+  options.causal = true;
+  options.alignment = CausalAlignment::bottom_right;
+  const Planned p(paged_decode(1, 512), options);
+  const SplitKv& s = p.plan.split;
+  REQUIRE(s.on);
+  CHECK(s.chunks == 8);
+  CHECK(s.blocks_per_chunk == 64);
+  CHECK(s.keys_per_chunk == 1024);
+  CHECK(p.plan.problem.b == 8);
+  CHECK(p.plan.unmasked);  // one query sees all its keys: the padding mask is the whole mask
+  const TensorView& q = *p.plan.slots[kQ];
+  CHECK(q.data == 0);  // the launch's scratch
+  CHECK(q.dims[0] == 8);
+  CHECK(q.strides[0] == 32 * 128);
+  REQUIRE(p.plan.slots[kLse]);  // the merge needs every chunk's statistics, asked for or not
+  CHECK(p.plan.slots[kLse]->dims[0] == 8);
+  CHECK(p.plan.slots[kLse]->dtype.bits == 32);
+  const TensorView& table = *p.plan.slots[kBlockTable];
+  CHECK(table.dims[0] == 8);
+  CHECK(table.dims[2] == 64);
+  CHECK(table.strides[0] == 64);  // the entries' packed rows, read a chunk at a time
+  CHECK(p.plan.slots[kSeqLensQ]->dims[0] == 8);
+  CHECK(p.plan.slots[kSeqLensKV]->data == 0);
+  CHECK(p.plan.n_empty_rows == 0);  // the merge writes 0 and -inf for an entry of no keys
+  CHECK(s.q.data == kBase);
+  CHECK(s.out.data == kBase + 8 * kMiB);
+  CHECK_FALSE(s.lse.present);
+  CHECK(split_kv_bytes(s) >= 8 * 32 * 128 * 2 * 2 + 8 * 32 * 4 + 2 * 8 * 4);
+  void* scratch = reinterpret_cast<void*>(kBase);
+  CHECK(split_kv_part(s, scratch, SplitPart::lengths_kv) ==
+        static_cast<char*>(split_kv_part(s, scratch, SplitPart::lengths_q)) + 8 * 4);
+}
+
+TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fills the GPU") {
+  const SplitKvOn on;
+  CHECK_FALSE(Planned(paged_decode(8, 512), SdpaOptions{}).plan.split.on);  // 256 blocks already
+  CHECK_FALSE(Planned(paged_decode(1, 512, 2), SdpaOptions{}).plan.split.on);  // two queries: a band per chunk
+  SdpaOptions top_left;
+  top_left.causal = true;  // one query at the top-left diagonal sees key 0 only
+  CHECK_FALSE(Planned(paged_decode(1, 512), top_left).plan.split.on);
+  SdpaOptions window;
+  window.window_left = 127;
+  CHECK_FALSE(Planned(paged_decode(1, 512), window).plan.split.on);
+  CHECK(Planned(paged_decode(1, 512, 1, true), SdpaOptions{}).plan.split.lse.present);
+  set_split_kv_enabled(false);
+  CHECK_FALSE(Planned(paged_decode(1, 512), SdpaOptions{}).plan.split.on);  // STRIDEDFA_SPLIT_KV unset: off
+}

@@ -207,6 +207,11 @@ cdef extern from "stridedfa/call_plan.hpp" namespace "stridedfa" nogil:
     void set_decode_graphs_bucketed(cbool bucketed)
 
 
+cdef extern from "stridedfa/split_kv.hpp" namespace "stridedfa" nogil:
+    cbool split_kv_enabled()
+    void set_split_kv_enabled(cbool enabled)
+
+
 cdef extern from "stridedfa/graph_cache.hpp" namespace "stridedfa" nogil:
     cdef cppclass CacheStats:
         int64_t hits, misses, builds, build_failures, evictions, size, capacity

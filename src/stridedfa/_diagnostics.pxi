@@ -76,6 +76,15 @@ def _decode_graphs(bucketed=None):
     return decode_graphs_bucketed()
 
 
+def _split_kv(enabled=None):
+    """Whether paged decoding calls may be split over their keys and merged by their log-sum-exp
+    (split_kv.hpp); with ``enabled`` set it first (for tests and benchmarks; the process default is
+    STRIDEDFA_SPLIT_KV=auto or off)."""
+    if enabled is not None:
+        set_split_kv_enabled(bool(enabled))
+    return split_kv_enabled()
+
+
 def _compiled_versions():
     """Versions of what the extension was compiled against, as integers."""
     return {"cudnn_frontend": compiled_frontend_version(), "cudnn": compiled_cudnn_version(),

@@ -8,6 +8,7 @@
 
 #include "stridedfa/ragged.hpp"
 #include "stridedfa/sdpa_types.hpp"
+#include "stridedfa/split_kv.hpp"
 #include "stridedfa/tensor_view.hpp"
 #include "stridedfa/visibility.hpp"
 
@@ -42,6 +43,9 @@ struct Plan {
   // A variable-length call: the padded problem cuDNN is told, whose lengths and ragged offsets
   // the launch makes (ragged.hpp); the slots then hold (padded batch, h, padded seq, d) views.
   RaggedPlan ragged;
+  // A paged decoding call split over its keys (split_kv.hpp): the slots of q, out, lse and the
+  // lengths then describe the launch's scratch (data 0), and the launch merges into the caller's.
+  SplitKv split;
 };
 
 // Fills `plan` for a validated call (`operands` in slot order, null where absent, each 4-axis).

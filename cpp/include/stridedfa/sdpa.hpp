@@ -15,6 +15,7 @@
 
 #include "stridedfa/ragged.hpp"
 #include "stridedfa/sdpa_types.hpp"
+#include "stridedfa/split_kv.hpp"
 #include "stridedfa/tensor_view.hpp"
 #include "stridedfa/validate.hpp"
 #include "stridedfa/visibility.hpp"
@@ -63,6 +64,10 @@ struct PreparedCall {
   int64_t num_blocks = 0;
   int64_t table_width = 0;  // the copy's (and the graph's) columns: a bucket of the caller's
   int page_table_ptr[2] = {-1, -1};
+  // A paged decoding call split over its keys (split_kv.hpp): the ptrs that get the launch's
+  // scratch, by SplitPart (queries, outputs, statistics, lengths_q, lengths_kv).
+  SplitKv split;
+  int split_ptr[5] = {-1, -1, -1, -1, -1};
 };
 
 // Validate, then look up or build the graph. Throws BackendError when cuDNN is not loaded.

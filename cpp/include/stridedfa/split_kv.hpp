@@ -1,0 +1,51 @@
+// Split-KV decoding of a paged cache (issue 33 item 2). One query per sequence against a long cache
+// occupies batch x query heads of cuDNN's thread blocks, a few percent of the GPU at small batch.
+// Split instead: chunk c of batch entry i's keys becomes sequence n = i * chunks + c of a paged
+// problem batch x chunks large -- its block-table row the entry's row cut into chunks (the launch's
+// packed copy of the table, read (batch x chunks, blocks_per_chunk)), its key length its chunk's
+// share, its query a copy of the entry's -- and the partial outputs are merged by their log-sum-exp
+// (FlashAttention's flash-decoding; the merge context parallelism does across GPUs). Planned in
+// call_plan.cpp (plan_split_kv); the two small kernels are in ragged_offsets.ptx.inc.
+#pragma once
+
+#include <cstdint>
+
+#include "stridedfa/ragged.hpp"
+#include "stridedfa/tensor_view.hpp"
+
+namespace stridedfa {
+
+// Whether paged decoding calls may be split (STRIDEDFA_SPLIT_KV=auto; off, the default, until a GPU
+// run verifies it). The setter is for tests and benchmarks; split graphs have keys of their own.
+bool split_kv_enabled();
+void set_split_kv_enabled(bool enabled);
+
+// How many chunks (a power of two, 1: no split) a decoding call of `batch` entries x `heads_q` query
+// heads over at most `keys` keys per entry is cut into: enough thread blocks for two waves of a large
+// GPU, never chunks of fewer than 256 keys.
+int64_t split_kv_chunks(int64_t batch, int64_t heads_q, int64_t keys);
+
+struct SplitKv {
+  bool on = false;
+  int64_t batch = 0, chunks = 0, heads = 0, d_qk = 0, d_v = 0;
+  int64_t blocks_per_chunk = 0, keys_per_chunk = 0;
+  int64_t full_len = 0;  // keys per entry without the caller's lengths (the table's)
+  bool bf16 = false;     // else float16
+  // The caller's q (read), out and lse (written; lse.present false: not asked for).
+  TensorView q, out, lse;
+  int64_t sequences() const { return batch * chunks; }
+};
+
+// The launch's scratch of a split call, one allocation: the split queries, the partial outputs and
+// statistics (packed), and two rows of sequences() int32 lengths (queries, keys).
+enum class SplitPart { queries, outputs, statistics, lengths_q, lengths_kv };
+int64_t split_kv_bytes(const SplitKv& s);
+void* split_kv_part(const SplitKv& s, void* scratch, SplitPart part);
+
+// The launch's two kernels (driver calls: the device's context must be current): the split queries
+// and lengths (from the caller's seqlens_kv, data 0: none) before cuDNN, the merge into the caller's
+// out and lse after it.
+void split_kv_inputs(const SplitKv& s, void* scratch, RowLengths callers_kv, int32_t device, std::uintptr_t stream);
+void split_kv_merge(const SplitKv& s, void* scratch, int32_t device, std::uintptr_t stream);
+
+}  // namespace stridedfa
