@@ -321,7 +321,7 @@ TEST_CASE("split-KV: a paged decoding step at batch 1 becomes chunks of its keys
 
 TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fills the GPU") {
   const SplitKvOn on;
-  CHECK_FALSE(Planned(paged_decode(8, 512), SdpaOptions{}).plan.split.on);  // 256 blocks already
+  CHECK_FALSE(Planned(paged_decode(8, 512), SdpaOptions{}).plan.split.on);     // 256 blocks already
   CHECK_FALSE(Planned(paged_decode(1, 512, 2), SdpaOptions{}).plan.split.on);  // two queries: a band per chunk
   SdpaOptions top_left;
   top_left.causal = true;  // one query at the top-left diagonal sees key 0 only
