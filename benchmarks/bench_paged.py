@@ -4,10 +4,10 @@ same cache gathered contiguous (the gather not timed: SDPA's best case), side by
 GQA 32/8, d = 128, bf16, one query per sequence (and 4 or 16: multi-token decode), block size 16;
 batch 1..256, cache lengths 1k..32k. Reports µs per decode step, the effective HBM bandwidth (the
 cached K and V bytes each step reads, over its time) against a measured copy ceiling (a
-device-to-device copy of the same bytes), and the share of that ceiling. stridedfa runs twice in the same run: split over its keys
-(split-KV, stridedfa._core._split_kv(True)) and unsplit; issue 33 item 2's targets are on the
-split rows: >= 1.0x SDPA everywhere, >= 50% of the ceiling at batch 1 with >= 8k keys, >= 85% at
-batch >= 32. A script, never a test.
+device-to-device copy of the same bytes), and the share of that ceiling. stridedfa runs twice in
+the same run: split over its keys (split-KV, stridedfa._core._split_kv(True)) and unsplit; issue
+33 item 2's targets are on the split rows: >= 1.0x SDPA everywhere, >= 50% of the ceiling at batch
+1 with >= 8k keys, >= 85% at batch >= 32. A script, never a test.
 
     python benchmarks/bench_paged.py --out bench-out [--quick]
 """
