@@ -46,6 +46,15 @@ def test_a_small_batch_decoding_step_gets_a_split_graph():
     assert key(1, 512) != split
 
 
+def test_sinks_are_split_too():
+    """The merge weighs each head's sink in (cuDNN computes the chunks without it)."""
+    sinks = fake((H_Q,), "float32")
+    split = key(1, 512, sinks=sinks)
+    assert split == key(1, 512)  # the chunks' graph has no sinks: one graph with and without them
+    _core._split_kv(False)
+    assert key(1, 512, sinks=sinks) != split
+
+
 def test_a_batch_that_fills_the_gpu_is_not_split():
     """8 entries x 32 query heads are 256 thread blocks already: the same graph either way."""
     split = key(8, 512)

@@ -289,12 +289,15 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
   };
   r.max_q = length_bucket(longest(options.max_seqlen_q, full.s_q));
   r.max_kv = length_bucket(longest(options.max_seqlen_kv, full.s_kv));
-  if (op == GraphOp::forward && decode_graphs_bucketed() &&
-      longest(options.max_seqlen_q, full.s_q) <= kDecodeMaxQueries && full.s_kv > full.s_q) {
+  const int64_t decode_kv = power_of_two_bucket(longest(options.max_seqlen_kv, full.s_kv), 128);
+  if (op == GraphOp::forward && decode_graphs_bucketed() && !(options.dropout_p > 0) &&
+      longest(options.max_seqlen_q, full.s_q) <= kDecodeMaxQueries && full.s_kv > full.s_q &&
+      r.padded_sequences * decode_kv <= INT32_MAX) {
     // A variable-length decoding step (a few queries per sequence against longer caches): the keys'
     // extent a power of two and the totals stepping with it, so growing caches build one graph per
     // doubling instead of four (and another whenever the key total crosses a bucket of its own).
-    r.max_kv = power_of_two_bucket(longest(options.max_seqlen_kv, full.s_kv), 128);
+    // Not with dropout, whose mask follows the declared extent, which the backward would not share.
+    r.max_kv = decode_kv;
     r.totals_from_extents = true;
   }
   r.cu_q = operands[kCuSeqlensQ]->data;
@@ -465,12 +468,12 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
 
 // Split-KV decoding of a paged cache (split_kv.hpp): one query per sequence, so that every chunk's
 // row sees all of its keys whatever the chunk (no band that a chunk would misplace, no operand per
-// key or per head that a chunk would need cut). Returns false, leaving `plan` as it was, for a call
+// key that a chunk would need cut; sinks are the merge's). Returns false, leaving `plan` as it was, for a call
 // it does not describe or that already fills the GPU (split_kv_chunks: 1).
 bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                    Plan& plan) {
   if (op != GraphOp::forward || !p.paged || p.s_q != 1 || !split_kv_enabled()) return false;
-  for (int s : {kBias, kAlibiSlopes, kSinks, kSeqLensQ, kRngState}) {
+  for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
     if (operands[s]) return false;
   }
   // One query sees every key of its sequence unless a left bound cuts them, or a top-left band
@@ -478,7 +481,7 @@ bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, con
   if (options.left_bound() != SdpaOptions::kUnbounded) return false;
   if (options.right_bound() != SdpaOptions::kUnbounded && options.alignment != CausalAlignment::bottom_right)
     return false;
-  const TensorView& table = *plan.slots[kBlockTable];  // its declared (possibly bucketed) width
+  const TensorView table = *plan.slots[kBlockTable];  // its declared (possibly bucketed) width
   const int64_t width = table.dims[2];
   const int64_t chunks = split_kv_chunks(p.b, p.h_q, width * p.block_size);
   if (chunks < 2) return false;
@@ -496,6 +499,11 @@ bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, con
   split.q = *operands[kQ];
   split.out = *operands[kO];
   if (operands[kLse]) split.lse = *operands[kLse];
+  if (operands[kSinks]) {  // a score with no value per head: the merge weighs it in, so cuDNN must not
+    split.sinks = operands[kSinks]->data;
+    split.sinks_stride = operands[kSinks]->dims[1] > 1 ? operands[kSinks]->strides[1] : 1;
+    plan.slots[kSinks] = nullptr;
+  }
   plan.problem.b = split.sequences();
   plan.problem.blocks = split.blocks_per_chunk;
   plan.problem.s_kv = split.keys_per_chunk;

@@ -147,8 +147,9 @@ void split_kv_inputs(const SplitKv& s, void* scratch, RowLengths callers_kv, int
   unsigned int heads = unsigned(s.heads), d = unsigned(s.d_qk);
   long long stride_b = s.q.strides[0], stride_h = s.q.strides[1], stride_d = s.q.strides[3];
   unsigned int full_len = unsigned(s.full_len), keys_per_chunk = unsigned(s.keys_per_chunk);
-  void* params[] = {&q,     &q_split, &lengths,  &seqlens_kv, &seqlens_stride, &batch,    &chunks,
-                    &heads, &d,       &stride_b, &stride_h,   &stride_d,       &full_len, &keys_per_chunk};
+  unsigned int pitch = unsigned(s.lengths_pitch());
+  void* params[] = {&q, &q_split,  &lengths,  &seqlens_kv, &seqlens_stride, &batch,          &chunks, &heads,
+                    &d, &stride_b, &stride_h, &stride_d,   &full_len,       &keys_per_chunk, &pitch};
   launch(kernel, s.sequences() * s.heads * s.d_qk, params, stream, "cuLaunchKernel (stridedfa_split_inputs)");
 }
 
@@ -162,8 +163,10 @@ void split_kv_merge(const SplitKv& s, void* scratch, int32_t device, std::uintpt
   long long out_b = s.out.strides[0], out_h = s.out.strides[1], out_d = s.out.strides[3];
   long long lse_b = s.lse.present ? s.lse.strides[0] : 0, lse_h = s.lse.present ? s.lse.strides[1] : 0;
   unsigned int is_bf16 = s.bf16 ? 1u : 0u;
-  void* params[] = {&partial_out, &partial_lse, &lengths_kv, &out,   &lse,   &batch, &chunks, &heads,
-                    &d,           &out_b,       &out_h,      &out_d, &lse_b, &lse_h, &is_bf16};
+  unsigned long long sinks = s.sinks;
+  long long sinks_stride = s.sinks_stride;
+  void* params[] = {&partial_out, &partial_lse, &lengths_kv, &out,   &lse,   &batch,   &chunks, &heads,       &d,
+                    &out_b,       &out_h,       &out_d,      &lse_b, &lse_h, &is_bf16, &sinks,  &sinks_stride};
   launch(kernel, s.batch * s.heads * s.d_v, params, stream, "cuLaunchKernel (stridedfa_split_merge)");
 }
 

@@ -235,8 +235,9 @@ GraphSpec spec_for(GraphOp op, const Plan& plan, const SdpaOptions& o, int32_t s
   spec.causal = o.causal && !plan.unmasked;
   // Where the diagonals coincide, say top-left: cuDNN's backward skips the blocks above a top-left
   // diagonal but not above a bottom-right one (GPU run 46, 8 x 4096, 16 heads of 128: 4.0 vs 6.3 ms
-  // per causal forward + backward), and the two masks are the same.
-  spec.alignment = diagonals_coincide(plan) ? CausalAlignment::top_left : o.alignment;
+  // per causal forward + backward), and the two masks are the same. Where no mask is left, too: one
+  // graph whatever alignment the caller named.
+  spec.alignment = plan.unmasked || diagonals_coincide(plan) ? CausalAlignment::top_left : o.alignment;
   spec.left_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.left_bound();
   spec.right_bound = plan.unmasked ? SdpaOptions::kUnbounded : o.right_bound();
   spec.dropout_p = plan.slots[kRngState] ? static_cast<float>(o.dropout_p) : 0.0f;
@@ -492,7 +493,8 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     }
     if (call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0) {
       const int64_t b = call.problem.b;
-      lengths = pool_alloc(call.problem.device, 2 * b * int64_t(sizeof(int32_t)), stream);
+      const int64_t pitch = (b + 3) / 4 * 4;  // each row 16-byte aligned, as cuDNN declares its tensors
+      lengths = pool_alloc(call.problem.device, 2 * pitch * int64_t(sizeof(int32_t)), stream);
       for (int side = 0; side < 2; ++side) {
         if (call.made_lengths_ptr[side] < 0) continue;
         TensorView region;
@@ -503,7 +505,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
         region.dtype = {kDLInt, 32, 1};
         region.device_type = kDLCUDA;
         region.device_id = call.problem.device;
-        region.data = reinterpret_cast<std::uintptr_t>(lengths) + std::uintptr_t(side * b * 4);
+        region.data = reinterpret_cast<std::uintptr_t>(lengths) + std::uintptr_t(side * pitch * 4);
         fill_strided(region, static_cast<uint32_t>(call.made_lengths_value[side]), stream);
         ptrs[call.made_lengths_ptr[side]] = reinterpret_cast<void*>(region.data);
       }

@@ -42,9 +42,11 @@ int64_t split_kv_chunks(int64_t batch, int64_t heads_q, int64_t keys) {
   return chunks;
 }
 
+int64_t SplitKv::lengths_pitch() const { return (sequences() + 3) / 4 * 4; }
+
 int64_t split_kv_bytes(const SplitKv& s) {
   const int64_t n = s.sequences() * s.heads;
-  return aligned(n * s.d_qk * 2) + aligned(n * s.d_v * 2) + aligned(n * 4) + aligned(2 * s.sequences() * 4);
+  return aligned(n * s.d_qk * 2) + aligned(n * s.d_v * 2) + aligned(n * 4) + aligned(2 * s.lengths_pitch() * 4);
 }
 
 void* split_kv_part(const SplitKv& s, void* scratch, SplitPart part) {
@@ -56,7 +58,7 @@ void* split_kv_part(const SplitKv& s, void* scratch, SplitPart part) {
   offset += aligned(n * s.d_v * 2);
   if (part == SplitPart::statistics) return static_cast<char*>(scratch) + offset;
   offset += aligned(n * 4);
-  if (part == SplitPart::lengths_kv) offset += s.sequences() * 4;
+  if (part == SplitPart::lengths_kv) offset += s.lengths_pitch() * 4;  // 16-byte aligned, as cuDNN reads it
   return static_cast<char*>(scratch) + offset;
 }
 

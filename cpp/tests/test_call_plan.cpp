@@ -330,6 +330,12 @@ TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fi
   window.window_left = 127;
   CHECK_FALSE(Planned(paged_decode(1, 512), window).plan.split.on);
   CHECK(Planned(paged_decode(1, 512, 1, true), SdpaOptions{}).plan.split.lse.present);
+  CallOperands with_sinks = paged_decode(1, 512);
+  with_sinks.slot[kSinks] = view("sinks", {32}, kF32, kBase + 12 * kMiB);
+  const Planned sinks(with_sinks, SdpaOptions{});
+  CHECK(sinks.plan.split.on);
+  CHECK(sinks.plan.split.sinks == kBase + 12 * kMiB);  // weighed in by the merge ...
+  CHECK(sinks.plan.slots[kSinks] == nullptr);          // ... so not by cuDNN
   set_split_kv_enabled(false);
   CHECK_FALSE(Planned(paged_decode(1, 512), SdpaOptions{}).plan.split.on);  // STRIDEDFA_SPLIT_KV unset: off
 }

@@ -44,17 +44,18 @@ def _paged(gen, b, h_q, h_kv, d, lengths, dtype, block=16, columns=None):
     return q, k_cache, v_cache, table
 
 
-def _reference(q, k_cache, v_cache, table, lengths, **mask):
+def _reference(q, k_cache, v_cache, table, lengths, sinks=None, **mask):
     outs, lses = [], []
     for i, n in enumerate(lengths):
         ids = table[i].tolist()
         keys = torch.cat([k_cache[j] for j in ids], dim=1)[:, :n][None]
         values = torch.cat([v_cache[j] for j in ids], dim=1)[:, :n][None]
-        if n == 0:
+        if n == 0:  # no keys: out 0, lse -inf (or the head's sink)
             outs.append(np.zeros((1, q.shape[1], 1, v_cache.shape[-1])))
-            lses.append(np.full((1, q.shape[1], 1), -np.inf))
+            lses.append(np.full((1, q.shape[1], 1), -np.inf) if sinks is None else _np(sinks)[None, :, None])
             continue
-        out, lse = reference.sdpa_forward(_np(q[i:i + 1]), _np(keys), _np(values), dtype=np.float64, **mask)
+        extra = {} if sinks is None else {"sinks": _np(sinks)}
+        out, lse = reference.sdpa_forward(_np(q[i:i + 1]), _np(keys), _np(values), dtype=np.float64, **mask, **extra)
         outs.append(out)
         lses.append(lse)
     return np.concatenate(outs), np.concatenate(lses)
@@ -127,3 +128,33 @@ def test_a_strided_out_and_lse_get_the_merge(seed):
     ref_out, ref_lse = _reference(q, k_cache, v_cache, table, lengths)
     _check(out, lse, ref_out, ref_lse)
     assert torch.isnan(buffer[..., 64:]).all() and torch.isnan(lse_buffer[..., 0]).all()
+
+
+def test_sinks_are_weighed_in_by_the_merge(seed):
+    """gpt-oss's sinks on a split paged step: each head's sink joins the merge's sum of weights
+    (cuDNN computes the chunks without it); an entry of no keys gets its heads' sinks as lse."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    lengths = [3000, 0]
+    q, k_cache, v_cache, table = _paged(gen, 2, 32, 8, 64, lengths, torch.bfloat16)
+    sinks = 2.0 * torch.randn(64, generator=gen, device="cuda")[::2]  # strided, 32 heads
+    out = torch.full((2, 32, 1, 64), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((2, 32, 1), float("nan"), device="cuda")
+    stridedfa.sdpa_forward(q, k_cache, v_cache, out, lse=lse, block_table=table, sinks=sinks, causal=True,
+                           causal_alignment="bottom_right",
+                           seqlens_kv=torch.tensor(lengths, device="cuda", dtype=torch.int32))
+    ref_out, ref_lse = _reference(q, k_cache, v_cache, table, lengths, sinks=sinks)
+    _check(out, lse, ref_out, ref_lse)
+
+
+def test_two_chunks_of_one_entry(seed):
+    """b = 1 over 32 columns of 16 keys: 2 chunks, so the keys' lengths row starts a 16-byte pitch
+    after the queries' (2 int32 would leave it 8-byte aligned)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    lengths = [500]
+    q, k_cache, v_cache, table = _paged(gen, 1, 32, 8, 128, lengths, torch.bfloat16, columns=32)
+    out = torch.full((1, 32, 1, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((1, 32, 1), float("nan"), device="cuda")
+    stridedfa.sdpa_forward(q, k_cache, v_cache, out, lse=lse, block_table=table,
+                           seqlens_kv=torch.tensor(lengths, device="cuda", dtype=torch.int32))
+    ref_out, ref_lse = _reference(q, k_cache, v_cache, table, lengths)
+    _check(out, lse, ref_out, ref_lse)

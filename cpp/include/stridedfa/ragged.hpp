@@ -20,6 +20,14 @@ namespace stridedfa {
 // padded extent at most 1.25x (and 8 at least) the real one, four graphs per doubling.
 int64_t length_bucket(int64_t n);
 
+// The smallest power of two >= max(n, floor): an extent declared so that one growing by a step at
+// a time (a decoding call's keys, a paged table's width) reaches a new graph once per doubling.
+inline int64_t power_of_two_bucket(int64_t n, int64_t floor) {
+  int64_t bucket = floor;
+  while (bucket < n) bucket *= 2;
+  return bucket;
+}
+
 inline constexpr int kMaxRaggedRows = 12;
 inline constexpr int kMaxHeadsRows = 6;  // offsets rows of a call by heads (the kernel's parameter arrays)
 
@@ -50,11 +58,16 @@ struct RaggedPlan {
   uint32_t head_strides[kMaxRaggedRows] = {};
   // The token totals cuDNN is told (its workspace): a bucket of the real ones, or for a decoding
   // call (by heads, or variable-length with few queries per sequence) the padded problem's (padded
-  // sequences x padded extent), which steps with the extents rather than on its own.
+  // sequences x padded extent), which steps with the extents rather than on its own -- never less
+  // than the buffer's tokens (tokens in no sequence, a sequence past its promised extent).
   bool totals_from_extents = false;
-  int64_t declared_total_q() const { return totals_from_extents ? padded_sequences * max_q : length_bucket(total_q); }
+  int64_t declared_total_q() const {
+    return totals_from_extents ? std::max(padded_sequences * max_q, power_of_two_bucket(total_q, 128))
+                               : length_bucket(total_q);
+  }
   int64_t declared_total_kv() const {
-    return totals_from_extents ? padded_sequences * max_kv : length_bucket(total_kv);
+    return totals_from_extents ? std::max(padded_sequences * max_kv, power_of_two_bucket(total_kv, 128))
+                               : length_bucket(total_kv);
   }
   int8_t row_of[kNumSlots] = {};                                        // the offsets row of each slot, -1: not ragged
   int64_t pitch() const { return (padded_sequences + 1 + 3) / 4 * 4; }  // 16-byte aligned rows
@@ -67,14 +80,6 @@ struct RaggedPlan {
 // module; driver calls: the context must be current).
 void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, int32_t device, void* out,
                        std::uintptr_t stream);
-
-// The smallest power of two >= max(n, floor): an extent declared so that one growing by a step at
-// a time (a decoding call's keys, a paged table's width) reaches a new graph once per doubling.
-inline int64_t power_of_two_bucket(int64_t n, int64_t floor) {
-  int64_t bucket = floor;
-  while (bucket < n) bucket *= 2;
-  return bucket;
-}
 
 // An output whose rows of empty sequences and padding the launch fills after cuDNN (below).
 struct EmptyRows {

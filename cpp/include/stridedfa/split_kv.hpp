@@ -33,11 +33,15 @@ struct SplitKv {
   bool bf16 = false;     // else float16
   // The caller's q (read), out and lse (written; lse.present false: not asked for).
   TensorView q, out, lse;
+  // The caller's sinks (float32 per query head; 0: none): applied by the merge, not by cuDNN.
+  std::uintptr_t sinks = 0;
+  int64_t sinks_stride = 1;
   int64_t sequences() const { return batch * chunks; }
+  int64_t lengths_pitch() const;  // int32 entries from the query lengths' row to the keys' (16-byte aligned)
 };
 
 // The launch's scratch of a split call, one allocation: the split queries, the partial outputs and
-// statistics (packed), and two rows of sequences() int32 lengths (queries, keys).
+// statistics (packed), and two rows of sequences() int32 lengths (queries, keys), lengths_pitch() apart.
 enum class SplitPart { queries, outputs, statistics, lengths_q, lengths_kv };
 int64_t split_kv_bytes(const SplitKv& s);
 void* split_kv_part(const SplitKv& s, void* scratch, SplitPart part);
