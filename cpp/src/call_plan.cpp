@@ -376,14 +376,33 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
   if (p.s_q > kDecodeMaxQueries || p.s_kv <= p.s_q || p.s_q == 0 || p.h_kv == 0) return false;  // a cache
   if (cudnn_version < 91801) return false;  // cuDNN's ragged layout on every compute capability
   if (options.dropout_p > 0) return false;  // its mask would follow the declared extents
-  // Operands indexed by query head (sinks, ALiBi) would see the regrouped heads; a bias has the key
-  // extent; the caller's query lengths would leave rows that the ragged layout does not fill.
-  for (int s : {kBias, kAlibiSlopes, kSinks, kSeqLensQ, kRngState}) {
+  // ALiBi's slopes, indexed by query head, would see the regrouped heads (sinks are folded in after
+  // cuDNN instead: SinkFold); a bias has the key extent; the caller's query lengths would leave rows
+  // that the ragged layout does not fill.
+  for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
     if (operands[s]) return false;
   }
-  // The keys' lengths only where each sequence's one row then sees every real key.
-  if (operands[kSeqLensKV] && p.s_q != 1) return false;
+  // The keys' lengths only where each sequence's one row then sees every real key, and not with
+  // sinks (an empty sequence's fills would go to the statistics the fold reads, not the caller's).
+  if (operands[kSeqLensKV] && (p.s_q != 1 || operands[kSinks])) return false;
   if (seen.row_begin != 0 || seen.row_end != p.s_q) return false;  // every row sees a key: no fills
+  // With sinks and no lse asked for, the statistics the fold reads go to a packed scratch.
+  const TensorView* given_operands[kNumSlots];
+  std::copy(operands, operands + kNumSlots, given_operands);
+  TensorView scratch_lse;
+  if (operands[kSinks] && !operands[kLse]) {
+    scratch_lse = *operands[kO];
+    scratch_lse.name = kOperands[kLse].name;
+    scratch_lse.data = 0;  // the launch's scratch
+    scratch_lse.dtype = DLDataType{kDLFloat, 32, 1};
+    scratch_lse.dims[3] = 1;
+    scratch_lse.strides[3] = 1;
+    scratch_lse.strides[2] = 1;
+    scratch_lse.strides[1] = p.s_q;
+    scratch_lse.strides[0] = p.h_q * p.s_q;
+    given_operands[kLse] = &scratch_lse;
+  }
+  operands = given_operands;
   const int64_t group = p.h_q / p.h_kv;
   const int64_t sequences = p.b * p.h_kv;
   RaggedPlan r;
@@ -463,6 +482,16 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
   }
   // A sequence of no keys (the caller's length 0): cuDNN computes 0/0 in its row.
   if (operands[kSeqLensKV]) fill_empty_rows_after(op, plan.slots, operands, plan);
+  if (operands[kSinks]) {
+    SinkFold& fold = plan.sink_fold;
+    fold.on = true;
+    fold.sinks = operands[kSinks]->data;
+    fold.sinks_stride = operands[kSinks]->dims[1] > 1 ? operands[kSinks]->strides[1] : 1;
+    fold.out = *operands[kO];
+    if (operands[kLse] != &scratch_lse) fold.lse = *operands[kLse];
+    fold.bf16 = p.dtype.code == kDLBfloat;
+    plan.slots[kSinks] = nullptr;  // the fold's, not cuDNN's
+  }
   return true;
 }
 

@@ -28,7 +28,7 @@ constexpr int kMaxDevices = 64;
 // The kernels, loaded once per device into its primary context (the driver JIT-compiles the PTX).
 struct Kernels {
   CUfunction offsets = nullptr, heads_offsets = nullptr, clamp_blocks = nullptr, empty_rows = nullptr;
-  CUfunction split_inputs = nullptr, split_merge = nullptr;
+  CUfunction split_inputs = nullptr, split_merge = nullptr, fold_sinks = nullptr;
 };
 
 const Kernels& kernels(int32_t device) {
@@ -53,6 +53,8 @@ const Kernels& kernels(int32_t device) {
                  "cuModuleGetFunction (stridedfa_split_inputs)");
     check_driver(d.module_get_function(&k.split_merge, module, "stridedfa_split_merge"),
                  "cuModuleGetFunction (stridedfa_split_merge)");
+    check_driver(d.module_get_function(&k.fold_sinks, module, "stridedfa_fold_sinks"),
+                 "cuModuleGetFunction (stridedfa_fold_sinks)");
   }
   return k;
 }
@@ -168,6 +170,24 @@ void split_kv_merge(const SplitKv& s, void* scratch, int32_t device, std::uintpt
   void* params[] = {&partial_out, &partial_lse, &lengths_kv, &out,   &lse,   &batch,   &chunks, &heads,       &d,
                     &out_b,       &out_h,       &out_d,      &lse_b, &lse_h, &is_bf16, &sinks,  &sinks_stride};
   launch(kernel, s.batch * s.heads * s.d_v, params, stream, "cuLaunchKernel (stridedfa_split_merge)");
+}
+
+void fold_sinks(const SinkFold& f, std::uintptr_t stats, int32_t device, std::uintptr_t stream) {
+  CUfunction kernel = kernels(device).fold_sinks;
+  const TensorView& o = f.out;
+  unsigned long long out = o.data, stats_data = stats, lse = f.lse.present ? f.lse.data : 0, sinks = f.sinks;
+  long long out_b = o.strides[0], out_h = o.strides[1], out_s = o.strides[2], out_d = o.strides[3];
+  const bool callers = f.lse.present && stats == f.lse.data;  // else the packed scratch
+  long long stats_b = callers ? f.lse.strides[0] : o.dims[1] * o.dims[2];
+  long long stats_h = callers ? f.lse.strides[1] : o.dims[2];
+  long long stats_s = callers ? f.lse.strides[2] : 1;
+  long long lse_b = f.lse.present ? f.lse.strides[0] : 0, lse_h = f.lse.present ? f.lse.strides[1] : 0;
+  long long lse_s = f.lse.present ? f.lse.strides[2] : 0, sinks_stride = f.sinks_stride;
+  unsigned int batch = unsigned(o.dims[0]), heads = unsigned(o.dims[1]), rows = unsigned(o.dims[2]);
+  unsigned int d = unsigned(o.dims[3]), is_bf16 = f.bf16 ? 1u : 0u;
+  void* params[] = {&out,   &out_b, &out_h, &out_s, &out_d,        &stats_data, &stats_b, &stats_h, &stats_s, &lse,
+                    &lse_b, &lse_h, &lse_s, &sinks, &sinks_stride, &batch,      &heads,   &rows,    &d,       &is_bf16};
+  launch(kernel, o.dims[0] * o.dims[1] * o.dims[2], params, stream, "cuLaunchKernel (stridedfa_fold_sinks)");
 }
 
 }  // namespace stridedfa

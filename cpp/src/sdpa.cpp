@@ -319,6 +319,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
     call.num_blocks = problem.num_blocks;
   }
   call.split = plan.split;
+  call.sink_fold = plan.sink_fold;
   if (plan.split.on) call.table_width = plan.split.chunks * plan.split.blocks_per_chunk;  // the entries' rows
   std::fill(std::begin(call.ragged_row_of_ptr), std::end(call.ragged_row_of_ptr), int8_t(-1));
   call.n_empty_rows = plan.n_empty_rows;
@@ -359,6 +360,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
       continue;
     }
     call.ptrs[i] = reinterpret_cast<void*>(plan.slots[slot]->data);
+    if (slot == kLse && plan.sink_fold.on && !plan.sink_fold.lse.present) call.sink_fold_lse_ptr = i;
     if (slot == kLse && plan.stage_lse) {
       call.staged_lse_ptr = i;
       call.staged_lse_source = plan.lse_source;
@@ -463,6 +465,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   void* ragged = nullptr;
   void* table = nullptr;
   void* split = nullptr;
+  void* folded = nullptr;
   void* ptrs[kMaxGraphTensors];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
@@ -521,8 +524,16 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       if (!forward) copy_to_packed(user, staged, stream);
       ptrs[call.staged_lse_ptr] = staged;
     }
+    if (call.sink_fold_lse_ptr >= 0) {  // the statistics the fold reads, where no lse was asked for
+      folded = pool_alloc(call.problem.device, call.sink_fold.scratch_bytes(), stream);
+      ptrs[call.sink_fold_lse_ptr] = folded;
+    }
     call.graph->execute(handle, ptrs, workspace);
     if (split) split_kv_merge(call.split, split, call.problem.device, stream);
+    if (call.sink_fold.on) {
+      fold_sinks(call.sink_fold, folded ? reinterpret_cast<std::uintptr_t>(folded) : call.sink_fold.lse.data,
+                 call.problem.device, stream);
+    }
     if (call.staged_lse_ptr >= 0 && forward) {
       const TensorView& user = call.staged_lse_source;
       copy_strided(packed_like(user, reinterpret_cast<std::uintptr_t>(staged)), user, stream);
@@ -552,6 +563,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     if (ragged) pool_free(ragged, stream);
     if (table) pool_free(table, stream);
     if (split) pool_free(split, stream);
+    if (folded) pool_free(folded, stream);
     throw;
   }
   if (pooled) pool_free(pooled, stream);
@@ -560,6 +572,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   if (ragged) pool_free(ragged, stream);
   if (table) pool_free(table, stream);
   if (split) pool_free(split, stream);
+  if (folded) pool_free(folded, stream);
 }
 
 }  // namespace stridedfa

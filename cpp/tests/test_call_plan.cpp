@@ -205,13 +205,14 @@ TEST_CASE("exact decode graphs (the default until a GPU run verifies the buckete
 
 TEST_CASE("decoding by heads leaves what it cannot describe to the exact plan") {
   const BucketedDecodeGraphs bucketed;
-  CallOperands with_sinks = decode(1, 300);
-  with_sinks.slot[kSinks] = view("sinks", {8}, kF32, kBase + 6 * kMiB);
+  CallOperands sinks_and_lengths = decode(1, 300);
+  sinks_and_lengths.slot[kSinks] = view("sinks", {8}, kF32, kBase + 6 * kMiB);
+  sinks_and_lengths.slot[kSeqLensKV] = view("seqlens_kv", {2}, kI32, kBase + 7 * kMiB);
   CallOperands with_bias = decode(1, 300);
   with_bias.slot[kBias] = view("bias", {2, 1, 1, 300}, kBF16, kBase + 6 * kMiB);
   CallOperands prompt = decode(300, 300);  // self-attention: no cache
   CallOperands many_queries = decode(17, 300);
-  for (const CallOperands* call : {&with_sinks, &with_bias, &prompt, &many_queries}) {
+  for (const CallOperands* call : {&sinks_and_lengths, &with_bias, &prompt, &many_queries}) {
     const Planned p(*call, SdpaOptions{});
     CHECK_FALSE(p.plan.ragged.on);
   }
@@ -338,4 +339,32 @@ TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fi
   CHECK(sinks.plan.slots[kSinks] == nullptr);          // ... so not by cuDNN
   set_split_kv_enabled(false);
   CHECK_FALSE(Planned(paged_decode(1, 512), SdpaOptions{}).plan.split.on);  // STRIDEDFA_SPLIT_KV unset: off
+}
+
+TEST_CASE("decoding by heads with sinks: the graph runs without them and the launch folds them in") {
+  const BucketedDecodeGraphs bucketed;
+  CallOperands call = decode(3, 300);
+  call.slot[kSinks] = view("sinks", {8}, kF32, kBase + 6 * kMiB);
+  const Planned p(call, SdpaOptions{});
+  REQUIRE(p.plan.ragged.by_heads);
+  CHECK(p.plan.slots[kSinks] == nullptr);  // cuDNN's sinks would follow the regrouped heads
+  const SinkFold& fold = p.plan.sink_fold;
+  REQUIRE(fold.on);
+  CHECK(fold.sinks == kBase + 6 * kMiB);
+  CHECK(fold.sinks_stride == 1);
+  CHECK(fold.out.data == kBase + 3 * kMiB);
+  CHECK_FALSE(fold.lse.present);  // not asked for: the statistics go to the launch's scratch
+  CHECK(fold.scratch_bytes() == 2 * 8 * 3 * 4);
+  const TensorView& stats = *p.plan.slots[kLse];
+  CHECK(stats.data == 0);
+  CHECK(stats.dtype.bits == 32);
+  const RaggedPlan& r = p.plan.ragged;
+  CHECK(r.rows[r.row_of[kLse]] == 8 * 3);          // entry i's statistics: (h_q, s_q) packed
+  CHECK(r.head_strides[r.row_of[kLse]] == 4 * 3);  // a group of 4 query heads
+  CallOperands with_lse = call;
+  with_lse.slot[kLse] = view("lse", {2, 8, 3}, kF32, kBase + 5 * kMiB);
+  const Planned given(with_lse, SdpaOptions{});
+  CHECK(given.plan.sink_fold.lse.data == kBase + 5 * kMiB);  // read, then overwritten, row by row
+  CHECK(given.plan.slots[kLse]->data == kBase + 5 * kMiB);
+  CHECK(given.plan.sink_fold.scratch_bytes() == 0);
 }

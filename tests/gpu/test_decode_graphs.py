@@ -186,3 +186,25 @@ def test_a_variable_length_decoding_loop_builds_one_graph_per_doubling(seed):
                                                           _np(values), dtype=np.float64)
                 _check(out[i:i + 1].transpose(0, 1)[None], lse[:, i:i + 1][None], ref_out, ref_lse)
     assert stridedfa.cache_info()["builds"] - before <= 3
+
+
+
+@pytest.mark.parametrize("layout", ["head_major", "token_major", "static_slice"])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4)], ids=["gqa", "mha"])
+@pytest.mark.parametrize("s_q", [1, 5])
+@pytest.mark.parametrize("with_lse", [True, False], ids=["lse", "no_lse"])
+def test_sinks_are_folded_in_after_cudnn(layout, heads, s_q, with_lse, seed):
+    """gpt-oss's decoding step: the graph by heads runs without sinks (its heads are regrouped) and
+    each row's outputs and lse are then corrected by its head's sink; without lse asked for, the
+    statistics go to the launch's scratch."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, (h_q, h_kv), length, d = 2, heads, 333, 64
+    q = torch.randn(b, h_q, s_q, d, generator=gen, device="cuda").bfloat16()
+    k, v = (_cache(gen, b, h_kv, length, d, layout) for _ in range(2))
+    sinks = 2.0 * torch.randn(h_q, generator=gen, device="cuda")
+    out = torch.full((b, h_q, s_q, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((b, h_q, s_q), float("nan"), device="cuda") if with_lse else None
+    mask = dict(causal=True, causal_alignment="bottom_right", window=(127, None))
+    stridedfa.sdpa_forward(q, k, v, out, lse=lse, sinks=sinks, **mask)
+    ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, sinks=_np(sinks), **mask)
+    _check(out, lse if with_lse else torch.from_numpy(ref_lse).cuda().float(), ref_out, ref_lse)

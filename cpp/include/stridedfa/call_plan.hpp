@@ -46,6 +46,8 @@ struct Plan {
   // A paged decoding call split over its keys (split_kv.hpp): the slots of q, out, lse and the
   // lengths then describe the launch's scratch (data 0), and the launch merges into the caller's.
   SplitKv split;
+  // A decoding call described by heads with sinks: folded in after cuDNN (ragged.hpp SinkFold).
+  SinkFold sink_fold;
 };
 
 // Fills `plan` for a validated call (`operands` in slot order, null where absent, each 4-axis).

@@ -100,6 +100,24 @@ inline constexpr int kMaxEmptyRows = 3;
 void fill_empty_rows(const TensorView& t, RowLengths this_side, RowLengths other_side, std::uintptr_t ragged_offsets,
                      std::uintptr_t sinks, int64_t sinks_stride, uint32_t fill, int32_t device, std::uintptr_t stream);
 
+// Attention sinks folded in after cuDNN, for a decoding call described by heads (call_plan.cpp):
+// its graph regroups the query heads, which a per-query-head sinks tensor cannot follow, so it runs
+// without them and each row (i, h, r) then gets lse = logaddexp(st, sink_h) and its outputs scaled
+// by exp(st - lse) in place, st the row's statistic -- the caller's lse where it asked for one,
+// else a packed (b, h_q, s_q) float32 scratch the launch provides.
+struct SinkFold {
+  bool on = false;
+  std::uintptr_t sinks = 0;  // float32, one per query head
+  int64_t sinks_stride = 1;
+  TensorView out, lse;  // the caller's; lse.present false: not asked for
+  bool bf16 = false;    // else float16
+  int64_t scratch_bytes() const { return lse.present ? 0 : out.dims[0] * out.dims[1] * out.dims[2] * 4; }
+};
+
+// Folds the sinks into `f.out` and `f.lse` from the statistics at `stats` (the caller's lse, or the
+// scratch: packed when `stats` is not f.lse's data). The same PTX module; the context must be current.
+void fold_sinks(const SinkFold& f, std::uintptr_t stats, int32_t device, std::uintptr_t stream);
+
 // How many blocks of fill_empty_rows share one (sequence, head)'s `elements` (rows x inner): enough
 // that the launch has ~1024 blocks of 128 threads where the (sequence, head) pairs are few (one
 // block each left an H100 mostly idle: 78 µs to zero the padding rows of one bf16 (2, 8, 2048, 128)

@@ -68,6 +68,10 @@ struct PreparedCall {
   // scratch, by SplitPart (queries, outputs, statistics, lengths_q, lengths_kv).
   SplitKv split;
   int split_ptr[5] = {-1, -1, -1, -1, -1};
+  // A decoding call by heads with sinks, folded in after cuDNN (ragged.hpp); without the caller's
+  // lse, ptrs[sink_fold_lse_ptr] gets the launch's scratch for the statistics.
+  SinkFold sink_fold;
+  int sink_fold_lse_ptr = -1;
 };
 
 // Validate, then look up or build the graph. Throws BackendError when cuDNN is not loaded.
