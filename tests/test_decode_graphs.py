@@ -72,14 +72,13 @@ def test_multi_token_decode_steps_build_one_graph_per_doubling(s_q):
     assert len(keys) == 3  # 512, 1024, 2048 keys
 
 
-
-
 @pytest.mark.parametrize("lse", [False, True])
 def test_decoding_steps_with_sinks_build_one_graph_per_doubling(lse):
     """gpt-oss's sinks: folded in after cuDNN, so a step with sinks is described by heads too."""
     sinks = fake((H_Q,), "float32")
     keys = {step_key(length, "head_major", lse=lse, sinks=sinks) for length in range(100, 1100)}
     assert len(keys) == 5
+
 
 def varlen_step_key(length, sequences=4, promise=True, s_q=1):
     """A variable-length decoding step (flash_attn_varlen_func's form): `sequences` sequences of

@@ -489,6 +489,7 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
     fold.sinks_stride = operands[kSinks]->dims[1] > 1 ? operands[kSinks]->strides[1] : 1;
     fold.out = *operands[kO];
     if (operands[kLse] != &scratch_lse) fold.lse = *operands[kLse];
+    fold.scratch_elements = p.b * p.h_q * p.s_q + r.max_q * p.h_q;
     fold.bf16 = p.dtype.code == kDLBfloat;
     plan.slots[kSinks] = nullptr;  // the fold's, not cuDNN's
   }

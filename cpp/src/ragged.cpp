@@ -29,6 +29,7 @@ constexpr int kMaxDevices = 64;
 struct Kernels {
   CUfunction offsets = nullptr, heads_offsets = nullptr, clamp_blocks = nullptr, empty_rows = nullptr;
   CUfunction split_inputs = nullptr, split_merge = nullptr, fold_sinks = nullptr;
+  bool ready = false;  // set once every function was found (a failed lookup is retried, not half-used)
 };
 
 const Kernels& kernels(int32_t device) {
@@ -37,7 +38,7 @@ const Kernels& kernels(int32_t device) {
   if (device < 0 || device >= kMaxDevices) throw BackendError("stridedfa: CUDA device ordinal out of range");
   std::lock_guard<std::mutex> lock(mutex);
   Kernels& k = loaded[device];
-  if (!k.offsets) {
+  if (!k.ready) {
     const Driver& d = driver();
     CUmodule module = nullptr;
     check_driver(d.module_load_data(&module, kRaggedOffsetsPtx), "cuModuleLoadData (stridedfa's kernels)");
@@ -55,6 +56,7 @@ const Kernels& kernels(int32_t device) {
                  "cuModuleGetFunction (stridedfa_split_merge)");
     check_driver(d.module_get_function(&k.fold_sinks, module, "stridedfa_fold_sinks"),
                  "cuModuleGetFunction (stridedfa_fold_sinks)");
+    k.ready = true;
   }
   return k;
 }
@@ -187,7 +189,8 @@ void fold_sinks(const SinkFold& f, std::uintptr_t stats, int32_t device, std::ui
   unsigned int d = unsigned(o.dims[3]), is_bf16 = f.bf16 ? 1u : 0u;
   void* params[] = {&out,   &out_b, &out_h, &out_s, &out_d,        &stats_data, &stats_b, &stats_h, &stats_s, &lse,
                     &lse_b, &lse_h, &lse_s, &sinks, &sinks_stride, &batch,      &heads,   &rows,    &d,       &is_bf16};
-  launch(kernel, o.dims[0] * o.dims[1] * o.dims[2], params, stream, "cuLaunchKernel (stridedfa_fold_sinks)");
+  launch(kernel, o.dims[0] * o.dims[1] * o.dims[2] * 32, params, stream,  // a warp per row
+         "cuLaunchKernel (stridedfa_fold_sinks)");
 }
 
 }  // namespace stridedfa

