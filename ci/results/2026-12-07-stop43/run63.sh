@@ -2,11 +2,13 @@
 # GPU run 63 (stop 43): bucketed decode graphs (decoding by heads, varlen decode extents) and split-KV
 # paged decoding, both switched on, over the tests they touch; then the paged and decode-length benchmarks.
 set -u
+pack() { (cd "$OUT" && tar czf /tmp/r.tgz --exclude=r.tgz . && mv /tmp/r.tgz r.tgz); }  # after each stage: a cut run still returns one archive
 STRIDEDFA_DECODE_GRAPHS=bucketed STRIDEDFA_SPLIT_KV=auto PART=files LIMIT=270 \
   FILES="test_decode_graphs.py test_split_kv.py test_paged.py test_paged_adapters.py test_sinks_decode.py test_flash_attn_interface.py test_varlen.py" \
   bash ci/gpu_suite.sh
+pack
 export PYTHONPATH=/tmp/sfa-files PYTHONUNBUFFERED=1
-timeout 100 python3 benchmarks/bench_paged.py --out $OUT/paged --quick > $OUT/paged.log 2>&1; echo "paged bench rc $?"
+timeout 100 python3 benchmarks/bench_paged.py --out $OUT/paged --quick > $OUT/paged.log 2>&1; echo "paged bench rc $?"; pack
 python3 - <<'PY'
 import json, os
 d = json.load(open(os.environ["OUT"] + "/paged/paged.json"))
