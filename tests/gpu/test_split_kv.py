@@ -114,20 +114,20 @@ def test_split_and_unsplit_agree_and_out_alone_is_right(seed):
 
 
 def test_a_strided_out_and_lse_get_the_merge(seed):
-    """out a (b, 1, h, d) projection's view, lse a column of a wider buffer: the merge writes
-    through their strides and nothing around them."""
+    """out a (b, 1, h, d) projection's view, lse the first column of a wider buffer (cuDNN wants a
+    16-byte aligned start): the merge writes through their strides and nothing around them."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     lengths = [2048, 1500]
     q, k_cache, v_cache, table = _paged(gen, 2, 16, 4, 64, lengths, torch.bfloat16, columns=256)
     buffer = torch.full((2, 1, 16, 96), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = buffer[..., :64].transpose(1, 2)
-    lse_buffer = torch.full((2, 16, 3), float("nan"), device="cuda")
-    lse = lse_buffer[..., 1:2]
+    lse_buffer = torch.full((2, 16, 4), float("nan"), device="cuda")
+    lse = lse_buffer[..., :1]
     stridedfa.sdpa_forward(q, k_cache, v_cache, out, lse=lse, block_table=table,
                            seqlens_kv=torch.tensor(lengths, device="cuda", dtype=torch.int32))
     ref_out, ref_lse = _reference(q, k_cache, v_cache, table, lengths)
     _check(out, lse, ref_out, ref_lse)
-    assert torch.isnan(buffer[..., 64:]).all() and torch.isnan(lse_buffer[..., 0]).all()
+    assert torch.isnan(buffer[..., 64:]).all() and torch.isnan(lse_buffer[..., 1:]).all()
 
 
 def test_sinks_are_weighed_in_by_the_merge(seed):
