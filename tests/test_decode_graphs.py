@@ -1,8 +1,8 @@
 """Decoding builds a bounded number of cuDNN graphs (issue 33 item 1), shown on fake CUDA tensors
 (no GPU) through the graph-cache key a call would use: calls with equal keys share one graph.
 
-With STRIDEDFA_DECODE_GRAPHS=bucketed (the tests set it; exact is the default until a GPU run
-verifies it), a decoding step -- a few queries against a cache one token longer than the last
+With STRIDEDFA_DECODE_GRAPHS=bucketed (the default since GPU run 63; the tests set it in case the
+environment chose exact), a decoding step -- a few queries against a cache one token longer than the last
 step's -- is described by heads (call_plan.cpp, plan_decode_by_heads): the key holds the keys' extent rounded up
 to a power of two and none of the strides that grow with the cache, so 1,000 steps of growing
 length build one graph per doubling of the cache.
@@ -117,16 +117,16 @@ def test_a_prompt_keeps_its_exact_graph():
     assert step_key(300, "head_major", s_q=17) != step_key(301, "head_major", s_q=17)
 
 
-def test_exact_decode_graphs_are_the_default_and_can_be_set_per_process():
-    """Until decoding by heads is verified on a GPU, a process plans decoding steps at their exact
-    extents (a graph per cache length) unless STRIDEDFA_DECODE_GRAPHS=bucketed."""
+def test_bucketed_decode_graphs_are_the_default_and_can_be_set_per_process():
+    """A process plans decoding steps by heads (one graph for a growing cache) unless
+    STRIDEDFA_DECODE_GRAPHS=exact asks for their exact extents (a graph per cache length)."""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_decode_graphs import step_key
         print(len({{step_key(n, "head_major") for n in range(300, 340)}}))
     """)
-    for setting, graphs in ((None, "40"), ("exact", "40"), ("bucketed", "1")):
+    for setting, graphs in ((None, "1"), ("exact", "40"), ("bucketed", "1")):
         env = {k: v for k, v in os.environ.items() if k != "STRIDEDFA_DECODE_GRAPHS"}
         if setting:
             env["STRIDEDFA_DECODE_GRAPHS"] = setting

@@ -63,11 +63,14 @@ def test_dropout_with_a_paged_cache_is_refused():
 
 @pytest.fixture(params=[False, True], ids=["exact", "bucketed"])
 def decode_graphs(request):
-    """Decode graphs exact (the default) or bucketed (STRIDEDFA_DECODE_GRAPHS=bucketed) for a test."""
-    before = _core._decode_graphs()
+    """Decode graphs bucketed (the default) or exact (STRIDEDFA_DECODE_GRAPHS=exact) for a test, with
+    split-KV off (its chunked graphs have keys of their own: tests/test_split_kv.py)."""
+    before, split_before = _core._decode_graphs(), _core._split_kv()
     _core._decode_graphs(request.param)
+    _core._split_kv(False)
     yield request.param
     _core._decode_graphs(before)
+    _core._split_kv(split_before)
 
 
 def test_the_key_holds_the_cache_and_table_layout_not_the_table_contents(decode_graphs):

@@ -149,10 +149,16 @@ def test_sinks_are_in_the_key_and_their_gradient_needs_them():
 
 
 def test_sinks_with_keys_no_row_sees_are_fine_and_not_sliced():
-    """Decoding against a long cache with a window: leading keys are cut, every row still sees a key,
-    so sinks are accepted (they are per head: the cut does not touch them)."""
-    k = _core._forward_graph_key(**forward(s_q=4, s_kv=256), causal=True, causal_alignment="bottom_right",
-                                 window=(31, None), sinks=t((H,), "float32"), cudnn_version=92600)
+    """Decoding against a long cache with a window, planned at its exact extents: leading keys are
+    cut, every row still sees a key, so sinks are accepted (they are per head: the cut does not touch
+    them). (Decoding by heads, the default, keeps the keys' power-of-two extent: test_decode_graphs.py.)"""
+    before = _core._decode_graphs()
+    _core._decode_graphs(False)
+    try:
+        k = _core._forward_graph_key(**forward(s_q=4, s_kv=256), causal=True, causal_alignment="bottom_right",
+                                     window=(31, None), sinks=t((H,), "float32"), cudnn_version=92600)
+    finally:
+        _core._decode_graphs(before)
     assert _seq_extents(k) == (4, 35)  # keys 221..255
     with pytest.raises(stridedfa.UnsupportedError, match="sinks"):
         _core._forward_graph_key(**forward(s_q=64, s_kv=16), causal=True, causal_alignment="bottom_right",

@@ -25,7 +25,7 @@ namespace {
 // or speculative decoding's and chunked prefill's few per step).
 constexpr int64_t kDecodeMaxQueries = 16;
 
-// -1: not read yet from STRIDEDFA_DECODE_GRAPHS; then 0 (exact) or 1 (bucketed).
+// -1: not read yet from STRIDEDFA_DECODE_GRAPHS; then 0 (exact) or 1 (bucketed, the default).
 std::atomic<int> decode_graphs_mode{-1};
 
 }  // namespace
@@ -35,7 +35,7 @@ bool decode_graphs_bucketed() {
   if (mode < 0) {
     const char* value = std::getenv("STRIDEDFA_DECODE_GRAPHS");
     int expected = -1;
-    decode_graphs_mode.compare_exchange_strong(expected, value && std::string(value) == "bucketed" ? 1 : 0);
+    decode_graphs_mode.compare_exchange_strong(expected, value && std::string(value) == "exact" ? 0 : 1);
     mode = decode_graphs_mode.load(std::memory_order_relaxed);
   }
   return mode == 1;
@@ -513,7 +513,7 @@ bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, con
     return false;
   const TensorView table = *plan.slots[kBlockTable];  // its declared (possibly bucketed) width
   const int64_t width = table.dims[2];
-  const int64_t chunks = split_kv_chunks(p.b, p.h_q, width * p.block_size);
+  const int64_t chunks = std::min(split_kv_chunks(p.b, p.h_q, width * p.block_size), width);
   if (chunks < 2) return false;
   SplitKv& split = plan.split;
   split.on = true;

@@ -13,8 +13,11 @@ constexpr int64_t kSplitTargetBlocks = 256;
 constexpr int64_t kSplitMinKeys = 256;  // below this a chunk's fixed cost outweighs its keys
 constexpr int64_t kSplitMaxChunks = 64;
 
-// -1: not read yet from STRIDEDFA_SPLIT_KV; then 0 (off) or 1 (auto).
+// -1: not read yet from STRIDEDFA_SPLIT_KV; then 0 (off) or 1 (auto, the default).
 std::atomic<int> split_kv_mode{-1};
+// Chunks every split call is cut into whatever the heuristic says (0: the heuristic's): benchmarks'
+// sweeps, which tune the heuristic.
+std::atomic<int64_t> forced_chunks{0};
 
 int64_t aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -25,7 +28,7 @@ bool split_kv_enabled() {
   if (mode < 0) {
     const char* value = std::getenv("STRIDEDFA_SPLIT_KV");
     int expected = -1;
-    split_kv_mode.compare_exchange_strong(expected, value && std::string(value) == "auto" ? 1 : 0);
+    split_kv_mode.compare_exchange_strong(expected, value && std::string(value) == "off" ? 0 : 1);
     mode = split_kv_mode.load(std::memory_order_relaxed);
   }
   return mode == 1;
@@ -33,7 +36,10 @@ bool split_kv_enabled() {
 
 void set_split_kv_enabled(bool enabled) { split_kv_mode.store(enabled ? 1 : 0); }
 
+void set_split_kv_chunks(int64_t chunks) { forced_chunks.store(chunks > 0 ? chunks : 0); }
+
 int64_t split_kv_chunks(int64_t batch, int64_t heads_q, int64_t keys) {
+  if (const int64_t forced = forced_chunks.load(std::memory_order_relaxed)) return forced;
   int64_t chunks = 1;
   while (chunks < kSplitMaxChunks && batch * heads_q * chunks < kSplitTargetBlocks &&
          keys / (2 * chunks) >= kSplitMinKeys) {

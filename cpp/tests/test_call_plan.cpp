@@ -30,6 +30,14 @@ CallOperands forward(int64_t s_q, int64_t s_kv) {
   return a;
 }
 
+// Decoding planned at its exact extents for one test case (STRIDEDFA_DECODE_GRAPHS=exact): the
+// cases of the exact plan's own rules, which decoding by heads (the default) would take over.
+struct ExactDecodeGraphs {
+  bool before = decode_graphs_bucketed();
+  ExactDecodeGraphs() { set_decode_graphs_bucketed(false); }
+  ~ExactDecodeGraphs() { set_decode_graphs_bucketed(before); }
+};
+
 // Validates, then plans, as prepare_call does.
 struct Planned {
   OperandViews operands;
@@ -82,6 +90,7 @@ TEST_CASE("padding lengths: the rows of empty sequences get their values after c
 }
 
 TEST_CASE("one query row with sinks is described as two rows at one address (cuDNN refuses s_q = 1)") {
+  const ExactDecodeGraphs exact;
   CallOperands args = forward(1, 40);
   args.slot[kSinks] = view("sinks", {4}, kF32, kBase + 6 * kMiB);
   const Planned p(args, SdpaOptions{});
@@ -95,6 +104,7 @@ TEST_CASE("one query row with sinks is described as two rows at one address (cuD
 }
 
 TEST_CASE("one query row with sinks and ALiBi is refused by name (the two rows' distances differ)") {
+  const ExactDecodeGraphs exact;
   CallOperands args = forward(1, 40);
   args.slot[kSinks] = view("sinks", {4}, kF32, kBase + 6 * kMiB);
   args.slot[kAlibiSlopes] = view("alibi_slopes", {4}, kF32, kBase + 7 * kMiB);
@@ -196,8 +206,8 @@ TEST_CASE("a decoding loop of 1,000 growing cache lengths declares one problem p
   }
 }
 
-TEST_CASE("exact decode graphs (the default until a GPU run verifies the bucketed ones) plan decoding exactly") {
-  set_decode_graphs_bucketed(false);
+TEST_CASE("exact decode graphs (STRIDEDFA_DECODE_GRAPHS=exact) plan decoding exactly") {
+  const ExactDecodeGraphs exact;
   const Planned p(decode(1, 300), SdpaOptions{});
   CHECK_FALSE(p.plan.ragged.on);
   CHECK(p.plan.slots[kK]->dims[2] == 300);
@@ -338,7 +348,7 @@ TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fi
   CHECK(sinks.plan.split.sinks == kBase + 12 * kMiB);  // weighed in by the merge ...
   CHECK(sinks.plan.slots[kSinks] == nullptr);          // ... so not by cuDNN
   set_split_kv_enabled(false);
-  CHECK_FALSE(Planned(paged_decode(1, 512), SdpaOptions{}).plan.split.on);  // STRIDEDFA_SPLIT_KV unset: off
+  CHECK_FALSE(Planned(paged_decode(1, 512), SdpaOptions{}).plan.split.on);  // STRIDEDFA_SPLIT_KV=off
 }
 
 TEST_CASE("decoding by heads with sinks: the graph runs without them and the launch folds them in") {

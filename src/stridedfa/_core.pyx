@@ -46,7 +46,7 @@ from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOper
                              pool_stats, PoolStats, prepare_call, PreparedCall,  # no-cython-lint
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint
                              set_decode_graphs_bucketed, set_error_translator, set_libraries, set_split_kv_enabled,  # no-cython-lint
-                             split_kv_enabled,  # no-cython-lint
+                             set_split_kv_chunks, split_kv_enabled,  # no-cython-lint
                              stream_wait_stream,  # no-cython-lint
                              TensorView, to_core_axes, trim_pools, validate_call,  # no-cython-lint
                              validate_options, view_from_dltensor, quirk_applies_named)  # no-cython-lint

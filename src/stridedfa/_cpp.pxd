@@ -210,6 +210,7 @@ cdef extern from "stridedfa/call_plan.hpp" namespace "stridedfa" nogil:
 cdef extern from "stridedfa/split_kv.hpp" namespace "stridedfa" nogil:
     cbool split_kv_enabled()
     void set_split_kv_enabled(cbool enabled)
+    void set_split_kv_chunks(int64_t chunks)
 
 
 cdef extern from "stridedfa/graph_cache.hpp" namespace "stridedfa" nogil:

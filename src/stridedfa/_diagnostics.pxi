@@ -70,18 +70,22 @@ def _set_cache_capacity(size_t capacity):
 def _decode_graphs(bucketed=None):
     """Whether decoding calls get graphs a growing cache reuses (decoding by heads, a paged table's
     bucketed width) rather than graphs of their exact extents; with ``bucketed`` set it first (for
-    tests and benchmarks; the process default is STRIDEDFA_DECODE_GRAPHS=bucketed or exact)."""
+    tests and benchmarks; the process default is STRIDEDFA_DECODE_GRAPHS=bucketed, the default, or exact)."""
     if bucketed is not None:
         set_decode_graphs_bucketed(bool(bucketed))
     return decode_graphs_bucketed()
 
 
-def _split_kv(enabled=None):
+def _split_kv(enabled=None, chunks=None):
     """Whether paged decoding calls may be split over their keys and merged by their log-sum-exp
     (split_kv.hpp); with ``enabled`` set it first (for tests and benchmarks; the process default is
-    STRIDEDFA_SPLIT_KV=auto or off)."""
+    STRIDEDFA_SPLIT_KV=auto, the default, or off). ``chunks``: cut every split-able call into that
+    many chunks (at most one per block of its table; 1: never split), 0 for the heuristic's choice
+    (benchmarks' sweeps, which tune the heuristic)."""
     if enabled is not None:
         set_split_kv_enabled(bool(enabled))
+    if chunks is not None:
+        set_split_kv_chunks(int(chunks))
     return split_kv_enabled()
 
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True)
 def bucketed():
-    """Decode graphs bucketed (STRIDEDFA_DECODE_GRAPHS=bucketed: not yet the default)."""
+    """Decode graphs bucketed (the default; set in case the environment chose exact)."""
     before = stridedfa._core._decode_graphs()
     stridedfa._core._decode_graphs(True)
     yield

@@ -57,7 +57,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
 
 // Whether decoding calls get graphs that a growing cache reuses (decoding by heads, a paged
 // table's bucketed width: call_plan.cpp) or graphs of their exact extents (one per cache length).
-// STRIDEDFA_DECODE_GRAPHS=bucketed turns it on; exact (the default) until it is verified on a GPU.
+// STRIDEDFA_DECODE_GRAPHS=bucketed (the default since GPU run 63 verified it) or exact.
 // The setter is for tests and benchmarks; graphs of either kind have keys of their own.
 bool decode_graphs_bucketed();
 void set_decode_graphs_bucketed(bool bucketed);

@@ -15,10 +15,13 @@
 
 namespace stridedfa {
 
-// Whether paged decoding calls may be split (STRIDEDFA_SPLIT_KV=auto; off, the default, until a GPU
-// run verifies it). The setter is for tests and benchmarks; split graphs have keys of their own.
+// Whether paged decoding calls may be split (STRIDEDFA_SPLIT_KV=auto, the default, or off). The
+// setter is for tests and benchmarks; split graphs have keys of their own.
 bool split_kv_enabled();
 void set_split_kv_enabled(bool enabled);
+// Benchmarks' sweeps: every split-able call cut into `chunks` (at most one per block of its table;
+// 1: none), 0 for the heuristic's choice.
+void set_split_kv_chunks(int64_t chunks);
 
 // How many chunks (a power of two, 1: no split) a decoding call of `batch` entries x `heads_q` query
 // heads over at most `keys` keys per entry is cut into: enough thread blocks for two waves of a large
