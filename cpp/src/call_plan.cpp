@@ -218,6 +218,23 @@ void one_query_one_key_backward(Plan& plan) {
   plan.unmasked = true;  // every row of the fold sees the one key, whatever the mask said
 }
 
+// One query row that sees every key of its (sub-)problem needs no mask, and cuDNN runs a one-row
+// graph over a dense or paged cache with its fast decoding kernel only when it has none (padding
+// lengths allowed): with a causal mask the same call takes the general kernel, 9x slower at 8k keys
+// (GPU run 64: a paged b1 x 8k step 180 -> 19 µs, a dense one at 7,000 keys 111 -> 12 µs). Without
+// lengths, restrict_to has already cut the keys to the interval the row sees; with them, the row
+// sees all of its sequence's keys unless a left bound cuts the oldest or a top-left diagonal the
+// newest. ALiBi's distances and dropout's mask follow the indices cuDNN sees: they keep the mask.
+void one_row_sees_every_key(GraphOp op, const SdpaOptions& options, bool has_lengths, Plan& plan) {
+  if (op != GraphOp::forward || plan.nothing_for_cudnn || plan.problem.s_q != 1) return;
+  if (plan.slots[kAlibiSlopes] || plan.slots[kRngState]) return;
+  if (has_lengths) {
+    if (options.left_bound() != SdpaOptions::kUnbounded) return;
+    if (options.right_bound() != SdpaOptions::kUnbounded && options.alignment != CausalAlignment::bottom_right) return;
+  }
+  plan.unmasked = true;
+}
+
 // Quirk sinks_with_one_query: cuDNN refuses attention sinks with one query row ("decode only mode
 // ... not supported with sink_token"): every decoding step of a model with sinks (gpt-oss). Under a mask that leaves
 // the one row all of the sub-problem's keys, the row is described twice -- q, out and lse get a query axis of 2 with
@@ -611,6 +628,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     fill_empty_rows_after(op, operands, operands, plan);
     if (!operands[kSeqLensQ]) make_lengths(plan, kSeqLensQ, problem.s_q);
     if (!operands[kSeqLensKV]) make_lengths(plan, kSeqLensKV, problem.s_kv);
+    one_row_sees_every_key(op, options, true, plan);
     one_query_with_sinks(op, options, true, plan);
     return;
   }
@@ -639,6 +657,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     make_lengths(plan, kSeqLensQ, plan.problem.s_q);
     make_lengths(plan, kSeqLensKV, plan.problem.s_kv);
   }
+  one_row_sees_every_key(op, options, false, plan);
   one_query_with_sinks(op, options, false, plan);
 }
 

@@ -13,7 +13,7 @@ constexpr int64_t kSplitTargetBlocks = 256;
 constexpr int64_t kSplitMinKeys = 256;  // below this a chunk's fixed cost outweighs its keys
 constexpr int64_t kSplitMaxChunks = 64;
 
-// -1: not read yet from STRIDEDFA_SPLIT_KV; then 0 (off) or 1 (auto, the default).
+// -1: not read yet from STRIDEDFA_SPLIT_KV; then 0 (off, the default) or 1 (auto).
 std::atomic<int> split_kv_mode{-1};
 // Chunks every split call is cut into whatever the heuristic says (0: the heuristic's): benchmarks'
 // sweeps, which tune the heuristic.
@@ -28,7 +28,7 @@ bool split_kv_enabled() {
   if (mode < 0) {
     const char* value = std::getenv("STRIDEDFA_SPLIT_KV");
     int expected = -1;
-    split_kv_mode.compare_exchange_strong(expected, value && std::string(value) == "off" ? 0 : 1);
+    split_kv_mode.compare_exchange_strong(expected, value && std::string(value) == "auto" ? 1 : 0);
     mode = split_kv_mode.load(std::memory_order_relaxed);
   }
   return mode == 1;

@@ -348,7 +348,7 @@ TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fi
   CHECK(sinks.plan.split.sinks == kBase + 12 * kMiB);  // weighed in by the merge ...
   CHECK(sinks.plan.slots[kSinks] == nullptr);          // ... so not by cuDNN
   set_split_kv_enabled(false);
-  CHECK_FALSE(Planned(paged_decode(1, 512), SdpaOptions{}).plan.split.on);  // STRIDEDFA_SPLIT_KV=off
+  CHECK_FALSE(Planned(paged_decode(1, 512), SdpaOptions{}).plan.split.on);  // STRIDEDFA_SPLIT_KV unset or off
 }
 
 TEST_CASE("decoding by heads with sinks: the graph runs without them and the launch folds them in") {
@@ -377,4 +377,37 @@ TEST_CASE("decoding by heads with sinks: the graph runs without them and the lau
   CHECK(given.plan.sink_fold.lse.data == kBase + 5 * kMiB);  // read, then overwritten, row by row
   CHECK(given.plan.slots[kLse]->data == kBase + 5 * kMiB);
   CHECK(given.plan.sink_fold.scratch_bytes() == 0);
+}
+
+TEST_CASE("one query row that sees every key is planned without a mask (cuDNN's fast decoding kernel)") {
+  const ExactDecodeGraphs exact;
+  SdpaOptions bottom_right;
+  bottom_right.causal = true;
+  bottom_right.alignment = CausalAlignment::bottom_right;
+  CHECK(Planned(decode(1, 300), bottom_right).plan.unmasked);
+  CHECK_FALSE(Planned(decode(2, 300), bottom_right).plan.unmasked);  // the first row misses the newest key
+
+  SdpaOptions top_left;
+  top_left.causal = true;  // without lengths: the keys are cut to the one the row sees
+  const Planned cut(decode(1, 300), top_left);
+  CHECK(cut.plan.unmasked);
+  CHECK(cut.plan.problem.s_kv == 1);
+
+  SdpaOptions window = bottom_right;
+  window.window_left = 31;  // without lengths: cut to the window's 32 keys
+  const Planned windowed(decode(1, 300), window);
+  CHECK(windowed.plan.unmasked);
+  CHECK(windowed.plan.problem.s_kv == 32);
+
+  // With padding lengths nothing is cut on the host: only a mask that leaves the row every real key goes.
+  const bool split_before = split_kv_enabled();
+  set_split_kv_enabled(false);
+  CHECK(Planned(paged_decode(1, 512), bottom_right).plan.unmasked);
+  CHECK(Planned(paged_decode(1, 512), SdpaOptions{}).plan.unmasked);
+  CHECK_FALSE(Planned(paged_decode(1, 512), top_left).plan.unmasked);
+  CHECK_FALSE(Planned(paged_decode(1, 512), window).plan.unmasked);
+  set_split_kv_enabled(split_before);
+  CallOperands alibi = decode(1, 300);
+  alibi.slot[kAlibiSlopes] = view("alibi_slopes", {8}, kF32, kBase + 12 * kMiB);
+  CHECK_FALSE(Planned(alibi, bottom_right).plan.unmasked);  // its distances follow the alignment
 }

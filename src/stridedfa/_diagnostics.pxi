@@ -79,7 +79,7 @@ def _decode_graphs(bucketed=None):
 def _split_kv(enabled=None, chunks=None):
     """Whether paged decoding calls may be split over their keys and merged by their log-sum-exp
     (split_kv.hpp); with ``enabled`` set it first (for tests and benchmarks; the process default is
-    STRIDEDFA_SPLIT_KV=auto, the default, or off). ``chunks``: cut every split-able call into that
+    STRIDEDFA_SPLIT_KV=auto or off, the default). ``chunks``: cut every split-able call into that
     many chunks (at most one per block of its table; 1: never split), 0 for the heuristic's choice
     (benchmarks' sweeps, which tune the heuristic)."""
     if enabled is not None:

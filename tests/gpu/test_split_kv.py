@@ -1,4 +1,4 @@
-"""Split-KV paged decoding (issue 33 item 2; STRIDEDFA_SPLIT_KV=auto, the default, which these tests set): at
+"""Split-KV paged decoding (issue 33 item 2; STRIDEDFA_SPLIT_KV=auto, which these tests set): at
 small batch a paged decoding step is cut into chunks of its keys, each a sequence of a larger paged
 problem, and the chunks' partial outputs are merged by their log-sum-exp. Outputs and lse poisoned
 with NaN, compared with the float64 reference on fresh data: entries whose keys end inside a chunk,

@@ -15,8 +15,12 @@
 
 namespace stridedfa {
 
-// Whether paged decoding calls may be split (STRIDEDFA_SPLIT_KV=auto, the default, or off). The
-// setter is for tests and benchmarks; split graphs have keys of their own.
+// Whether paged decoding calls may be split (STRIDEDFA_SPLIT_KV=auto; off by default). GPU run 64
+// (H100, cuDNN 9.19): once a one-query step is planned without a mask (call_plan.cpp,
+// one_row_sees_every_key), cuDNN's own decoding kernel is as fast unsplit as split at every batch
+// and cache length measured (b1 x 8k: 19.0 µs unsplit, 19.0-20.7 split; b1 x 1k: 13.1 vs 13.3-14.5),
+// so splitting stays off; it was the causal mask that made the unsplit step slow. The setter is
+// for tests and benchmarks; split graphs have keys of their own.
 bool split_kv_enabled();
 void set_split_kv_enabled(bool enabled);
 // Benchmarks' sweeps: every split-able call cut into `chunks` (at most one per block of its table;
