@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU run 65 (stop 44): one-query decoding steps unmasked (call_plan.cpp one_row_sees_every_key) and
 # split-KV off by default: the decoding, paged, variant and bit-exactness tests; then bench_paged,
-# probe64.py (the mask's cost, before/after on one card) and bench_decode_lengths.
+# probe64.py (the mask's cost, on this card), probe65.py (a dense cache as paged blocks) and bench_decode_lengths.
 set -u
 repo=$(pwd)
 pack() { (cd "$OUT" && tar czf /tmp/r.tgz --exclude=r.tgz . && mv /tmp/r.tgz r.tgz); }
@@ -22,6 +22,7 @@ for r in d["rows"]:
           r3(g.get("torch_sdpa_gathered_us")), r3(g.get("share_of_ceiling")), r.get("error", ""))
 print({k: v for k, v in d.items() if k.startswith("issue")})
 PY
-(cd /tmp && timeout 60 python3 $repo/ci/results/2026-12-07-stop44/probe64.py > $OUT/probe64.log 2>&1); echo "probe rc $?"; cat $OUT/probe64.log | cut -c1-400; pack
+(cd /tmp && timeout 60 python3 $repo/ci/results/2026-12-07-run64/probe64.py > $OUT/probe64.log 2>&1); echo "probe rc $?"; cat $OUT/probe64.log | cut -c1-400; pack
+(cd /tmp && timeout 60 python3 $repo/ci/results/2026-12-07-stop44/probe65.py > $OUT/probe65.log 2>&1); echo "probe65 rc $?"; cut -c1-600 $OUT/probe65.log; pack
 timeout 90 python3 benchmarks/bench_decode_lengths.py --out $OUT/decode --quick > $OUT/decode.log 2>&1; echo "decode bench rc $?"; grep -E "^\||graphs built" $OUT/decode.log | tail -14
 pack; ls $OUT
