@@ -143,17 +143,18 @@ def chunk_sweep(points, warmup, iters):
     (batch, cache length), with SDPA's beside it."""
     sweep = []
     for batch, length in points:
-        cache, k_cache, v_cache, table, lengths, q = paged_inputs(batch, length, 1)
+        _, k_cache, v_cache, table, lengths, q = paged_inputs(batch, length, 1)
+
+        def step(q=q, k_cache=k_cache, v_cache=v_cache, table=table, lengths=lengths):
+            return st.attention_with_kvcache(q, k_cache, v_cache, table, lengths)
         entry = {"batch": batch, "cache_length": length, "us_by_chunks": {}}
         for chunks in (1, 2, 4, 8, 16, 32, 64, 128):
             if chunks > table.shape[1]:
                 break
             stridedfa._core._split_kv(True, chunks=chunks)
-            entry["us_by_chunks"][chunks] = graphed_us(
-                lambda: st.attention_with_kvcache(q, k_cache, v_cache, table, lengths), warmup, iters)
+            entry["us_by_chunks"][chunks] = graphed_us(step, warmup, iters)
         stridedfa._core._split_kv(True, chunks=0)
-        entry["heuristic_us"] = graphed_us(lambda: st.attention_with_kvcache(q, k_cache, v_cache, table, lengths),
-                                           warmup, iters)
+        entry["heuristic_us"] = graphed_us(step, warmup, iters)
         print(entry, flush=True)
         sweep.append(entry)
         torch.cuda.empty_cache()

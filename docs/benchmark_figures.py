@@ -135,8 +135,8 @@ def fig_paged_bench(out):
     path = newest("*/paged.json")
     data = json.loads(path.read_text())
     cfg, rows = data["config"], data["rows"]
-    labels = [f"b={r['batch']}, {r['cache_length']}\n{r.get('queries', 1)} quer{'y' if r.get('queries', 1) == 1 else 'ies'}"
-              for r in rows]
+    labels = [f"b={r['batch']}, {r['cache_length']}\n{r.get('queries', 1)} "
+              f"quer{'y' if r.get('queries', 1) == 1 else 'ies'}" for r in rows]
     best_us = [min(r["stridedfa_paged_us"], r.get("stridedfa_split_us", math.inf)) for r in rows]
     best_share = [max(r["share_of_ceiling"], r.get("split_share_of_ceiling", 0.0)) for r in rows]
     x = np.arange(len(rows))

@@ -1,7 +1,8 @@
 """Split-KV paged decoding (split_kv.hpp), shown on fake CUDA tensors (no GPU) through the graph key
 a call would use: with STRIDEDFA_SPLIT_KV=auto (off by default since GPU run 64 showed cuDNN's
-unmasked one-query kernel as fast unsplit; these tests set it) a paged decoding step at small batch is planned as chunks of its keys -- another
-graph than the unsplit one -- whose key does not follow the cache's lengths, only the table's width.
+unmasked one-query kernel as fast unsplit; these tests set it) a paged decoding step at small batch
+is planned as chunks of its keys -- another graph than the unsplit one -- whose key does not follow
+the cache's lengths, only the table's width.
 """
 
 from __future__ import annotations
