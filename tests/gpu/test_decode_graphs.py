@@ -227,3 +227,26 @@ def test_sinks_fold_at_the_edges(seed):
         ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, sinks=_np(sinks), **mask)
         _check(out, lse, ref_out, ref_lse)
     assert stridedfa.cache_info()["builds"] - before <= 1
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("lengths", [None, [333, 1, 0]], ids=["full", "lengths"])
+def test_one_query_planned_unmasked_matches_the_reference(mask, lengths, seed):
+    """The exact plan of a one-query step (STRIDEDFA_DECODE_GRAPHS=exact): a mask that leaves the row
+    every key is dropped for cuDNN's fast one-query kernel (call_plan.cpp, one_row_sees_every_key);
+    without lengths a window or top-left diagonal first cuts the keys to the ones the row sees. With
+    padding lengths (0 and 1 among them) only masks that keep every real key are dropped."""
+    if lengths and ("window" in mask or (mask.get("causal") and "causal_alignment" not in mask)):
+        pytest.skip("padding lengths with a window or top-left causal: the row's keys are decided per sequence")
+    stridedfa._core._decode_graphs(False)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, h_q, h_kv, length, d = 3, 8, 2, 333, 64
+    q = torch.randn(b, h_q, 1, d, generator=gen, device="cuda").bfloat16()
+    k, v = (_cache(gen, b, h_kv, length, d, "head_major") for _ in range(2))
+    out = torch.full((b, h_q, 1, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((b, h_q, 1), float("nan"), device="cuda")
+    extra = {} if lengths is None else {"seqlens_kv": torch.tensor(lengths, device="cuda", dtype=torch.int32)}
+    stridedfa.sdpa_forward(q, k, v, out, lse=lse, **mask, **extra)
+    ref_extra = {} if lengths is None else {"seqlens_kv": np.array(lengths)}
+    ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, **mask, **ref_extra)
+    _check(out, lse, ref_out, ref_lse)
