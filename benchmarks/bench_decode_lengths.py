@@ -1,12 +1,13 @@
 """What a new cache length costs a decoding step (issue 33 item 1): stridedfa's decoding by heads
 (STRIDEDFA_DECODE_GRAPHS=bucketed: one graph per doubling of the cache) against its exact plan
-(STRIDEDFA_DECODE_GRAPHS=exact, the default: a graph per length) and torch's SDPA, in one run.
+(STRIDEDFA_DECODE_GRAPHS=exact: a graph per length; bucketed is the default) and torch's SDPA, in one run.
 
 Per batch size and cache length L (GQA 32/8, head dim 128, bf16, one query, causal bottom-right,
 transformers' head-major dynamic cache: a fresh (b, 8, L, 128) tensor per step):
   - first call at a length never seen (ms, graphs built): what the first step of a new length
     costs, build included;
-  - steady state (µs per call, back to back, synchronised once at the end), against SDPA;
+  - steady state (µs per call, back to back, synchronised once at the end), against SDPA, and
+    replayed from a CUDA graph (GPU time alone: decode_timing.py);
   - a decoding loop of 1,000 steps of growing length from 500 (the exact plan: 100 steps, a build
     each): graphs built and seconds.
 The exact plan runs in a child process (the switch is read once per process). A script, never a test.
@@ -29,6 +30,7 @@ H_Q, H_KV, D = 32, 8, 128
 
 def measure(batches, lengths, loop_steps, iters):
     import torch
+    from decode_timing import graphed_us
     import torch.nn.functional as F
 
     import stridedfa
@@ -63,9 +65,14 @@ def measure(batches, lengths, loop_steps, iters):
             first_ms = (time.perf_counter() - began) * 1e3
             built = builds() - before
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+            def mine(q=q, k=k, v=v):
+                return st.attention(q, k, v, **options)
+
+            def sdpa(q=q, k=k, v=v):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             rows.append({"b": b, "L": length, "first_call_ms": first_ms, "first_call_builds": built,
-                         "steady_us": steady(st.attention, q, k, v, **options),
-                         "sdpa_steady_us": steady(F.scaled_dot_product_attention, q, k, v, enable_gqa=True),
+                         "steady_us": steady(mine), "sdpa_steady_us": steady(sdpa),
+                         "graphed_us": graphed_us(mine, 3, 20), "sdpa_graphed_us": graphed_us(sdpa, 3, 20),
                          "max_error": (out.float() - ref).abs().max().item()})
             print(json.dumps(rows[-1]), flush=True)
     q = torch.randn(1, H_Q, 1, D, generator=gen, device=dev, dtype=dt)
@@ -83,12 +90,17 @@ def measure(batches, lengths, loop_steps, iters):
 
 
 def table(by_heads, exact):
+    def us(row, name):
+        value = row.get(name)
+        return f"{value:.1f}" if isinstance(value, float) else "-"
+
     lines = ["| b | L | first call ms (builds): by heads | exact | steady µs: by heads | exact | SDPA "
-             "| by heads / SDPA |", "|---|---|---|---|---|---|---|---|"]
+             "| by heads / SDPA | CUDA graph µs: by heads | exact | SDPA |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for h, e in zip(by_heads["rows"], exact["rows"]):
         lines.append(f"| {h['b']} | {h['L']} | {h['first_call_ms']:.1f} ({h['first_call_builds']}) | "
                      f"{e['first_call_ms']:.1f} ({e['first_call_builds']}) | {h['steady_us']:.1f} | "
-                     f"{e['steady_us']:.1f} | {h['sdpa_steady_us']:.1f} | {h['steady_us'] / h['sdpa_steady_us']:.2f} |")
+                     f"{e['steady_us']:.1f} | {h['sdpa_steady_us']:.1f} | {h['steady_us'] / h['sdpa_steady_us']:.2f} | "
+                     f"{us(h, 'graphed_us')} | {us(e, 'graphed_us')} | {us(h, 'sdpa_graphed_us')} |")
     for name, run in (("by heads", by_heads), ("exact", exact)):
         loop = run["loop"]
         lines.append(f"\n{name}: {loop['steps']} decoding steps of growing length from {loop['from']}: "

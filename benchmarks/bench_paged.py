@@ -23,43 +23,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from decode_timing import graphed_us, timed_us
 from provenance import provenance
 
 import stridedfa
 import stridedfa.torch as st
 
 H_Q, H_KV, D, BLOCK = 32, 8, 128, 16
-
-
-def timed_us(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / iters
-
-
-def graphed_us(fn, warmup, iters):
-    """µs per call replayed from one CUDA graph of `iters` calls (host time excluded), or why the
-    call could not be captured."""
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(iters):
-                fn()
-        return timed_us(graph.replay, 2, 5) / iters
-    except Exception as error:
-        return f"not captured: {type(error).__name__}: {error}"[:200]
 
 
 def paged_inputs(batch, length, queries):
