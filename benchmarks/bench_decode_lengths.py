@@ -30,8 +30,8 @@ H_Q, H_KV, D = 32, 8, 128
 
 def measure(batches, lengths, loop_steps, iters):
     import torch
-    from decode_timing import graphed_us
     import torch.nn.functional as F
+    from decode_timing import graphed_us
 
     import stridedfa
     import stridedfa.torch as st
