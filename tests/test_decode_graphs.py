@@ -66,6 +66,26 @@ def test_a_thousand_growing_decode_steps_build_at_most_eight_graphs(layout, lse)
     assert () not in keys
 
 
+@pytest.mark.parametrize("lse", [False, True])
+def test_one_query_steps_through_a_paged_view_build_one_graph_per_doubling(lse):
+    """STRIDEDFA_DECODE_GRAPHS=paged: a head-major cache's one-query steps described by heads as
+    one-token blocks of a paged problem (cuDNN's fast one-query kernel): the keys' extent and the
+    cache's rows are powers of two, so 1,000 growing steps still build a graph per doubling; other
+    caches keep the ragged form's keys."""
+    before = _core._decode_heads_paged()
+    _core._decode_heads_paged(True)
+    try:
+        paged = {step_key(length, "head_major", lse=lse) for length in range(100, 1100)}
+        token_major = {step_key(length, "token_major", lse=lse) for length in range(100, 1100)}
+        multi = {step_key(length, "head_major", s_q=5) for length in range(100, 1100)}
+    finally:
+        _core._decode_heads_paged(before)
+    assert len(paged) <= 8
+    assert paged.isdisjoint({step_key(length, "head_major", lse=lse) for length in range(100, 1100)})
+    assert token_major == {step_key(length, "token_major", lse=lse) for length in range(100, 1100)}
+    assert multi == {step_key(length, "head_major", s_q=5) for length in range(100, 1100)}
+
+
 @pytest.mark.parametrize("s_q", [2, 7, 16])
 def test_multi_token_decode_steps_build_one_graph_per_doubling(s_q):
     keys = {step_key(length, "head_major", s_q=s_q) for length in range(300, 1300)}

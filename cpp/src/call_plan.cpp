@@ -25,7 +25,8 @@ namespace {
 // or speculative decoding's and chunked prefill's few per step).
 constexpr int64_t kDecodeMaxQueries = 16;
 
-// -1: not read yet from STRIDEDFA_DECODE_GRAPHS; then 0 (exact) or 1 (bucketed, the default).
+// -1: not read yet from STRIDEDFA_DECODE_GRAPHS; then 0 (exact), 1 (bucketed, the default) or 2
+// (bucketed, one-query steps over head-major caches through a paged view).
 std::atomic<int> decode_graphs_mode{-1};
 
 }  // namespace
@@ -35,13 +36,26 @@ bool decode_graphs_bucketed() {
   if (mode < 0) {
     const char* value = std::getenv("STRIDEDFA_DECODE_GRAPHS");
     int expected = -1;
-    decode_graphs_mode.compare_exchange_strong(expected, value && std::string(value) == "exact" ? 0 : 1);
+    const std::string chosen = value ? value : "";
+    decode_graphs_mode.compare_exchange_strong(expected, chosen == "exact" ? 0 : chosen == "paged" ? 2 : 1);
     mode = decode_graphs_mode.load(std::memory_order_relaxed);
   }
-  return mode == 1;
+  return mode >= 1;
 }
 
 void set_decode_graphs_bucketed(bool bucketed) { decode_graphs_mode.store(bucketed ? 1 : 0); }
+
+bool decode_heads_paged() {
+  return decode_graphs_bucketed() && decode_graphs_mode.load(std::memory_order_relaxed) == 2;
+}
+
+void set_decode_heads_paged(bool paged) {
+  if (paged) {
+    decode_graphs_mode.store(2);
+  } else if (decode_graphs_mode.load() == 2) {
+    decode_graphs_mode.store(1);
+  }
+}
 
 namespace {
 
@@ -387,6 +401,110 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
 // decoding loop builds one graph per doubling of its cache. Returns false, leaving `plan` as it
 // was, for a call this does not describe (a backward, anything with a per-head or per-key operand,
 // dropout, offsets beyond 31 bits, or decode graphs not bucketed: decode_graphs_bucketed()).
+// Decoding by heads through a paged view (STRIDEDFA_DECODE_GRAPHS=paged; issue 33 item 1). The
+// ragged form below takes cuDNN 9.19's general kernel (GPU run 64); its fast one-query kernel runs
+// dense and paged layouts. A head-major cache -- each head's tokens whole rows apart, heads and
+// batch entries a whole number of rows apart, as transformers' dynamic cache has it -- is a paged
+// cache of one-token blocks: each (batch entry, key/value head) one sequence whose table lists its
+// head's rows (made at launch: stridedfa_heads_table), its query heads the sequence's heads. The
+// graph then holds the token stride, the keys' extent as a power of two and the cache's rows as a
+// power of two: nothing that grows with every step. One query, no sinks or caller's lengths.
+bool plan_decode_heads_paged(const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
+                             Plan& plan) {
+  if (!decode_heads_paged() || p.s_q != 1 || p.h_q < 2 || operands[kSinks] || operands[kSeqLensKV]) return false;
+  // The row must see every key: the lengths are then its whole mask (no window, no top-left diagonal).
+  if (options.left_bound() != SdpaOptions::kUnbounded) return false;
+  if (options.right_bound() != SdpaOptions::kUnbounded && options.alignment != CausalAlignment::bottom_right)
+    return false;
+  const TensorView& k = *operands[kK];
+  const TensorView& v = *operands[kV];
+  const int64_t group = p.h_q / p.h_kv;
+  int64_t rows[2][2];  // (k, v) x (batch, head): whole rows of each cache apart
+  const TensorView* caches[2] = {&k, &v};
+  for (int c = 0; c < 2; ++c) {
+    const TensorView& t = *caches[c];
+    const int64_t row = t.strides[2];
+    if (row <= 0 || t.strides[3] != 1) return false;
+    const int64_t batch = p.b > 1 ? t.strides[0] : 0, head = p.h_kv > 1 ? t.strides[1] : 0;
+    if (batch < 0 || head < 0 || batch % row != 0 || head % row != 0) return false;
+    rows[c][0] = batch / row;
+    rows[c][1] = head / row;
+  }
+  if (rows[0][0] != rows[1][0] || rows[0][1] != rows[1][1]) return false;  // one table for both
+  const int64_t cache_rows = (p.b - 1) * rows[0][0] + (p.h_kv - 1) * rows[0][1] + p.s_kv;
+  if (cache_rows > INT32_MAX) return false;
+  // q, out and lse: each batch entry's heads in a row of equal steps (the group's heads one
+  // sequence's), as (b, h, s, d) and (b, s, h, d) views of one token have them.
+  for (int s : {kQ, kO, kLse}) {
+    if (!operands[s]) continue;
+    const TensorView& t = *operands[s];
+    if (t.strides[1] <= 0 || (p.b > 1 && t.strides[0] != p.h_q * t.strides[1])) return false;
+  }
+  const int64_t sequences = p.b * p.h_kv;
+  const int64_t width = power_of_two_bucket(p.s_kv, 128);
+  HeadsTable& table = plan.heads_table;
+  table.on = true;
+  table.rows = sequences;
+  table.width = width;
+  table.heads_kv = p.h_kv;
+  table.batch_rows = rows[0][0];
+  table.head_rows = rows[0][1];
+  table.length = p.s_kv;
+  table.num_blocks = cache_rows;
+  plan.problem.b = sequences;
+  plan.problem.h_q = group;
+  plan.problem.h_kv = 1;
+  plan.problem.s_kv = width;
+  plan.problem.paged = true;
+  plan.problem.block_size = 1;
+  plan.problem.blocks = width;
+  plan.problem.num_blocks = power_of_two_bucket(cache_rows, 1024);  // declared: what the ids may reach
+  plan.unmasked = true;  // the one query sees all its head's keys: the lengths are the whole mask
+  for (int s : {kQ, kO, kLse}) {
+    if (!operands[s]) continue;
+    const TensorView& given = *operands[s];
+    TensorView& view = set_view(plan, s, given);
+    const int64_t head = given.strides[1];
+    view.dims[0] = sequences;
+    view.dims[1] = group;
+    view.dims[2] = 1;
+    view.strides[0] = group * head;
+    view.strides[1] = head;
+    view.strides[2] = group * head;  // one token: any stride; described as following the heads
+  }
+  for (int s : {kK, kV}) {
+    const TensorView& given = *operands[s];
+    TensorView& view = set_view(plan, s, given);
+    const int64_t row = given.strides[2];
+    view.dims[0] = plan.problem.num_blocks;
+    view.dims[1] = 1;
+    view.dims[2] = 1;
+    view.strides[0] = row;
+    view.strides[1] = row;
+    view.strides[2] = row;
+  }
+  TensorView made_table;
+  made_table.name = kOperands[kBlockTable].name;
+  made_table.present = true;
+  made_table.ndim = 4;
+  made_table.dtype = DLDataType{kDLInt, 32, 1};
+  made_table.device_type = kDLCUDA;
+  made_table.device_id = p.device;
+  made_table.data = 0;  // the launch's scratch
+  made_table.dims[0] = sequences;
+  made_table.dims[1] = 1;
+  made_table.dims[2] = width;
+  made_table.dims[3] = 1;
+  made_table.strides[0] = width;
+  made_table.strides[1] = width;
+  made_table.strides[2] = 1;
+  made_table.strides[3] = 1;
+  set_view(plan, kBlockTable, made_table);
+  make_lengths(plan, kSeqLensQ, 1);
+  make_lengths(plan, kSeqLensKV, p.s_kv);
+  return true;
+}
+
 bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                           const Visibility& seen, int64_t cudnn_version, Plan& plan) {
   if (op != GraphOp::forward || p.ragged || p.paged || !decode_graphs_bucketed()) return false;
@@ -403,6 +521,7 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
   // sinks (an empty sequence's fills would go to the statistics the fold reads, not the caller's).
   if (operands[kSeqLensKV] && (p.s_q != 1 || operands[kSinks])) return false;
   if (seen.row_begin != 0 || seen.row_end != p.s_q) return false;  // every row sees a key: no fills
+  if (plan_decode_heads_paged(p, options, operands, plan)) return true;
   // With sinks and no lse asked for, the statistics the fold reads go to a packed scratch.
   const TensorView* given_operands[kNumSlots];
   std::copy(operands, operands + kNumSlots, given_operands);

@@ -28,7 +28,7 @@ constexpr int kMaxDevices = 64;
 // The kernels, loaded once per device into its primary context (the driver JIT-compiles the PTX).
 struct Kernels {
   CUfunction offsets = nullptr, heads_offsets = nullptr, clamp_blocks = nullptr, empty_rows = nullptr;
-  CUfunction split_inputs = nullptr, split_merge = nullptr, fold_sinks = nullptr;
+  CUfunction split_inputs = nullptr, split_merge = nullptr, fold_sinks = nullptr, heads_table = nullptr;
   bool ready = false;  // set once every function was found (a failed lookup is retried, not half-used)
 };
 
@@ -56,6 +56,8 @@ const Kernels& kernels(int32_t device) {
                  "cuModuleGetFunction (stridedfa_split_merge)");
     check_driver(d.module_get_function(&k.fold_sinks, module, "stridedfa_fold_sinks"),
                  "cuModuleGetFunction (stridedfa_fold_sinks)");
+    check_driver(d.module_get_function(&k.heads_table, module, "stridedfa_heads_table"),
+                 "cuModuleGetFunction (stridedfa_heads_table)");
     k.ready = true;
   }
   return k;
@@ -121,6 +123,16 @@ void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t widt
   unsigned int blocks = unsigned(num_blocks), out_cols = unsigned(width);
   void* params[] = {&in, &packed, &rows, &cols, &row_stride, &blocks, &out_cols};
   launch(kernel, table.dims[0] * width, params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
+}
+
+void make_heads_table(const HeadsTable& t, int32_t device, void* out, std::uintptr_t stream) {
+  CUfunction kernel = kernels(device).heads_table;
+  unsigned long long table = reinterpret_cast<std::uintptr_t>(out);
+  unsigned int rows = unsigned(t.rows), width = unsigned(t.width), heads_kv = unsigned(t.heads_kv);
+  unsigned int batch_rows = unsigned(t.batch_rows), head_rows = unsigned(t.head_rows);
+  unsigned int length = unsigned(t.length), num_blocks = unsigned(t.num_blocks);
+  void* params[] = {&table, &rows, &width, &heads_kv, &batch_rows, &head_rows, &length, &num_blocks};
+  launch(kernel, t.rows * t.width, params, stream, "cuLaunchKernel (stridedfa_heads_table)");
 }
 
 void fill_empty_rows(const TensorView& t, RowLengths this_side, RowLengths other_side, std::uintptr_t ragged_offsets,

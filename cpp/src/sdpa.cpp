@@ -318,6 +318,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
     call.table_width = plan.slots[kBlockTable]->dims[2];
     call.num_blocks = problem.num_blocks;
   }
+  call.heads_table = plan.heads_table;
   call.split = plan.split;
   call.sink_fold = plan.sink_fold;
   if (plan.split.on) call.table_width = plan.split.chunks * plan.split.blocks_per_chunk;  // the entries' rows
@@ -452,7 +453,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   // The fills, copies and staging below are driver calls: once per call, the context made current.
   const bool memops = call.n_fills > 0 || call.n_copies > 0 || call.staged_lse_ptr >= 0 ||
                       call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0 || call.ragged.on || call.paged ||
-                      call.n_empty_rows > 0;
+                      call.heads_table.on || call.n_empty_rows > 0;
   if (memops) bind_device_context(call.problem.device);
   if (memops && bounds_check_enabled()) check_bounds(call, stream);  // before anything is written
   for (int i = 0; i < call.n_fills; ++i) fill_strided(call.fills[i].region, call.fills[i].pattern, stream);
@@ -474,6 +475,14 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       const int64_t entries = std::max<int64_t>(given.dims[0] * call.table_width, 1);
       table = pool_alloc(call.problem.device, entries * int64_t(sizeof(int32_t)), stream);
       clamp_block_table(given, call.num_blocks, call.table_width, call.problem.device, table, stream);
+      for (int side = 0; side < 2; ++side) {
+        if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
+      }
+    }
+    if (call.heads_table.on) {  // decoding by heads through a paged view: each head's rows
+      const HeadsTable& made = call.heads_table;
+      table = pool_alloc(call.problem.device, made.rows * made.width * int64_t(sizeof(int32_t)), stream);
+      make_heads_table(made, call.problem.device, table, stream);
       for (int side = 0; side < 2; ++side) {
         if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
       }

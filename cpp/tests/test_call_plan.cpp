@@ -411,3 +411,55 @@ TEST_CASE("one query row that sees every key is planned without a mask (cuDNN's 
   alibi.slot[kAlibiSlopes] = view("alibi_slopes", {8}, kF32, kBase + 12 * kMiB);
   CHECK_FALSE(Planned(alibi, bottom_right).plan.unmasked);  // its distances follow the alignment
 }
+
+TEST_CASE("decoding by heads through a paged view: one-token blocks of a head-major cache, a table made at launch") {
+  const BucketedDecodeGraphs bucketed;
+  set_decode_heads_paged(true);
+  SdpaOptions options;
+  options.causal = true;
+  options.alignment = CausalAlignment::bottom_right;
+  const Planned p(decode(1, 300), options);  // q (2, 8, 1, 64), cache (2, 2, 300, 64) head-major
+  REQUIRE(p.plan.heads_table.on);
+  CHECK_FALSE(p.plan.ragged.on);
+  CHECK(p.plan.unmasked);
+  CHECK(p.plan.problem.paged);
+  CHECK(p.plan.problem.b == 4);    // (batch entry, kv head) sequences
+  CHECK(p.plan.problem.h_q == 4);  // the group's query heads
+  CHECK(p.plan.problem.h_kv == 1);
+  CHECK(p.plan.problem.s_kv == 512);  // the keys' extent: a power of two
+  const HeadsTable& t = p.plan.heads_table;
+  CHECK(t.rows == 4);
+  CHECK(t.width == 512);
+  CHECK(t.batch_rows == 600);  // a batch entry: 2 heads x 300 rows
+  CHECK(t.head_rows == 300);
+  CHECK(t.length == 300);
+  CHECK(t.num_blocks == 1200);  // entry 1's head 1 ends at row 1199
+  const TensorView& k = *p.plan.slots[kK];
+  CHECK(k.dims[0] == 2048);  // the rows the ids may reach, a power of two
+  CHECK(k.dims[2] == 1);     // blocks of one token
+  CHECK(k.strides[0] == 64);
+  CHECK(k.data == p.operands.slots[kK]->data);
+  const TensorView& q = *p.plan.slots[kQ];
+  CHECK(q.dims[0] == 4);
+  CHECK(q.dims[1] == 4);
+  CHECK(q.strides[0] == 4 * q.strides[1]);
+  CHECK(p.plan.slots[kBlockTable]->dims[2] == 512);
+  CHECK(p.plan.made_lengths[1] == 300);
+
+  // Nothing in what the graph is built from follows the cache's length within a doubling.
+  const Planned longer(decode(1, 301), options);
+  CHECK(declared(longer.plan) == declared(p.plan));
+  // A token-major cache (a head one element, not whole rows, from the next) keeps the ragged form.
+  CHECK_FALSE(Planned(decode(1, 300, false), options).plan.heads_table.on);
+  // Several queries keep the ragged form, and so do masks that cut the one row's keys.
+  CHECK_FALSE(Planned(decode(2, 300), options).plan.heads_table.on);
+  SdpaOptions window = options;
+  window.window_left = 63;
+  CHECK_FALSE(Planned(decode(1, 300), window).plan.heads_table.on);
+  SdpaOptions top_left;
+  top_left.causal = true;
+  CHECK_FALSE(Planned(decode(1, 300), top_left).plan.heads_table.on);
+  CHECK(Planned(decode(1, 300), SdpaOptions{}).plan.heads_table.on);
+  set_decode_heads_paged(false);
+  CHECK_FALSE(Planned(decode(1, 300), options).plan.heads_table.on);
+}

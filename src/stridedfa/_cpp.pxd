@@ -205,6 +205,8 @@ cdef extern from "stridedfa/runtime.hpp" namespace "stridedfa" nogil:
 cdef extern from "stridedfa/call_plan.hpp" namespace "stridedfa" nogil:
     cbool decode_graphs_bucketed()
     void set_decode_graphs_bucketed(cbool bucketed)
+    cbool decode_heads_paged()
+    void set_decode_heads_paged(cbool paged)
 
 
 cdef extern from "stridedfa/split_kv.hpp" namespace "stridedfa" nogil:

@@ -76,6 +76,16 @@ def _decode_graphs(bucketed=None):
     return decode_graphs_bucketed()
 
 
+def _decode_heads_paged(paged=None):
+    """Whether a one-query decoding step over a head-major cache is described by heads through a
+    paged view of the cache (STRIDEDFA_DECODE_GRAPHS=paged: cuDNN's fast one-query kernel, which the
+    ragged form by heads does not get; unverified on a GPU, so not the default); with ``paged`` set
+    it first (for tests and benchmarks)."""
+    if paged is not None:
+        set_decode_heads_paged(bool(paged))
+    return decode_heads_paged()
+
+
 def _split_kv(enabled=None, chunks=None):
     """Whether paged decoding calls may be split over their keys and merged by their log-sum-exp
     (split_kv.hpp); with ``enabled`` set it first (for tests and benchmarks; the process default is

@@ -250,3 +250,31 @@ def test_one_query_planned_unmasked_matches_the_reference(mask, lengths, seed):
     ref_extra = {} if lengths is None else {"seqlens_kv": np.array(lengths)}
     ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, **mask, **ref_extra)
     _check(out, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("layout", ["head_major", "static_slice"])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4)], ids=["gqa", "mha"])
+def test_one_query_through_a_paged_view_matches_the_reference(mask, layout, heads, seed):
+    """STRIDEDFA_DECODE_GRAPHS=paged: a head-major cache's one-query step described by heads as
+    one-token blocks of a paged problem, its table made at launch (stridedfa_heads_table). Masks
+    that would cut the row's keys (top-left, a window) keep the ragged form; the rest run unmasked."""
+    before = stridedfa._core._decode_heads_paged()
+    stridedfa._core._decode_heads_paged(True)
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        b, (h_q, h_kv), length, d = 3, heads, 333, 64
+        q = torch.randn(b, h_q, 1, d, generator=gen, device="cuda").bfloat16()
+        k, v = (_cache(gen, b, h_kv, length, d, layout) for _ in range(2))
+        out = torch.full((b, h_q, 1, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+        lse = torch.full((b, h_q, 1), float("nan"), device="cuda")
+        stridedfa.sdpa_forward(q, k, v, out, lse=lse, **mask)
+        ref_out, ref_lse = reference.sdpa_forward(_np(q), _np(k), _np(v), dtype=np.float64, **mask)
+        _check(out, lse, ref_out, ref_lse)
+        builds = stridedfa.cache_info()["builds"]
+        for grown in range(length + 1, length + 40):  # a growing cache: no new graph
+            k2, v2 = (torch.randn(b, h_kv, grown, d, generator=gen, device="cuda").bfloat16() for _ in range(2))
+            stridedfa.sdpa_forward(q, k2, v2, out, lse=lse, **mask)
+        assert stridedfa.cache_info()["builds"] == builds
+    finally:
+        stridedfa._core._decode_heads_paged(before)

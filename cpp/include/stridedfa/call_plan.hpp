@@ -48,6 +48,8 @@ struct Plan {
   SplitKv split;
   // A decoding call described by heads with sinks: folded in after cuDNN (ragged.hpp SinkFold).
   SinkFold sink_fold;
+  // A one-query decoding call described by heads through a paged view: the table the launch makes.
+  HeadsTable heads_table;
 };
 
 // Fills `plan` for a validated call (`operands` in slot order, null where absent, each 4-axis).
@@ -61,6 +63,10 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
 // The setter is for tests and benchmarks; graphs of either kind have keys of their own.
 bool decode_graphs_bucketed();
 void set_decode_graphs_bucketed(bool bucketed);
+// STRIDEDFA_DECODE_GRAPHS=paged: decoding by heads, and a one-query step over a head-major cache
+// through a paged view of it (plan_decode_heads_paged; unverified on a GPU, so not the default).
+bool decode_heads_paged();
+void set_decode_heads_paged(bool paged);
 
 // A float32 (b, h, s[, 1]) statistics view packed as cuDNN reads it before 9.12 / 9.26.
 bool is_packed_stats(const TensorView& lse);

@@ -81,6 +81,18 @@ struct RaggedPlan {
 void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, int32_t device, void* out,
                        std::uintptr_t stream);
 
+// Decoding by heads through a paged view (call_plan.cpp, plan_decode_heads_paged): each (batch
+// entry, key/value head) of a head-major cache one sequence of a paged problem whose blocks are the
+// cache's own token rows (block size 1), its table made at launch: row s = (i, j) lists rows
+// i * batch_rows + j * head_rows + c, c < length (then the last again), clamped into [0, num_blocks).
+struct HeadsTable {
+  bool on = false;
+  int64_t rows = 0, width = 0, heads_kv = 0, batch_rows = 0, head_rows = 0, length = 0, num_blocks = 0;
+};
+// The table into `out` ((rows x width) int32 on `device`), on `stream` (driver calls: the context
+// must be current).
+void make_heads_table(const HeadsTable& t, int32_t device, void* out, std::uintptr_t stream);
+
 // An output whose rows of empty sequences and padding the launch fills after cuDNN (below).
 struct EmptyRows {
   TensorView rows;         // the output as (sequences, heads, rows, inner)

@@ -64,6 +64,9 @@ struct PreparedCall {
   int64_t num_blocks = 0;
   int64_t table_width = 0;  // the copy's (and the graph's) columns: a bucket of the caller's
   int page_table_ptr[2] = {-1, -1};
+  // Decoding by heads through a paged view: the table the launch makes (ragged.hpp HeadsTable),
+  // given to the same page-table ptrs.
+  HeadsTable heads_table;
   // A paged decoding call split over its keys (split_kv.hpp): the ptrs that get the launch's
   // scratch, by SplitPart (queries, outputs, statistics, lengths_q, lengths_kv).
   SplitKv split;
