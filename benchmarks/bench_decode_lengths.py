@@ -12,7 +12,10 @@ transformers' head-major dynamic cache: a fresh (b, 8, L, 128) tensor per step):
     each): graphs built and seconds.
 The exact plan runs in a child process (the switch is read once per process). A script, never a test.
 
-    python benchmarks/bench_decode_lengths.py --out bench-out [--quick]
+    python benchmarks/bench_decode_lengths.py --out bench-out [--quick] [--heads-paged]
+
+--heads-paged: decoding by heads through a paged view (STRIDEDFA_DECODE_GRAPHS=paged) for the
+bucketed rows, instead of the ragged form.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--heads-paged", action="store_true", help="by heads through a paged view")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches, lengths = ([1, 8], [100, 1000, 3000, 7000]) if args.quick else ([1, 8, 32], [100, 1000, 3000, 7000, 15000])
@@ -129,13 +133,15 @@ def main():
     from stridedfa import _core
 
     _core._decode_graphs(True)
+    _core._decode_heads_paged(args.heads_paged)
     by_heads = measure(batches, lengths, loop_steps, iters)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from provenance import provenance
 
     import stridedfa
 
-    result = {"by_heads": by_heads, "exact": exact, "provenance": provenance(stridedfa)}
+    result = {"by_heads": by_heads, "exact": exact, "heads_paged": args.heads_paged,
+              "provenance": provenance(stridedfa)}
     (args.out / "decode_lengths.json").write_text(json.dumps(result, indent=1))
     (args.out / "decode_lengths.md").write_text(table(by_heads, exact))
     exact_file.unlink()

@@ -43,7 +43,13 @@ bool decode_graphs_bucketed() {
   return mode >= 1;
 }
 
-void set_decode_graphs_bucketed(bool bucketed) { decode_graphs_mode.store(bucketed ? 1 : 0); }
+void set_decode_graphs_bucketed(bool bucketed) {
+  if (!bucketed) {
+    decode_graphs_mode.store(0);
+  } else if (decode_graphs_mode.load() != 2) {  // bucketed already through a paged view: kept
+    decode_graphs_mode.store(1);
+  }
+}
 
 bool decode_heads_paged() {
   return decode_graphs_bucketed() && decode_graphs_mode.load(std::memory_order_relaxed) == 2;
