@@ -438,7 +438,7 @@ bool plan_decode_heads_paged(const Problem& p, const SdpaOptions& options, const
   }
   if (rows[0][0] != rows[1][0] || rows[0][1] != rows[1][1]) return false;  // one table for both
   const int64_t cache_rows = (p.b - 1) * rows[0][0] + (p.h_kv - 1) * rows[0][1] + p.s_kv;
-  if (cache_rows > INT32_MAX) return false;
+  if (cache_rows > (int64_t(1) << 30)) return false;  // its declared power of two an int32 too
   // q, out and lse: each batch entry's heads in a row of equal steps (the group's heads one
   // sequence's), as (b, h, s, d) and (b, s, h, d) views of one token have them.
   for (int s : {kQ, kO, kLse}) {
@@ -448,6 +448,7 @@ bool plan_decode_heads_paged(const Problem& p, const SdpaOptions& options, const
   }
   const int64_t sequences = p.b * p.h_kv;
   const int64_t width = power_of_two_bucket(p.s_kv, 128);
+  if (sequences * width > INT32_MAX) return false;  // the kernel's entries (a broadcast cache: few rows)
   HeadsTable& table = plan.heads_table;
   table.on = true;
   table.rows = sequences;

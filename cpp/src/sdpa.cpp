@@ -319,6 +319,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
     call.num_blocks = problem.num_blocks;
   }
   call.heads_table = plan.heads_table;
+  call.made_lengths_rows = plan.problem.b;
   call.split = plan.split;
   call.sink_fold = plan.sink_fold;
   if (plan.split.on) call.table_width = plan.split.chunks * plan.split.blocks_per_chunk;  // the entries' rows
@@ -504,7 +505,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       }
     }
     if (call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0) {
-      const int64_t b = call.problem.b;
+      const int64_t b = call.made_lengths_rows;
       const int64_t pitch = (b + 3) / 4 * 4;  // each row 16-byte aligned, as cuDNN declares its tensors
       lengths = pool_alloc(call.problem.device, 2 * pitch * int64_t(sizeof(int32_t)), stream);
       for (int side = 0; side < 2; ++side) {

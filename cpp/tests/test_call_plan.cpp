@@ -445,6 +445,8 @@ TEST_CASE("decoding by heads through a paged view: one-token blocks of a head-ma
   CHECK(q.strides[0] == 4 * q.strides[1]);
   CHECK(p.plan.slots[kBlockTable]->dims[2] == 512);
   CHECK(p.plan.made_lengths[1] == 300);
+  CHECK(p.plan.slots[kSeqLensKV]->dims[0] == 4);  // one length per sequence (the launch fills the plan's batch)
+  CHECK(p.plan.slots[kSeqLensQ]->dims[0] == 4);
 
   // Nothing in what the graph is built from follows the cache's length within a doubling.
   const Planned longer(decode(1, 301), options);

@@ -44,6 +44,7 @@ struct PreparedCall {
   // Padding lengths the core made (full extents): filled on the device at launch into ptrs[i].
   int made_lengths_ptr[2] = {-1, -1};
   int64_t made_lengths_value[2] = {0, 0};
+  int64_t made_lengths_rows = 0;  // entries per made row: the plan's batch (by heads: b x h_kv), not the caller's
   // A variable-length call: the lengths and offsets the kernel makes at launch, and the row of its
   // buffer each pointer is (-1: the pointer in ptrs).
   RaggedPlan ragged;
