@@ -1,0 +1,71 @@
+"""Probe (for GPU run 66): multi-token decoding by tokens (docs/design/multi-token-decode.md). A paged
+step of s_q queries per sequence, causal bottom-right (the general kernel), against the same step
+as b x s_q one-query sequences (table rows repeated, key lengths L - s_q + 1 + t: cuDNN's fast
+one-query kernel). Accuracy of the second against the first's fp32 reference; CUDA-graph replayed µs."""
+import json, os
+import torch
+import torch.nn.functional as F
+import stridedfa
+from stridedfa import _core
+
+H_Q, H_KV, D, BLOCK = 32, 8, 128, 16
+
+
+def graphed(fn, iters=20):
+    side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay(); torch.cuda.synchronize()
+    s.record()
+    for _ in range(5):
+        g.replay()
+    e.record(); torch.cuda.synchronize()
+    return round(s.elapsed_time(e) * 1000 / 5 / iters, 2)
+
+
+def safe(fn):
+    try:
+        return graphed(fn)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"[:200]
+
+
+rows = []
+_core._split_kv(False)
+for b, L, s_q in ((1, 8192, 4), (8, 8192, 4), (32, 8192, 4), (8, 8192, 16), (32, 1024, 4)):
+    blocks = L // BLOCK
+    cache = torch.randn(b * blocks, 2, BLOCK, H_KV, D, device="cuda", dtype=torch.bfloat16)
+    kc, vc = cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)
+    table = torch.randperm(b * blocks, device="cuda").view(b, blocks).to(torch.int32)
+    lens = torch.full((b,), L, device="cuda", dtype=torch.int32)
+    q_bshd = torch.randn(b, s_q, H_Q, D, device="cuda", dtype=torch.bfloat16)
+    q = q_bshd.transpose(1, 2)  # (b, h, s_q, d) over (b, s, h, d) memory
+    out = torch.empty_like(q_bshd).transpose(1, 2)
+    row = {"b": b, "L": L, "s_q": s_q}
+    row["causal_multi_query"] = safe(lambda: stridedfa.sdpa_forward(q, kc, vc, out, block_table=table, seqlens_kv=lens,
+                                                                     causal=True, causal_alignment="bottom_right"))
+    ref = out.float().clone()
+    # by tokens: (b * s_q) one-query sequences
+    q_tok = q_bshd.reshape(b * s_q, 1, H_Q, D).transpose(1, 2)
+    out_tok = torch.full_like(q_bshd, float("nan")).reshape(b * s_q, 1, H_Q, D).transpose(1, 2)
+    table_tok = table.repeat_interleave(s_q, dim=0).contiguous()
+    lens_tok = (lens[:, None] - s_q + 1 + torch.arange(s_q, device="cuda", dtype=torch.int32)[None, :]).reshape(-1).to(torch.int32)
+    row["by_tokens"] = safe(lambda: stridedfa.sdpa_forward(q_tok, kc, vc, out_tok, block_table=table_tok, seqlens_kv=lens_tok,
+                                                            causal=True, causal_alignment="bottom_right"))
+    got = out_tok.transpose(1, 2).reshape(b, s_q, H_Q, D).transpose(1, 2).float()
+    row["by_tokens_max_diff"] = (got - ref).abs().max().item()
+    kf = kc[table.long()].permute(0, 2, 1, 3, 4).reshape(b, H_KV, blocks * BLOCK, D)
+    vf = vc[table.long()].permute(0, 2, 1, 3, 4).reshape(b, H_KV, blocks * BLOCK, D)
+    mask = torch.ones(s_q, L, device="cuda", dtype=torch.bool).tril(L - s_q)
+    row["sdpa_gathered"] = safe(lambda: F.scaled_dot_product_attention(q, kf, vf, attn_mask=mask, enable_gqa=True))
+    print(row, flush=True); rows.append(row)
+    del cache, kf, vf
+    torch.cuda.empty_cache()
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "."), "probe66.json"), "w"), indent=1)
