@@ -139,14 +139,16 @@ def test_a_prompt_keeps_its_exact_graph():
 
 def test_bucketed_decode_graphs_are_the_default_and_can_be_set_per_process():
     """A process plans decoding steps by heads (one graph for a growing cache) unless
-    STRIDEDFA_DECODE_GRAPHS=exact asks for their exact extents (a graph per cache length)."""
+    STRIDEDFA_DECODE_GRAPHS=exact asks for their exact extents (a graph per cache length); paged
+    adds the paged view of one-query steps over head-major caches (another graph, still one)."""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from stridedfa import _core
         from test_decode_graphs import step_key
-        print(len({{step_key(n, "head_major") for n in range(300, 340)}}))
+        print(len({{step_key(n, "head_major") for n in range(300, 340)}}), _core._decode_heads_paged())
     """)
-    for setting, graphs in ((None, "1"), ("exact", "40"), ("bucketed", "1")):
+    for setting, graphs in ((None, "1 False"), ("exact", "40 False"), ("bucketed", "1 False"), ("paged", "1 True")):
         env = {k: v for k, v in os.environ.items() if k != "STRIDEDFA_DECODE_GRAPHS"}
         if setting:
             env["STRIDEDFA_DECODE_GRAPHS"] = setting
