@@ -238,6 +238,13 @@ void one_query_one_key_backward(Plan& plan) {
   plan.unmasked = true;  // every row of the fold sees the one key, whatever the mask said
 }
 
+// Whether, with each sequence's keys decided by padding lengths, a query at the end of its sequence
+// sees all of them: no left bound cuts the oldest, no top-left diagonal the newest.
+bool last_row_sees_every_key(const SdpaOptions& options) {
+  return options.left_bound() == SdpaOptions::kUnbounded &&
+         (options.right_bound() == SdpaOptions::kUnbounded || options.alignment == CausalAlignment::bottom_right);
+}
+
 // One query row that sees every key of its (sub-)problem needs no mask, and cuDNN runs a one-row
 // graph over a dense or paged cache with its fast decoding kernel only when it has none (padding
 // lengths allowed): with a causal mask the same call takes the general kernel, 9x slower at 8k keys
@@ -248,10 +255,7 @@ void one_query_one_key_backward(Plan& plan) {
 void one_row_sees_every_key(GraphOp op, const SdpaOptions& options, bool has_lengths, Plan& plan) {
   if (op != GraphOp::forward || plan.nothing_for_cudnn || plan.problem.s_q != 1) return;
   if (plan.slots[kAlibiSlopes] || plan.slots[kRngState]) return;
-  if (has_lengths) {
-    if (options.left_bound() != SdpaOptions::kUnbounded) return;
-    if (options.right_bound() != SdpaOptions::kUnbounded && options.alignment != CausalAlignment::bottom_right) return;
-  }
+  if (has_lengths && !last_row_sees_every_key(options)) return;
   plan.unmasked = true;
 }
 
@@ -418,10 +422,7 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
 bool plan_decode_heads_paged(const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                              Plan& plan) {
   if (!decode_heads_paged() || p.s_q != 1 || p.h_q < 2 || operands[kSinks] || operands[kSeqLensKV]) return false;
-  // The row must see every key: the lengths are then its whole mask (no window, no top-left diagonal).
-  if (options.left_bound() != SdpaOptions::kUnbounded) return false;
-  if (options.right_bound() != SdpaOptions::kUnbounded && options.alignment != CausalAlignment::bottom_right)
-    return false;
+  if (!last_row_sees_every_key(options)) return false;  // the lengths are then its whole mask
   const TensorView& k = *operands[kK];
   const TensorView& v = *operands[kV];
   const int64_t group = p.h_q / p.h_kv;
@@ -649,12 +650,8 @@ bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, con
   for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
     if (operands[s]) return false;
   }
-  // One query sees every key of its sequence unless a left bound cuts them, or a top-left band
-  // keeps it to the first keys.
-  if (options.left_bound() != SdpaOptions::kUnbounded) return false;
-  if (options.right_bound() != SdpaOptions::kUnbounded && options.alignment != CausalAlignment::bottom_right)
-    return false;
-  const TensorView table = *plan.slots[kBlockTable];  // its declared (possibly bucketed) width
+  if (!last_row_sees_every_key(options)) return false;  // every chunk's row sees all its keys
+  const TensorView table = *plan.slots[kBlockTable];    // its declared (possibly bucketed) width
   const int64_t width = table.dims[2];
   const int64_t chunks = std::min(split_kv_chunks(p.b, p.h_q, width * p.block_size), width);
   if (chunks < 2) return false;

@@ -476,17 +476,13 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       const int64_t entries = std::max<int64_t>(given.dims[0] * call.table_width, 1);
       table = pool_alloc(call.problem.device, entries * int64_t(sizeof(int32_t)), stream);
       clamp_block_table(given, call.num_blocks, call.table_width, call.problem.device, table, stream);
-      for (int side = 0; side < 2; ++side) {
-        if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
-      }
-    }
-    if (call.heads_table.on) {  // decoding by heads through a paged view: each head's rows
+    } else if (call.heads_table.on) {  // decoding by heads through a paged view: each head's rows
       const HeadsTable& made = call.heads_table;
       table = pool_alloc(call.problem.device, made.rows * made.width * int64_t(sizeof(int32_t)), stream);
       make_heads_table(made, call.problem.device, table, stream);
-      for (int side = 0; side < 2; ++side) {
-        if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
-      }
+    }
+    for (int side = 0; side < 2 && table; ++side) {  // K's and V's page tables: the one made table
+      if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
     }
     if (call.split.on) {  // the chunks' queries and lengths; cuDNN writes their partials beside them
       split = pool_alloc(call.problem.device, split_kv_bytes(call.split), stream);
