@@ -4,40 +4,24 @@ graph keys that do not grow? Each (batch entry, kv head) one sequence of a paged
 cache's own memory: (a) blocks of 1 token (a valid container: (N, 1, 1, d)), (b) blocks of 16 tokens
 that start every token (container block stride d < 16 d: overlapping blocks), the table made on the
 device. Accuracy against the fp32 reference; CUDA-graph replayed µs beside the exact plan and SDPA."""
-import json, os
+import json, os, sys
+from pathlib import Path
 import torch
 import torch.nn.functional as F
 import stridedfa
 from stridedfa import _core
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from decode_timing import graphed_us  # noqa: E402
+
 H_Q, H_KV, D = 32, 8, 128
 G = H_Q // H_KV
 
 
-def graphed(fn, iters=20):
-    side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay(); torch.cuda.synchronize()
-    s.record()
-    for _ in range(5):
-        g.replay()
-    e.record(); torch.cuda.synchronize()
-    return round(s.elapsed_time(e) * 1000 / 5 / iters, 2)
-
-
 def safe(fn):
-    try:
-        return graphed(fn)
-    except Exception as error:
-        return f"{type(error).__name__}: {error}"[:200]
+    """µs per call replayed from a CUDA graph (decode_timing.py), or why it could not run."""
+    us = graphed_us(fn, 3, 20)
+    return round(us, 2) if isinstance(us, float) else us
 
 
 rows = []

@@ -1,40 +1,24 @@
 """Probe (for GPU run 66): multi-token decoding by tokens (docs/design/multi-token-decode.md). A paged
 step of s_q queries per sequence, causal bottom-right (the general kernel), against the same step
 as b x s_q one-query sequences (table rows repeated, key lengths L - s_q + 1 + t: cuDNN's fast
-one-query kernel). Accuracy of the second against the first's fp32 reference; CUDA-graph replayed µs."""
-import json, os
+one-query kernel): the second's largest difference from the first's outputs; CUDA-graph replayed µs."""
+import json, os, sys
+from pathlib import Path
 import torch
 import torch.nn.functional as F
 import stridedfa
 from stridedfa import _core
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from decode_timing import graphed_us  # noqa: E402
+
 H_Q, H_KV, D, BLOCK = 32, 8, 128, 16
 
 
-def graphed(fn, iters=20):
-    side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay(); torch.cuda.synchronize()
-    s.record()
-    for _ in range(5):
-        g.replay()
-    e.record(); torch.cuda.synchronize()
-    return round(s.elapsed_time(e) * 1000 / 5 / iters, 2)
-
-
 def safe(fn):
-    try:
-        return graphed(fn)
-    except Exception as error:
-        return f"{type(error).__name__}: {error}"[:200]
+    """µs per call replayed from a CUDA graph (decode_timing.py), or why it could not run."""
+    us = graphed_us(fn, 3, 20)
+    return round(us, 2) if isinstance(us, float) else us
 
 
 rows = []
