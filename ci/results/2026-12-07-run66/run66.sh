@@ -12,8 +12,8 @@ PART=files LIMIT=210 \
   bash ci/gpu_suite.sh
 pack
 export PYTHONPATH=/tmp/sfa-files PYTHONUNBUFFERED=1
-(cd /tmp && timeout 45 python3 $repo/ci/results/2026-12-07-stop44/probe65.py > $OUT/probe65.log 2>&1); echo "probe65 rc $?"; cut -c1-700 $OUT/probe65.log; pack
-(cd /tmp && timeout 40 python3 $repo/ci/results/2026-12-07-stop44/probe66.py > $OUT/probe66.log 2>&1); echo "probe66 rc $?"; cut -c1-400 $OUT/probe66.log; pack
+(cd /tmp && timeout 45 python3 $repo/ci/results/2026-12-07-run66/probe65.py > $OUT/probe65.log 2>&1); echo "probe65 rc $?"; cut -c1-700 $OUT/probe65.log; pack
+(cd /tmp && timeout 40 python3 $repo/ci/results/2026-12-07-run66/probe66.py > $OUT/probe66.log 2>&1); echo "probe66 rc $?"; cut -c1-400 $OUT/probe66.log; pack
 timeout 80 python3 benchmarks/bench_decode_lengths.py --out $OUT/decode --quick > $OUT/decode.log 2>&1; echo "decode (ragged by heads) rc $?"; grep -E "^\|" $OUT/decode.log | tail -9; pack
 timeout 80 python3 benchmarks/bench_decode_lengths.py --out $OUT/decode-paged --quick --heads-paged > $OUT/decode-paged.log 2>&1; echo "decode (paged by heads) rc $?"; grep -E "^\||graphs built" $OUT/decode-paged.log | tail -11; pack
 timeout 80 python3 benchmarks/bench_paged.py --out $OUT/paged --quick > $OUT/paged.log 2>&1; echo "paged bench rc $?"; grep -A4 "issue 33 item 2" $OUT/paged.log; pack; ls $OUT
