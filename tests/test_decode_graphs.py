@@ -3,7 +3,8 @@
 
 With STRIDEDFA_DECODE_GRAPHS=bucketed (the default since GPU run 63; the tests set it in case the
 environment chose exact), a decoding step -- a few queries against a cache one token longer than the last
-step's -- is described by heads (call_plan.cpp, plan_decode_by_heads): the key holds the keys' extent rounded up
+step's -- is described by heads (call_plan.cpp, plan_decode_by_heads; one query over a head-major cache
+through a paged view of it since run 66, plan_decode_heads_paged): the key holds the keys' extent rounded up
 to a power of two and none of the strides that grow with the cache, so 1,000 steps of growing
 length build one graph per doubling of the cache.
 """
@@ -68,22 +69,24 @@ def test_a_thousand_growing_decode_steps_build_at_most_eight_graphs(layout, lse)
 
 @pytest.mark.parametrize("lse", [False, True])
 def test_one_query_steps_through_a_paged_view_build_one_graph_per_doubling(lse):
-    """STRIDEDFA_DECODE_GRAPHS=paged: a head-major cache's one-query steps described by heads as
-    one-token blocks of a paged problem (cuDNN's fast one-query kernel): the keys' extent and the
-    cache's rows are powers of two, so 1,000 growing steps still build a graph per doubling; other
-    caches keep the ragged form's keys."""
+    """The default: a head-major cache's one-query steps described by heads as one-token blocks of
+    a paged problem (cuDNN's fast one-query kernel): the keys' extent and the cache's rows are
+    powers of two, so 1,000 growing steps still build a graph per doubling. Other caches, and
+    STRIDEDFA_DECODE_GRAPHS=ragged, keep the ragged form's keys."""
+    def keys(layout, **kw):
+        return {step_key(length, layout, **kw) for length in range(100, 1100)}
+
+    paged, token_major, multi = keys("head_major", lse=lse), keys("token_major", lse=lse), keys("head_major", s_q=5)
     before = _core._decode_heads_paged()
-    _core._decode_heads_paged(True)
+    _core._decode_heads_paged(False)
     try:
-        paged = {step_key(length, "head_major", lse=lse) for length in range(100, 1100)}
-        token_major = {step_key(length, "token_major", lse=lse) for length in range(100, 1100)}
-        multi = {step_key(length, "head_major", s_q=5) for length in range(100, 1100)}
+        ragged = keys("head_major", lse=lse)
+        assert token_major == keys("token_major", lse=lse)
+        assert multi == keys("head_major", s_q=5)
     finally:
         _core._decode_heads_paged(before)
-    assert len(paged) <= 8
-    assert paged.isdisjoint({step_key(length, "head_major", lse=lse) for length in range(100, 1100)})
-    assert token_major == {step_key(length, "token_major", lse=lse) for length in range(100, 1100)}
-    assert multi == {step_key(length, "head_major", s_q=5) for length in range(100, 1100)}
+    assert len(paged) <= 8 and len(ragged) <= 8
+    assert paged.isdisjoint(ragged)
 
 
 @pytest.mark.parametrize("s_q", [2, 7, 16])
@@ -139,8 +142,9 @@ def test_a_prompt_keeps_its_exact_graph():
 
 def test_bucketed_decode_graphs_are_the_default_and_can_be_set_per_process():
     """A process plans decoding steps by heads (one graph for a growing cache) unless
-    STRIDEDFA_DECODE_GRAPHS=exact asks for their exact extents (a graph per cache length); paged
-    adds the paged view of one-query steps over head-major caches (another graph, still one)."""
+    STRIDEDFA_DECODE_GRAPHS=exact asks for their exact extents (a graph per cache length); one-query
+    steps over head-major caches go through a paged view of the cache unless ragged is asked for
+    (paged, the name of the view while it was unverified, is the default's)."""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
@@ -148,7 +152,8 @@ def test_bucketed_decode_graphs_are_the_default_and_can_be_set_per_process():
         from test_decode_graphs import step_key
         print(len({{step_key(n, "head_major") for n in range(300, 340)}}), _core._decode_heads_paged())
     """)
-    for setting, graphs in ((None, "1 False"), ("exact", "40 False"), ("bucketed", "1 False"), ("paged", "1 True")):
+    for setting, graphs in ((None, "1 True"), ("exact", "40 False"), ("bucketed", "1 True"), ("ragged", "1 False"),
+                            ("paged", "1 True")):
         env = {k: v for k, v in os.environ.items() if k != "STRIDEDFA_DECODE_GRAPHS"}
         if setting:
             env["STRIDEDFA_DECODE_GRAPHS"] = setting

@@ -25,42 +25,39 @@ namespace {
 // or speculative decoding's and chunked prefill's few per step).
 constexpr int64_t kDecodeMaxQueries = 16;
 
-// -1: not read yet from STRIDEDFA_DECODE_GRAPHS; then 0 (exact), 1 (bucketed, the default) or 2
-// (bucketed, one-query steps over head-major caches through a paged view).
-std::atomic<int> decode_graphs_mode{-1};
+// STRIDEDFA_DECODE_GRAPHS, read once: exact (graphs of exact extents), ragged (by heads, always the
+// ragged form) or bucketed (the default since GPU run 66: by heads, one-query steps over head-major
+// caches through a paged view -- cuDNN's fast one-query kernel, 1.13-1.52x SDPA where the ragged
+// form is 1.39-5.54x -- and the ragged form for the rest). -1: not read yet.
+std::atomic<int> decode_bucketed{-1}, decode_paged_view{-1};
+
+void read_decode_graphs_setting() {
+  if (decode_bucketed.load(std::memory_order_relaxed) >= 0) return;
+  const char* value = std::getenv("STRIDEDFA_DECODE_GRAPHS");
+  const std::string chosen = value ? value : "";
+  int unread = -1;
+  decode_paged_view.compare_exchange_strong(unread, chosen == "ragged" ? 0 : 1);
+  unread = -1;
+  decode_bucketed.compare_exchange_strong(unread, chosen == "exact" ? 0 : 1);
+}
 
 }  // namespace
 
 bool decode_graphs_bucketed() {
-  int mode = decode_graphs_mode.load(std::memory_order_relaxed);
-  if (mode < 0) {
-    const char* value = std::getenv("STRIDEDFA_DECODE_GRAPHS");
-    int expected = -1;
-    const std::string chosen = value ? value : "";
-    decode_graphs_mode.compare_exchange_strong(expected, chosen == "exact" ? 0 : chosen == "paged" ? 2 : 1);
-    mode = decode_graphs_mode.load(std::memory_order_relaxed);
-  }
-  return mode >= 1;
+  read_decode_graphs_setting();
+  return decode_bucketed.load(std::memory_order_relaxed) == 1;
 }
 
 void set_decode_graphs_bucketed(bool bucketed) {
-  if (!bucketed) {
-    decode_graphs_mode.store(0);
-  } else if (decode_graphs_mode.load() != 2) {  // bucketed already through a paged view: kept
-    decode_graphs_mode.store(1);
-  }
+  read_decode_graphs_setting();
+  decode_bucketed.store(bucketed ? 1 : 0);
 }
 
-bool decode_heads_paged() {
-  return decode_graphs_bucketed() && decode_graphs_mode.load(std::memory_order_relaxed) == 2;
-}
+bool decode_heads_paged() { return decode_graphs_bucketed() && decode_paged_view.load(std::memory_order_relaxed) == 1; }
 
 void set_decode_heads_paged(bool paged) {
-  if (paged) {
-    decode_graphs_mode.store(2);
-  } else if (decode_graphs_mode.load() == 2) {
-    decode_graphs_mode.store(1);
-  }
+  read_decode_graphs_setting();
+  decode_paged_view.store(paged ? 1 : 0);
 }
 
 namespace {
@@ -711,7 +708,66 @@ bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, con
   return true;
 }
 
+// Decoding by tokens (issue 33 item 3; docs/design/multi-token-decode.md). A paged step of a few
+// queries per entry (speculative decoding, chunked prefill) takes cuDNN 9.19's general kernel, one
+// thread block per (entry, head) through all the keys, masked or not; one query takes its fast
+// decoding kernel. Under a bottom-right causal mask query t of entry i sees exactly the first
+// L_i - s_q + 1 + t keys -- a padding length, not a mask -- and without a mask all L_i: so each
+// (entry, token) becomes a one-query sequence of its own, with nothing to merge. q, out and lse are
+// read as (b x s_q, h, 1, d), which needs the token axis inside the entry's (batch stride = s_q
+// token strides, as a (b, s, h, d) projection's view has it); the launch's table copy repeats each
+// entry's row s_q times and makes the key lengths (ragged.hpp ByTokens). Each token rereads its
+// entry's keys, so it pays only for few tokens: GPU run 66 (probe66, H100, 8k keys) 4 tokens 1.8-4.4x
+// faster than the general kernel at batch 1-32, 16 tokens 2x slower; the crossover is ~7.
+constexpr int64_t kByTokensMaxQueries = 6;
+std::atomic<bool> by_tokens_enabled{true};
+
+bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
+                           Plan& plan) {
+  if (op != GraphOp::forward || !p.paged || p.s_q < 2 || p.s_q > kByTokensMaxQueries) return false;
+  if (!by_tokens_enabled.load(std::memory_order_relaxed)) return false;
+  for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState, kSinks}) {
+    if (operands[s]) return false;
+  }
+  if (options.left_bound() != SdpaOptions::kUnbounded) return false;
+  const bool causal = options.right_bound() != SdpaOptions::kUnbounded;
+  if (causal && (options.right_bound() != 0 || options.alignment != CausalAlignment::bottom_right)) return false;
+  for (int s : {kQ, kO, kLse}) {
+    if (operands[s] && p.b > 1 && operands[s]->strides[0] != p.s_q * operands[s]->strides[2]) return false;
+  }
+  const int64_t sequences = p.b * p.s_q;
+  const int64_t width = plan.slots[kBlockTable]->dims[2];  // the declared (bucketed) width
+  if (sequences * width > INT32_MAX) return false;         // the kernel's entries
+  ByTokens& tokens = plan.by_tokens;
+  tokens.on = true;
+  tokens.queries = p.s_q;
+  tokens.causal = causal;
+  tokens.full_len = p.s_kv;
+  plan.problem.b = sequences;
+  plan.problem.s_q = 1;
+  plan.unmasked = true;  // each sequence's one query sees all of its keys: the lengths are the mask
+  for (int s : {kQ, kO, kLse}) {
+    if (!operands[s]) continue;
+    TensorView& view = set_view(plan, s, *operands[s]);
+    view.dims[0] = sequences;
+    view.dims[2] = 1;
+    view.strides[0] = operands[s]->strides[2];
+  }
+  TensorView& table = set_view(plan, kBlockTable, *plan.slots[kBlockTable]);
+  table.dims[0] = sequences;
+  make_lengths(plan, kSeqLensQ, 1);
+  TensorView& lengths = set_view(plan, kSeqLensKV, made_lengths_view(kOperands[kSeqLensKV].name, plan.problem));
+  lengths.data = 0;  // the launch's, beside the table copy
+  // A token whose length is 0 (L_i < s_q - t): cuDNN computes 0/0 in its row.
+  fill_empty_rows_after(op, plan.slots, operands, plan);
+  return true;
+}
+
 }  // namespace
+
+bool decode_by_tokens() { return by_tokens_enabled.load(std::memory_order_relaxed); }
+
+void set_decode_by_tokens(bool enabled) { by_tokens_enabled.store(enabled); }
 
 void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, const TensorView* const* operands,
                int64_t cudnn_version, Plan& plan) {
@@ -741,6 +797,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     table.strides[0] = table.dims[2];
     table.strides[2] = 1;
     if (plan_split_kv(op, problem, options, operands, plan)) return;
+    if (plan_decode_by_tokens(op, problem, options, operands, plan)) return;
   }
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);

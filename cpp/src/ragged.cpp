@@ -114,15 +114,21 @@ void make_ragged_offsets(const RaggedPlan& r, int32_t device, void* buffer, std:
   launch(kernel, r.padded_sequences + 1, params, stream, "cuLaunchKernel (stridedfa_ragged_offsets)");
 }
 
-void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, int32_t device, void* out,
-                       std::uintptr_t stream) {
+void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, const ByTokens& tokens,
+                       RowLengths callers_kv, void* lengths, int32_t device, void* out, std::uintptr_t stream) {
   CUfunction kernel = kernels(device).clamp_blocks;
+  const int64_t repeat = tokens.on ? tokens.queries : 1;
   unsigned long long in = table.data, packed = reinterpret_cast<std::uintptr_t>(out);
-  unsigned int rows = unsigned(table.dims[0]), cols = unsigned(table.dims[2]);
+  unsigned int rows = unsigned(table.dims[0] * repeat), cols = unsigned(table.dims[2]);
   unsigned int row_stride = unsigned(table.dims[0] > 1 ? table.strides[0] : table.dims[2]);
-  unsigned int blocks = unsigned(num_blocks), out_cols = unsigned(width);
-  void* params[] = {&in, &packed, &rows, &cols, &row_stride, &blocks, &out_cols};
-  launch(kernel, table.dims[0] * width, params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
+  unsigned int blocks = unsigned(num_blocks), out_cols = unsigned(width), copies = unsigned(repeat);
+  unsigned long long seqlens = tokens.on ? callers_kv.data : 0,
+                     made = tokens.on ? reinterpret_cast<std::uintptr_t>(lengths) : 0;
+  unsigned int seqlens_stride = unsigned(callers_kv.stride), full_len = unsigned(tokens.full_len);
+  unsigned int causal = tokens.on && tokens.causal ? 1u : 0u;
+  void* params[] = {&in,     &packed,  &rows,           &cols, &row_stride, &blocks, &out_cols,
+                    &copies, &seqlens, &seqlens_stride, &made, &full_len,   &causal};
+  launch(kernel, int64_t(rows) * width, params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
 }
 
 void make_heads_table(const HeadsTable& t, int32_t device, void* out, std::uintptr_t stream) {

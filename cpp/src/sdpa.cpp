@@ -319,6 +319,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
     call.num_blocks = problem.num_blocks;
   }
   call.heads_table = plan.heads_table;
+  call.by_tokens = plan.by_tokens;
   call.made_lengths_rows = plan.problem.b;
   call.split = plan.split;
   call.sink_fold = plan.sink_fold;
@@ -473,9 +474,16 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   try {
     if (call.paged) {  // block ids clamped into the cache: no id reads outside it
       const TensorView& given = call.block_table;
-      const int64_t entries = std::max<int64_t>(given.dims[0] * call.table_width, 1);
-      table = pool_alloc(call.problem.device, entries * int64_t(sizeof(int32_t)), stream);
-      clamp_block_table(given, call.num_blocks, call.table_width, call.problem.device, table, stream);
+      const ByTokens& tokens = call.by_tokens;
+      const int64_t rows = given.dims[0] * (tokens.on ? tokens.queries : 1);
+      const int64_t entries = std::max<int64_t>(rows * call.table_width, 1);
+      const int64_t table_bytes = (entries * int64_t(sizeof(int32_t)) + 15) / 16 * 16;
+      const int64_t lengths_bytes = tokens.on ? rows * int64_t(sizeof(int32_t)) : 0;
+      table = pool_alloc(call.problem.device, table_bytes + lengths_bytes, stream);
+      void* made_lengths = tokens.on ? static_cast<char*>(table) + table_bytes : nullptr;
+      clamp_block_table(given, call.num_blocks, call.table_width, tokens, call.callers_lengths[1], made_lengths,
+                        call.problem.device, table, stream);
+      if (tokens.on) ptrs[call.lengths_ptr[1]] = made_lengths;  // the tokens' key lengths
     } else if (call.heads_table.on) {  // decoding by heads through a paged view: each head's rows
       const HeadsTable& made = call.heads_table;
       table = pool_alloc(call.problem.device, made.rows * made.width * int64_t(sizeof(int32_t)), stream);
@@ -547,8 +555,9 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     RowLengths lengths[2];
     for (int side = 0; side < 2; ++side) {
       lengths[side] = call.callers_lengths[side];
-      // A ragged call's lengths are per sequence (by heads: b x h_kv of them), in the launch's rows.
-      if ((call.ragged.on || !lengths[side].data) && call.lengths_ptr[side] >= 0)
+      // A ragged call's lengths are per sequence (by heads: b x h_kv of them), in the launch's rows;
+      // a call by tokens has one per token, made beside its table.
+      if ((call.ragged.on || call.by_tokens.on || !lengths[side].data) && call.lengths_ptr[side] >= 0)
         lengths[side] = {reinterpret_cast<std::uintptr_t>(ptrs[call.lengths_ptr[side]]), 1};
     }
     const bool lengths_known = lengths[0].data && lengths[1].data;

@@ -123,11 +123,20 @@ TEST_CASE("fill_empty_rows spreads few (sequence, head) pairs over enough blocks
 
 namespace {
 
-// Decode graphs bucketed (STRIDEDFA_DECODE_GRAPHS=bucketed) for one test case, as before after.
+// Decode graphs bucketed in their ragged form (STRIDEDFA_DECODE_GRAPHS=ragged) for one test case,
+// as before after; the paged view's own test case turns the view on.
 struct BucketedDecodeGraphs {
   bool before = decode_graphs_bucketed();
-  BucketedDecodeGraphs() { set_decode_graphs_bucketed(true); }
-  ~BucketedDecodeGraphs() { set_decode_graphs_bucketed(before); }
+  bool paged_view_before = false;
+  BucketedDecodeGraphs() {
+    set_decode_graphs_bucketed(true);
+    paged_view_before = decode_heads_paged();
+    set_decode_heads_paged(false);
+  }
+  ~BucketedDecodeGraphs() {
+    set_decode_heads_paged(paged_view_before);
+    set_decode_graphs_bucketed(before);
+  }
 };
 
 // One decoding step: q (2, 8, s_q, 64) against a cache of L keys on 2 key/value heads, head-major
@@ -330,6 +339,55 @@ TEST_CASE("split-KV: a paged decoding step at batch 1 becomes chunks of its keys
         static_cast<char*>(split_kv_part(s, scratch, SplitPart::lengths_q)) + 8 * 4);
 }
 
+TEST_CASE("decoding by tokens: a paged step of a few queries becomes one one-query sequence per token") {
+  SdpaOptions options;
+  options.causal = true;
+  options.alignment = CausalAlignment::bottom_right;
+  CallOperands call = paged_decode(4, 64, 3);
+  call.slot[kQ] = bshd("q", 4, 32, 3, 128, kBase);  // token-major inside each entry: (b, s, h, d) memory
+  call.slot[kO] = bshd("out", 4, 32, 3, 128, kBase + 8 * kMiB);
+  call.slot[kLse] = view("lse", {4, 32, 3}, kF32, kBase + 9 * kMiB, {3 * 32, 1, 32});
+  const Planned p(call, options);
+  const ByTokens& t = p.plan.by_tokens;
+  REQUIRE(t.on);
+  CHECK(t.queries == 3);
+  CHECK(t.causal);
+  CHECK(t.full_len == 64 * 16);
+  CHECK(p.plan.unmasked);  // each token's length is its whole mask
+  CHECK(p.plan.problem.b == 12);
+  CHECK(p.plan.problem.s_q == 1);
+  for (int s : {kQ, kO, kLse}) {
+    const TensorView& v = *p.plan.slots[s];
+    CHECK(v.dims[0] == 12);
+    CHECK(v.dims[2] == 1);
+    CHECK(v.strides[0] == p.operands.slots[s]->strides[2]);  // the next token, then the next entry's first
+    CHECK(v.data == p.operands.slots[s]->data);
+  }
+  const TensorView& table = *p.plan.slots[kBlockTable];
+  CHECK(table.dims[0] == 12);  // each entry's row repeated, by the launch's copy
+  CHECK(table.dims[2] == 64);
+  CHECK(p.plan.made_lengths[0] == 1);
+  CHECK(p.plan.slots[kSeqLensKV]->dims[0] == 12);
+  CHECK(p.plan.slots[kSeqLensKV]->data == 0);  // made beside the table copy
+  CHECK(p.plan.n_empty_rows == 2);             // tokens with no key: out 0, lse -inf
+  CHECK(Planned(call, SdpaOptions{}).plan.by_tokens.on);
+  CHECK_FALSE(Planned(call, SdpaOptions{}).plan.by_tokens.causal);
+
+  // What a length cannot say, or what has no (b x s) axis, keeps cuDNN's general kernel.
+  SdpaOptions top_left;
+  top_left.causal = true;
+  CHECK_FALSE(Planned(call, top_left).plan.by_tokens.on);
+  SdpaOptions window = options;
+  window.window_left = 100;
+  CHECK_FALSE(Planned(call, window).plan.by_tokens.on);
+  CHECK_FALSE(Planned(paged_decode(4, 64, 3), options).plan.by_tokens.on);  // (b, h, s, d) memory
+  CHECK(Planned(paged_decode(1, 64, 3), options).plan.by_tokens.on);        // one entry: any layout
+  CHECK_FALSE(Planned(paged_decode(1, 64, 7), options).plan.by_tokens.on);  // more tokens than pay
+  set_decode_by_tokens(false);
+  CHECK_FALSE(Planned(call, options).plan.by_tokens.on);
+  set_decode_by_tokens(true);
+}
+
 TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fills the GPU") {
   const SplitKvOn on;
   CHECK_FALSE(Planned(paged_decode(8, 512), SdpaOptions{}).plan.split.on);     // 256 blocks already
@@ -414,7 +472,7 @@ TEST_CASE("one query row that sees every key is planned without a mask (cuDNN's 
 
 TEST_CASE("decoding by heads through a paged view: one-token blocks of a head-major cache, a table made at launch") {
   const BucketedDecodeGraphs bucketed;
-  set_decode_heads_paged(true);
+  set_decode_heads_paged(true);  // the default; the fixture chose the ragged form
   SdpaOptions options;
   options.causal = true;
   options.alignment = CausalAlignment::bottom_right;

@@ -207,6 +207,8 @@ cdef extern from "stridedfa/call_plan.hpp" namespace "stridedfa" nogil:
     void set_decode_graphs_bucketed(cbool bucketed)
     cbool decode_heads_paged()
     void set_decode_heads_paged(cbool paged)
+    cbool decode_by_tokens()
+    void set_decode_by_tokens(cbool enabled)
 
 
 cdef extern from "stridedfa/split_kv.hpp" namespace "stridedfa" nogil:

@@ -70,7 +70,8 @@ def _set_cache_capacity(size_t capacity):
 def _decode_graphs(bucketed=None):
     """Whether decoding calls get graphs a growing cache reuses (decoding by heads, a paged table's
     bucketed width) rather than graphs of their exact extents; with ``bucketed`` set it first (for
-    tests and benchmarks; the process default is STRIDEDFA_DECODE_GRAPHS=bucketed, the default, or exact)."""
+    tests and benchmarks; the process default is STRIDEDFA_DECODE_GRAPHS: bucketed, the default,
+    ragged, or exact)."""
     if bucketed is not None:
         set_decode_graphs_bucketed(bool(bucketed))
     return decode_graphs_bucketed()
@@ -78,12 +79,21 @@ def _decode_graphs(bucketed=None):
 
 def _decode_heads_paged(paged=None):
     """Whether a one-query decoding step over a head-major cache is described by heads through a
-    paged view of the cache (STRIDEDFA_DECODE_GRAPHS=paged: cuDNN's fast one-query kernel, which the
-    ragged form by heads does not get; unverified on a GPU, so not the default); with ``paged`` set
-    it first (for tests and benchmarks)."""
+    paged view of the cache (cuDNN's fast one-query kernel; the default since GPU run 66) rather
+    than the ragged form (STRIDEDFA_DECODE_GRAPHS=ragged); with ``paged`` set it first (for tests
+    and benchmarks)."""
     if paged is not None:
         set_decode_heads_paged(bool(paged))
     return decode_heads_paged()
+
+
+def _decode_by_tokens(enabled=None):
+    """Whether a paged step of 2-6 queries per sequence (causal bottom-right, or unmasked) runs as
+    one-query sequences, one per token (cuDNN's fast one-query kernel; on by default); with
+    ``enabled`` set it first (for tests and benchmarks)."""
+    if enabled is not None:
+        set_decode_by_tokens(bool(enabled))
+    return decode_by_tokens()
 
 
 def _split_kv(enabled=None, chunks=None):

@@ -50,6 +50,8 @@ struct Plan {
   SinkFold sink_fold;
   // A one-query decoding call described by heads through a paged view: the table the launch makes.
   HeadsTable heads_table;
+  // A paged step of a few queries per entry run as one-query sequences (ragged.hpp ByTokens).
+  ByTokens by_tokens;
 };
 
 // Fills `plan` for a validated call (`operands` in slot order, null where absent, each 4-axis).
@@ -59,14 +61,20 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
 
 // Whether decoding calls get graphs that a growing cache reuses (decoding by heads, a paged
 // table's bucketed width: call_plan.cpp) or graphs of their exact extents (one per cache length).
-// STRIDEDFA_DECODE_GRAPHS=bucketed (the default since GPU run 63 verified it) or exact.
-// The setter is for tests and benchmarks; graphs of either kind have keys of their own.
+// STRIDEDFA_DECODE_GRAPHS=bucketed (the default), ragged or exact. The setters are for tests and
+// benchmarks; graphs of each kind have keys of their own.
 bool decode_graphs_bucketed();
 void set_decode_graphs_bucketed(bool bucketed);
-// STRIDEDFA_DECODE_GRAPHS=paged: decoding by heads, and a one-query step over a head-major cache
-// through a paged view of it (plan_decode_heads_paged; unverified on a GPU, so not the default).
+// Whether, bucketed, a one-query step over a head-major cache goes by heads through a paged view of
+// it (plan_decode_heads_paged: the default since GPU run 66) rather than the ragged form
+// (STRIDEDFA_DECODE_GRAPHS=ragged, or the setter with false).
 bool decode_heads_paged();
 void set_decode_heads_paged(bool paged);
+
+// Whether a paged step of 2-6 queries per entry is run as one-query sequences, one per token
+// (call_plan.cpp, plan_decode_by_tokens; on by default). The setter is for tests and benchmarks.
+bool decode_by_tokens();
+void set_decode_by_tokens(bool enabled);
 
 // A float32 (b, h, s[, 1]) statistics view packed as cuDNN reads it before 9.12 / 9.26.
 bool is_packed_stats(const TensorView& lse);

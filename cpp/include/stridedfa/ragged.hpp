@@ -74,12 +74,25 @@ struct RaggedPlan {
   int64_t bytes() const { return (2 + n_rows) * pitch() * 4; }
 };
 
+// Decoding by tokens (call_plan.cpp, plan_decode_by_tokens): a paged step of `queries` queries per
+// batch entry run as entries x queries one-query sequences, sequence i * queries + t being entry
+// i's token t: the launch's table copy repeats each entry's row `queries` times and makes each
+// sequence's key length -- the entry's (its seqlens_kv clamped into [0, full_len], else full_len),
+// under a bottom-right causal mask minus the queries after its token: L - queries + 1 + t, at least 0.
+struct ByTokens {
+  bool on = false;
+  int64_t queries = 1;
+  bool causal = false;
+  int64_t full_len = 0;
+};
+
 // A paged call's block table (`table`: its (b, 1, blocks, 1) view, rows contiguous) copied packed
 // into `out` ((b x width) int32 on `device`, width >= blocks: the declared table's) with every id
 // clamped into [0, num_blocks) and block 0 past the caller's columns, on `stream` (the same PTX
-// module; driver calls: the context must be current).
-void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, int32_t device, void* out,
-                       std::uintptr_t stream);
+// module; driver calls: the context must be current). With `tokens.on`, (b x queries x width): each
+// row repeated, and the sequences' key lengths (from `callers_kv`, data 0: none) into `lengths`.
+void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, const ByTokens& tokens,
+                       RowLengths callers_kv, void* lengths, int32_t device, void* out, std::uintptr_t stream);
 
 // Decoding by heads through a paged view (call_plan.cpp, plan_decode_heads_paged): each (batch
 // entry, key/value head) of a head-major cache one sequence of a paged problem whose blocks are the

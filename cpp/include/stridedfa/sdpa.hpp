@@ -68,6 +68,9 @@ struct PreparedCall {
   // Decoding by heads through a paged view: the table the launch makes (ragged.hpp HeadsTable),
   // given to the same page-table ptrs.
   HeadsTable heads_table;
+  // A paged step run by tokens (ragged.hpp ByTokens): the table copy repeats each entry's row, and
+  // ptrs[lengths_ptr[1]] gets the key lengths the copy's kernel makes beside it.
+  ByTokens by_tokens;
   // A paged decoding call split over its keys (split_kv.hpp): the ptrs that get the launch's
   // scratch, by SplitPart (queries, outputs, statistics, lengths_q, lengths_kv).
   SplitKv split;

@@ -1,0 +1,116 @@
+"""Decoding by tokens (call_plan.cpp, plan_decode_by_tokens): a paged step of 2-6 queries per sequence
+(speculative decoding, chunked prefill), causal bottom-right or unmasked, run as one one-query
+sequence per token with its own key length (cuDNN's fast decoding kernel). Against the fp64 reference
+on the gathered cache and against the same call on cuDNN's general kernel (by tokens switched off),
+outputs poisoned first; tokens that see no key (a cache shorter than the queries) get out 0, lse -inf."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.cuda import require_cuda
+
+torch = require_cuda()
+
+import stridedfa  # noqa: E402
+from helpers.checks import assert_close  # noqa: E402
+from helpers.torch_ref import torch_reference  # noqa: E402
+from stridedfa import _core  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+NUM_BLOCKS, BLOCK, BLOCKS, H_Q, H_KV, D = 96, 16, 8, 8, 2, 128
+
+
+@pytest.fixture
+def by_tokens():
+    before = _core._decode_by_tokens()
+    _core._decode_by_tokens(True)
+    yield
+    _core._decode_by_tokens(before)
+
+
+def case(b, s_q, lengths, gen):
+    """q, out and lse as (b, h, s_q, ...) views of token-major (b, s_q, h, ...) memory, as a
+    (b, s, h, d) projection gives them; the cache (blocks, h_kv, block, d), its table random."""
+    cache = torch.randn(NUM_BLOCKS, 2, BLOCK, H_KV, D, generator=gen, device="cuda").to(torch.bfloat16)
+    k_cache, v_cache = cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)
+    table = torch.randperm(NUM_BLOCKS, generator=torch.Generator().manual_seed(b * 7 + s_q))[:b * BLOCKS]
+    table = table.view(b, BLOCKS).to(torch.int32).cuda()
+    q = torch.randn(b, s_q, H_Q, D, generator=gen, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    out = torch.full((b, s_q, H_Q, D), float("nan"), device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    lse = torch.full((b, s_q, H_Q), float("nan"), device="cuda").transpose(1, 2)
+    seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    return q, k_cache, v_cache, table, seqlens, out, lse
+
+
+def gathered(cache, table):
+    b = table.shape[0]
+    return cache[table.long()].permute(0, 2, 1, 3, 4).reshape(b, H_KV, BLOCKS * BLOCK, D)
+
+
+MASKS = [
+    pytest.param(dict(causal=True, causal_alignment="bottom_right"), id="causal_br"),
+    pytest.param({}, id="no_mask"),
+    pytest.param(dict(causal=True, causal_alignment="bottom_right", softcap=20.0), id="softcap"),
+]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("s_q", [2, 4, 6])
+@pytest.mark.parametrize("lengths", [None, [128, 1, 77, 0, 3, 120]], ids=["full", "lengths"])
+def test_a_few_queries_by_tokens_match_the_reference(mask, s_q, lengths, by_tokens):
+    """Lengths 0, 1 and 3 leave some tokens no key under the causal mask (out 0, lse -inf)."""
+    gen = torch.Generator(device="cuda").manual_seed(100 + s_q)
+    b = 6
+    q, k_cache, v_cache, table, seqlens, out, lse = case(b, s_q, lengths, gen)
+    builds = stridedfa.cache_info()["builds"]
+    stridedfa.sdpa_forward(q, k_cache, v_cache, out, lse=lse, block_table=table, seqlens_kv=seqlens, **mask)
+    ref_lengths = seqlens if seqlens is not None else torch.full((b,), BLOCKS * BLOCK, dtype=torch.int32,
+                                                                 device="cuda")
+    ref_out, ref_lse = torch_reference(
+        q, gathered(k_cache, table), gathered(v_cache, table), causal=mask.get("causal", False),
+        alignment="bottom_right", softcap=mask.get("softcap"),
+        seqlens_q=torch.full((b,), s_q, dtype=torch.int32, device="cuda"), seqlens_kv=ref_lengths)
+    assert_close(out, ref_out, atol=2.5e-2, name="out")
+    assert_close(lse, ref_lse, atol=1e-3, name="lse")
+    # The general kernel (by tokens off) agrees; both graphs built once.
+    assert stridedfa.cache_info()["builds"] - builds <= 1
+    _core._decode_by_tokens(False)
+    general = torch.full_like(out, float("nan"))
+    stridedfa.sdpa_forward(q, k_cache, v_cache, general, block_table=table, seqlens_kv=seqlens, **mask)
+    seen = ref_lse.isfinite().unsqueeze(-1).expand_as(out)
+    assert_close(out[seen], general[seen], atol=2e-2, name="out vs the general kernel")
+
+
+def test_a_growing_cache_reuses_the_graph(by_tokens):
+    """The lengths are made on the device: steps of growing length share one graph."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q, k_cache, v_cache, table, _, out, lse = case(4, 3, None, gen)
+    stridedfa.sdpa_forward(q, k_cache, v_cache, out, block_table=table,
+                           seqlens_kv=torch.full((4,), 10, dtype=torch.int32, device="cuda"), causal=True,
+                           causal_alignment="bottom_right")
+    builds = stridedfa.cache_info()["builds"]
+    for length in range(11, 120, 7):
+        seqlens = torch.full((4,), length, dtype=torch.int32, device="cuda")
+        stridedfa.sdpa_forward(q, k_cache, v_cache, out, block_table=table, seqlens_kv=seqlens, causal=True,
+                               causal_alignment="bottom_right")
+    assert stridedfa.cache_info()["builds"] == builds
+    ref, _ = torch_reference(q, gathered(k_cache, table), gathered(v_cache, table), causal=True,
+                             alignment="bottom_right", seqlens_q=torch.full((4,), 3, dtype=torch.int32, device="cuda"),
+                             seqlens_kv=seqlens)
+    assert_close(out, ref, atol=2.5e-2, name="out")
+
+
+def test_head_major_queries_keep_the_general_kernel(by_tokens):
+    """(b, h, s, d) memory has no (b x s) axis to read q as: planned as before, and right."""
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    q, k_cache, v_cache, table, _, _, _ = case(3, 4, None, gen)
+    q = q.contiguous()
+    out = torch.full_like(q, float("nan"))
+    stridedfa.sdpa_forward(q, k_cache, v_cache, out, block_table=table, causal=True, causal_alignment="bottom_right")
+    full = torch.full((3,), BLOCKS * BLOCK, dtype=torch.int32, device="cuda")
+    ref, _ = torch_reference(q, gathered(k_cache, table), gathered(v_cache, table), causal=True,
+                             alignment="bottom_right", seqlens_q=torch.full((3,), 4, dtype=torch.int32, device="cuda"),
+                             seqlens_kv=full)
+    assert_close(out, ref, atol=2.5e-2, name="out")

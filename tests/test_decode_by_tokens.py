@@ -1,0 +1,102 @@
+"""Decoding by tokens (call_plan.cpp, plan_decode_by_tokens), shown on fake CUDA tensors (no GPU)
+through the graph key a call would use: a paged step of 2-6 queries per sequence, causal
+bottom-right or unmasked, with q and out token-major inside each batch entry, is planned as one
+one-query sequence per token (another graph than cuDNN's general kernel gets); what a token's
+padding length cannot say keeps the general kernel's graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from helpers.fake_dlpack import FakeTensor
+from stridedfa import _core
+
+GiB = 1 << 30
+_bases = itertools.count(1)
+H_Q, H_KV, D, BLOCK = 32, 8, 128, 16
+BR = dict(causal=True, causal_alignment="bottom_right")
+
+
+@pytest.fixture(autouse=True)
+def by_tokens():
+    before = _core._decode_by_tokens()
+    _core._decode_by_tokens(True)
+    yield
+    _core._decode_by_tokens(before)
+
+
+def fake(shape, dtype="bfloat16", strides=None):
+    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_bases) * GiB)
+
+
+def token_major(b, s_q, inner=(D,), dtype="bfloat16"):
+    """A (b, h, s_q, ...) view of (b, s_q, h, ...) memory."""
+    shape = (b, s_q, H_Q, *inner)
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    strides[1], strides[2] = strides[2], strides[1]
+    return fake((b, H_Q, s_q, *inner), dtype, strides=tuple(strides))
+
+
+def key(b, s_q, q=None, lse=False, **options):
+    pool, columns = 4096, 64
+    q = token_major(b, s_q) if q is None else q
+    extra = {"lse": token_major(b, s_q, inner=(), dtype="float32")} if lse else {}
+    return _core._forward_graph_key(
+        q, fake((pool, H_KV, BLOCK, D)), fake((pool, H_KV, BLOCK, D)), token_major(b, s_q),
+        block_table=fake((b, columns), "int32"), seqlens_kv=fake((b,), "int32"), **extra, **options)
+
+
+def general(*args, **kwargs):
+    _core._decode_by_tokens(False)
+    try:
+        return key(*args, **kwargs)
+    finally:
+        _core._decode_by_tokens(True)
+
+
+@pytest.mark.parametrize("s_q", [2, 4, 6])
+@pytest.mark.parametrize("options", [BR, {}, dict(softcap=30.0, **BR)], ids=["causal_br", "no_mask", "softcap"])
+@pytest.mark.parametrize("lse", [False, True])
+def test_a_few_queries_are_planned_by_tokens(s_q, options, lse):
+    assert key(8, s_q, lse=lse, **options) != general(8, s_q, lse=lse, **options)
+
+
+def test_the_graph_follows_the_tokens_not_the_lengths():
+    """b x s_q one-query sequences: 4 entries of 2 tokens and 2 entries of 4 share a graph; one
+    call's lengths are on the device, so a growing cache needs none."""
+    assert key(4, 2, **BR) == key(2, 4, **BR)
+    assert key(4, 2, **BR) != key(4, 3, **BR)
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param(dict(causal=True), id="top_left"),
+    pytest.param(dict(window=(127, 0), causal_alignment="bottom_right"), id="window"),
+    pytest.param(dict(window=(None, 3), causal_alignment="bottom_right"), id="right_window"),
+])
+def test_masks_that_lengths_cannot_say_keep_the_general_kernel(options):
+    assert key(8, 4, **options) == general(8, 4, **options)
+
+
+def test_more_queries_than_pay_keep_the_general_kernel():
+    """Each token rereads its keys: 7 and more tokens are faster on the general kernel (run 66)."""
+    assert key(8, 7, **BR) == general(8, 7, **BR)
+    assert key(8, 16, **BR) == general(8, 16, **BR)
+
+
+def test_head_major_queries_keep_the_general_kernel():
+    """(b, h, s, d) memory has no (b x s) axis to read q as; one batch entry has."""
+    head_major = fake((8, H_Q, 4, D))
+    assert key(8, 4, q=head_major, **BR) == general(8, 4, q=fake((8, H_Q, 4, D)), **BR)
+    assert key(1, 4, q=fake((1, H_Q, 4, D)), **BR) != general(1, 4, q=fake((1, H_Q, 4, D)), **BR)
+
+
+def test_operands_a_token_cannot_carry_keep_the_general_kernel():
+    sinks = fake((H_Q,), "float32")
+    assert key(8, 4, sinks=sinks, **BR) == general(8, 4, sinks=sinks, **BR)
+    seqlens_q = fake((8,), "int32")
+    assert key(8, 4, seqlens_q=seqlens_q, **BR) == general(8, 4, seqlens_q=seqlens_q, **BR)
