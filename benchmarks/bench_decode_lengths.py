@@ -12,10 +12,10 @@ transformers' head-major dynamic cache: a fresh (b, 8, L, 128) tensor per step):
     each): graphs built and seconds.
 The exact plan runs in a child process (the switch is read once per process). A script, never a test.
 
-    python benchmarks/bench_decode_lengths.py --out bench-out [--quick] [--heads-paged]
+    python benchmarks/bench_decode_lengths.py --out bench-out [--quick] [--ragged]
 
---heads-paged: decoding by heads through a paged view (STRIDEDFA_DECODE_GRAPHS=paged) for the
-bucketed rows, instead of the ragged form.
+The bucketed rows go by heads as the library does by default (one query over a head-major cache
+through a paged view of it); --ragged: in the ragged form instead (STRIDEDFA_DECODE_GRAPHS=ragged).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--heads-paged", action="store_true", help="by heads through a paged view")
+    parser.add_argument("--ragged", action="store_true", help="by heads in the ragged form, not the paged view")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches, lengths = ([1, 8], [100, 1000, 3000, 7000]) if args.quick else ([1, 8, 32], [100, 1000, 3000, 7000, 15000])
@@ -133,14 +133,14 @@ def main():
     from stridedfa import _core
 
     _core._decode_graphs(True)
-    _core._decode_heads_paged(args.heads_paged)
+    _core._decode_heads_paged(not args.ragged)
     by_heads = measure(batches, lengths, loop_steps, iters)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from provenance import provenance
 
     import stridedfa
 
-    result = {"by_heads": by_heads, "exact": exact, "heads_paged": args.heads_paged,
+    result = {"by_heads": by_heads, "exact": exact, "heads_paged": not args.ragged,
               "provenance": provenance(stridedfa)}
     (args.out / "decode_lengths.json").write_text(json.dumps(result, indent=1))
     (args.out / "decode_lengths.md").write_text(table(by_heads, exact))

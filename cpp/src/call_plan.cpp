@@ -717,14 +717,17 @@ bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, con
 // read as (b x s_q, h, 1, d), which needs the token axis inside the entry's (batch stride = s_q
 // token strides, as a (b, s, h, d) projection's view has it); the launch's table copy repeats each
 // entry's row s_q times and makes the key lengths (ragged.hpp ByTokens). Each token rereads its
-// entry's keys, so it pays only for few tokens: GPU run 66 (probe66, H100, 8k keys) 4 tokens 1.8-4.4x
-// faster than the general kernel at batch 1-32, 16 tokens 2x slower; the crossover is ~7.
-constexpr int64_t kByTokensMaxQueries = 6;
+// entry's keys, so it pays only for few tokens, or few sequences in all. GPU runs 66-67 (H100, 1k-8k
+// keys; probe66/67, bench_paged): up to 4 tokens faster than the general kernel at every batch (2
+// tokens at b32 x 8k 416 against 1,092 µs, 4: 600 against 1,102); at batch 1 up to 8 (51 against
+// 149); 6 and 8 tokens at batch 8 slower (300 against 285).
+constexpr int64_t kByTokensMaxQueries = 4, kByTokensMaxQueriesOneEntry = 8;
 std::atomic<bool> by_tokens_enabled{true};
 
 bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                            Plan& plan) {
-  if (op != GraphOp::forward || !p.paged || p.s_q < 2 || p.s_q > kByTokensMaxQueries) return false;
+  if (op != GraphOp::forward || !p.paged || p.s_q < 2) return false;
+  if (p.s_q > (p.b == 1 ? kByTokensMaxQueriesOneEntry : kByTokensMaxQueries)) return false;
   if (!by_tokens_enabled.load(std::memory_order_relaxed)) return false;
   for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState, kSinks}) {
     if (operands[s]) return false;

@@ -382,7 +382,12 @@ TEST_CASE("decoding by tokens: a paged step of a few queries becomes one one-que
   CHECK_FALSE(Planned(call, window).plan.by_tokens.on);
   CHECK_FALSE(Planned(paged_decode(4, 64, 3), options).plan.by_tokens.on);  // (b, h, s, d) memory
   CHECK(Planned(paged_decode(1, 64, 3), options).plan.by_tokens.on);        // one entry: any layout
-  CHECK_FALSE(Planned(paged_decode(1, 64, 7), options).plan.by_tokens.on);  // more tokens than pay
+  CHECK(Planned(paged_decode(1, 64, 8), options).plan.by_tokens.on);        // one entry: up to 8 tokens pay
+  CHECK_FALSE(Planned(paged_decode(1, 64, 9), options).plan.by_tokens.on);  // more tokens than pay
+  CallOperands five = paged_decode(4, 64, 5);
+  five.slot[kQ] = bshd("q", 4, 32, 5, 128, kBase);
+  five.slot[kO] = bshd("out", 4, 32, 5, 128, kBase + 8 * kMiB);
+  CHECK_FALSE(Planned(five, options).plan.by_tokens.on);  // several entries: up to 4
   set_decode_by_tokens(false);
   CHECK_FALSE(Planned(call, options).plan.by_tokens.on);
   set_decode_by_tokens(true);

@@ -88,7 +88,7 @@ def _decode_heads_paged(paged=None):
 
 
 def _decode_by_tokens(enabled=None):
-    """Whether a paged step of 2-6 queries per sequence (causal bottom-right, or unmasked) runs as
+    """Whether a paged step of 2-4 queries per sequence (2-8 for one; causal bottom-right, or unmasked) runs as
     one-query sequences, one per token (cuDNN's fast one-query kernel; on by default); with
     ``enabled`` set it first (for tests and benchmarks)."""
     if enabled is not None:

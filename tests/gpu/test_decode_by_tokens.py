@@ -1,4 +1,5 @@
-"""Decoding by tokens (call_plan.cpp, plan_decode_by_tokens): a paged step of 2-6 queries per sequence
+"""Decoding by tokens (call_plan.cpp, plan_decode_by_tokens): a paged step of 2-4 queries per sequence
+(2-8 for one sequence)
 (speculative decoding, chunked prefill), causal bottom-right or unmasked, run as one one-query
 sequence per token with its own key length (cuDNN's fast decoding kernel). Against the fp64 reference
 on the gathered cache and against the same call on cuDNN's general kernel (by tokens switched off),
@@ -40,7 +41,8 @@ def case(b, s_q, lengths, gen):
     q = torch.randn(b, s_q, H_Q, D, generator=gen, device="cuda").to(torch.bfloat16).transpose(1, 2)
     out = torch.full((b, s_q, H_Q, D), float("nan"), device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     lse = torch.full((b, s_q, H_Q), float("nan"), device="cuda").transpose(1, 2)
-    seqlens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    lengths = [BLOCKS * BLOCK] * b if lengths is None else lengths  # a paged call always says its lengths
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     return q, k_cache, v_cache, table, seqlens, out, lse
 
 
@@ -57,21 +59,19 @@ MASKS = [
 
 
 @pytest.mark.parametrize("mask", MASKS)
-@pytest.mark.parametrize("s_q", [2, 4, 6])
-@pytest.mark.parametrize("lengths", [None, [128, 1, 77, 0, 3, 120]], ids=["full", "lengths"])
-def test_a_few_queries_by_tokens_match_the_reference(mask, s_q, lengths, by_tokens):
+@pytest.mark.parametrize("b, s_q", [(6, 2), (6, 4), (1, 8)])
+@pytest.mark.parametrize("lengths", [None, [128, 1, 77, 0, 3, 120]], ids=["full", "short"])
+def test_a_few_queries_by_tokens_match_the_reference(mask, b, s_q, lengths, by_tokens):
     """Lengths 0, 1 and 3 leave some tokens no key under the causal mask (out 0, lse -inf)."""
     gen = torch.Generator(device="cuda").manual_seed(100 + s_q)
-    b = 6
+    lengths = None if lengths is None else lengths[:b] if b > 1 else [5]  # one entry: 3 of 8 tokens see no key
     q, k_cache, v_cache, table, seqlens, out, lse = case(b, s_q, lengths, gen)
     builds = stridedfa.cache_info()["builds"]
     stridedfa.sdpa_forward(q, k_cache, v_cache, out, lse=lse, block_table=table, seqlens_kv=seqlens, **mask)
-    ref_lengths = seqlens if seqlens is not None else torch.full((b,), BLOCKS * BLOCK, dtype=torch.int32,
-                                                                 device="cuda")
     ref_out, ref_lse = torch_reference(
         q, gathered(k_cache, table), gathered(v_cache, table), causal=mask.get("causal", False),
         alignment="bottom_right", softcap=mask.get("softcap"),
-        seqlens_q=torch.full((b,), s_q, dtype=torch.int32, device="cuda"), seqlens_kv=ref_lengths)
+        seqlens_q=torch.full((b,), s_q, dtype=torch.int32, device="cuda"), seqlens_kv=seqlens)
     assert_close(out, ref_out, atol=2.5e-2, name="out")
     assert_close(lse, ref_lse, atol=1e-3, name="lse")
     # The general kernel (by tokens off) agrees; both graphs built once.
@@ -105,12 +105,12 @@ def test_a_growing_cache_reuses_the_graph(by_tokens):
 def test_head_major_queries_keep_the_general_kernel(by_tokens):
     """(b, h, s, d) memory has no (b x s) axis to read q as: planned as before, and right."""
     gen = torch.Generator(device="cuda").manual_seed(9)
-    q, k_cache, v_cache, table, _, _, _ = case(3, 4, None, gen)
+    q, k_cache, v_cache, table, seqlens, _, _ = case(3, 4, [128, 50, 4], gen)
     q = q.contiguous()
     out = torch.full_like(q, float("nan"))
-    stridedfa.sdpa_forward(q, k_cache, v_cache, out, block_table=table, causal=True, causal_alignment="bottom_right")
-    full = torch.full((3,), BLOCKS * BLOCK, dtype=torch.int32, device="cuda")
+    stridedfa.sdpa_forward(q, k_cache, v_cache, out, block_table=table, seqlens_kv=seqlens, causal=True,
+                           causal_alignment="bottom_right")
     ref, _ = torch_reference(q, gathered(k_cache, table), gathered(v_cache, table), causal=True,
                              alignment="bottom_right", seqlens_q=torch.full((3,), 4, dtype=torch.int32, device="cuda"),
-                             seqlens_kv=full)
+                             seqlens_kv=seqlens)
     assert_close(out, ref, atol=2.5e-2, name="out")

@@ -71,7 +71,7 @@ void set_decode_graphs_bucketed(bool bucketed);
 bool decode_heads_paged();
 void set_decode_heads_paged(bool paged);
 
-// Whether a paged step of 2-6 queries per entry is run as one-query sequences, one per token
+// Whether a paged step of 2-4 queries per entry (2-8 for one entry) is run as one-query sequences, one per token
 // (call_plan.cpp, plan_decode_by_tokens; on by default). The setter is for tests and benchmarks.
 bool decode_by_tokens();
 void set_decode_by_tokens(bool enabled);
