@@ -32,7 +32,7 @@ constexpr int64_t kDecodeMaxQueries = 16;
 std::atomic<int> decode_bucketed{-1}, decode_paged_view{-1};
 
 void read_decode_graphs_setting() {
-  if (decode_bucketed.load(std::memory_order_relaxed) >= 0) return;
+  if (decode_bucketed.load(std::memory_order_acquire) >= 0) return;  // set after decode_paged_view
   const char* value = std::getenv("STRIDEDFA_DECODE_GRAPHS");
   const std::string chosen = value ? value : "";
   int unread = -1;
@@ -725,7 +725,7 @@ constexpr int64_t kByTokensMaxQueries = 4, kByTokensMaxQueriesOneEntry = 8;
 std::atomic<bool> by_tokens_enabled{true};
 
 bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
-                           Plan& plan) {
+                           int64_t cudnn_version, Plan& plan) {
   if (op != GraphOp::forward || !p.paged || p.s_q < 2) return false;
   if (p.s_q > (p.b == 1 ? kByTokensMaxQueriesOneEntry : kByTokensMaxQueries)) return false;
   if (!by_tokens_enabled.load(std::memory_order_relaxed)) return false;
@@ -738,6 +738,8 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
   for (int s : {kQ, kO, kLse}) {
     if (operands[s] && p.b > 1 && operands[s]->strides[0] != p.s_q * operands[s]->strides[2]) return false;
   }
+  // cuDNN before 9.12 writes only packed statistics, which the tokens' view of lse is not.
+  if (operands[kLse] && cudnn_version < 91200) return false;
   const int64_t sequences = p.b * p.s_q;
   const int64_t width = plan.slots[kBlockTable]->dims[2];  // the declared (bucketed) width
   if (sequences * width > INT32_MAX) return false;         // the kernel's entries
@@ -800,7 +802,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     table.strides[0] = table.dims[2];
     table.strides[2] = 1;
     if (plan_split_kv(op, problem, options, operands, plan)) return;
-    if (plan_decode_by_tokens(op, problem, options, operands, plan)) return;
+    if (plan_decode_by_tokens(op, problem, options, operands, cudnn_version, plan)) return;
   }
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.
   if (operands[kGradBias]) add_fill(plan, *operands[kGradBias], kGradBias);

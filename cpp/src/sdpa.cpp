@@ -483,7 +483,10 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       void* made_lengths = tokens.on ? static_cast<char*>(table) + table_bytes : nullptr;
       clamp_block_table(given, call.num_blocks, call.table_width, tokens, call.callers_lengths[1], made_lengths,
                         call.problem.device, table, stream);
-      if (tokens.on) ptrs[call.lengths_ptr[1]] = made_lengths;  // the tokens' key lengths
+      if (tokens.on) {  // the tokens' key lengths: the graph always reads seq_len_kv with seq_len_q
+        if (call.lengths_ptr[1] < 0) throw BackendError("stridedfa: a call by tokens has no key lengths operand");
+        ptrs[call.lengths_ptr[1]] = made_lengths;
+      }
     } else if (call.heads_table.on) {  // decoding by heads through a paged view: each head's rows
       const HeadsTable& made = call.heads_table;
       table = pool_alloc(call.problem.device, made.rows * made.width * int64_t(sizeof(int32_t)), stream);

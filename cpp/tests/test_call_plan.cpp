@@ -391,6 +391,16 @@ TEST_CASE("decoding by tokens: a paged step of a few queries becomes one one-que
   set_decode_by_tokens(false);
   CHECK_FALSE(Planned(call, options).plan.by_tokens.on);
   set_decode_by_tokens(true);
+  // cuDNN before 9.12 writes only packed statistics: with an lse, the general kernel.
+  Plan old;
+  const OperandViews views(call);
+  plan_call(call.op, validate_call(call), options, views.slots, 91100, old);
+  CHECK_FALSE(old.by_tokens.on);
+  call.slot[kLse] = TensorView{};
+  const OperandViews without_lse(call);
+  Plan old_without_lse;
+  plan_call(call.op, validate_call(call), options, without_lse.slots, 91100, old_without_lse);
+  CHECK(old_without_lse.by_tokens.on);
 }
 
 TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fills the GPU") {
