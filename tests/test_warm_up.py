@@ -187,3 +187,24 @@ def test_row_major_is_what_bhsd_means():
     q, k, v, out = (m.tensor(s, row_major(s)) for s in ((B, H_Q, S_Q, D), (B, H_KV, S_KV, D), (B, H_KV, S_KV, D),
                                                          (B, H_Q, S_Q, D)))
     assert _warm_up_keys(config) == [_core._forward_graph_key(q, k, v, out, None)]
+
+
+def test_decoding_steps_of_a_growing_dynamic_cache_find_the_graphs_warmed_per_doubling():
+    """transformers' dynamic cache: q of one token cut from a (b, s, h, d) projection, a head-major
+    cache one token longer each step. Warming up `layout="bhsd"` at each power of two the cache will
+    reach prepares the graph of every step up to it (batch x kv heads a power of two here: with
+    others, the cache's rows reach their next power of two at other lengths, and the first such step
+    builds)."""
+    b, h_q, h_kv, d = 8, 32, 8, 128
+    warmed = set()
+    for length in (512, 1024, 2048):
+        config = {"q": (b, h_q, 1, d), "k": (b, h_kv, length, d), "layout": "bhsd", "causal": True,
+                  "causal_alignment": "bottom_right", "backward": False}
+        warmed.update(_warm_up_keys(config))
+    m = _Memory()
+    steps = set()
+    for length in range(300, 2049, 7):
+        q, out = m.bshd(b, h_q, 1, d), m.bshd(b, h_q, 1, d)
+        k, v = (m.tensor((b, h_kv, length, d), row_major((b, h_kv, length, d))) for _ in range(2))
+        steps.add(_core._forward_graph_key(q, k, v, out, None, causal=True, causal_alignment="bottom_right"))
+    assert steps == warmed and len(warmed) == 3
