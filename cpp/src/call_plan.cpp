@@ -398,18 +398,8 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
   plan.slots[kCuSeqlensQ] = plan.slots[kCuSeqlensKV] = nullptr;  // read by the kernel, not by cuDNN
 }
 
-// Decoding by heads: a call of a few queries against a cache whose length L changes every step
-// would build a cuDNN graph per L (40-160 ms each), because the graph holds the extents and, for a
-// head-major cache, the batch and head strides (which grow with L). Instead every (batch entry i,
-// key/value head j) becomes one sequence of a ragged problem -- its group of h_q / h_kv query heads
-// that sequence's heads, its keys one head -- that starts at i * batch stride + j * head stride
-// (computed on the device at launch: stridedfa_heads_offsets) and has L keys. The graph then holds
-// only the token and in-group head strides and bucketed extents (the keys' a power of two), so a
-// decoding loop builds one graph per doubling of its cache. Returns false, leaving `plan` as it
-// was, for a call this does not describe (a backward, anything with a per-head or per-key operand,
-// dropout, offsets beyond 31 bits, or decode graphs not bucketed: decode_graphs_bucketed()).
-// Decoding by heads through a paged view (STRIDEDFA_DECODE_GRAPHS=paged; issue 33 item 1). The
-// ragged form below takes cuDNN 9.19's general kernel (GPU run 64); its fast one-query kernel runs
+// Decoding by heads through a paged view (the default; issue 33 item 1). The ragged form
+// (plan_decode_by_heads, below) takes cuDNN 9.19's general kernel (GPU run 64); its fast one-query kernel runs
 // dense and paged layouts. A head-major cache -- each head's tokens whole rows apart, heads and
 // batch entries a whole number of rows apart, as transformers' dynamic cache has it -- is a paged
 // cache of one-token blocks: each (batch entry, key/value head) one sequence whose table lists its
@@ -510,6 +500,16 @@ bool plan_decode_heads_paged(const Problem& p, const SdpaOptions& options, const
   return true;
 }
 
+// Decoding by heads: a call of a few queries against a cache whose length L changes every step
+// would build a cuDNN graph per L (40-160 ms each), because the graph holds the extents and, for a
+// head-major cache, the batch and head strides (which grow with L). Instead every (batch entry i,
+// key/value head j) becomes one sequence of a ragged problem -- its group of h_q / h_kv query heads
+// that sequence's heads, its keys one head -- that starts at i * batch stride + j * head stride
+// (computed on the device at launch: stridedfa_heads_offsets) and has L keys. The graph then holds
+// only the token and in-group head strides and bucketed extents (the keys' a power of two), so a
+// decoding loop builds one graph per doubling of its cache. Returns false, leaving `plan` as it
+// was, for a call this does not describe (a backward, anything with a per-head or per-key operand,
+// dropout, offsets beyond 31 bits, or decode graphs not bucketed: decode_graphs_bucketed()).
 bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                           const Visibility& seen, int64_t cudnn_version, Plan& plan) {
   if (op != GraphOp::forward || p.ragged || p.paged || !decode_graphs_bucketed()) return false;
