@@ -114,3 +114,65 @@ def test_head_major_queries_keep_the_general_kernel(by_tokens):
                              alignment="bottom_right", seqlens_q=torch.full((3,), 4, dtype=torch.int32, device="cuda"),
                              seqlens_kv=seqlens)
     assert_close(out, ref, atol=2.5e-2, name="out")
+
+
+def _random_view(rng, shape, fill, gen, token_major):
+    """A view of logical ``shape`` (b, h, s[, d]) whose (b, h, s) axes lie in memory in a random order
+    (b, s, h when ``token_major``), d innermost, each axis possibly padded (a view into a larger
+    buffer, as a packed projection gives)."""
+    lead = [0, 2, 1] if token_major else rng.sample(range(3), 3)
+    order = lead + list(range(3, len(shape)))
+    padded = [shape[axis] + (rng.choice((0, 0, 1, 3)) if axis != order[-1] or len(shape) == 3 else 0)
+              for axis in order]
+    if len(shape) == 4 and rng.random() < 0.3:
+        padded[-1] += 8  # rows longer than d (16-byte aligned), as q in a packed qkv row
+    if fill == "nan":
+        memory = torch.full(padded, float("nan"), device="cuda", dtype=torch.float32 if len(shape) == 3
+                            else torch.bfloat16)
+    else:
+        memory = torch.randn(padded, generator=gen, device="cuda").to(torch.bfloat16)
+    view = memory[tuple(slice(0, shape[axis]) for axis in order)]
+    return view.permute([order.index(axis) for axis in range(len(shape))])
+
+
+def test_random_strides_match_the_reference(by_tokens):
+    """Fuzz: queries, outputs and lse in random memory orders and paddings, the cache token- or
+    head-major, random lengths (0 included) and masks, 1-8 queries: whether the step is decoded by
+    tokens (token-major q/out/lse) or by cuDNN's general kernel, it matches the reference."""
+    import random
+
+    rng = random.Random(20261207)
+    gen = torch.Generator(device="cuda").manual_seed(20261207)
+    refused = []
+    for trial in range(40):
+        b = rng.choice((1, 2, 3, 5))
+        s_q = rng.randint(1, 8 if b == 1 else 5)
+        mask = rng.choice([m.values[0] for m in MASKS])
+        blocks = NUM_BLOCKS if rng.random() < 0.5 else NUM_BLOCKS + 5
+        cache = torch.randn(blocks, 2, BLOCK, H_KV, D, generator=gen, device="cuda").to(torch.bfloat16)
+        if rng.random() < 0.5:  # head-major blocks (blocks, h_kv, block, d)
+            cache = cache.permute(0, 1, 3, 2, 4).contiguous().permute(0, 1, 3, 2, 4)
+        k_cache, v_cache = cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)
+        table = torch.randperm(blocks, generator=torch.Generator().manual_seed(trial))[:b * BLOCKS]
+        table = table.view(b, BLOCKS).to(torch.int32).cuda()
+        lengths = [rng.choice((0, 1, s_q, rng.randint(1, BLOCKS * BLOCK), BLOCKS * BLOCK)) for _ in range(b)]
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        token_major = rng.random() < 0.6  # what decoding by tokens needs; otherwise rarely all three
+        q = _random_view(rng, (b, H_Q, s_q, D), "randn", gen, token_major)
+        out = _random_view(rng, (b, H_Q, s_q, D), "nan", gen, token_major)
+        lse = _random_view(rng, (b, H_Q, s_q), "nan", gen, token_major)
+        layout = f"trial {trial}: b={b} s_q={s_q} {mask} lengths={lengths} q{q.stride()} out{out.stride()} " \
+                 f"lse{lse.stride()} k{k_cache.stride()}"
+        try:
+            stridedfa.sdpa_forward(q, k_cache, v_cache, out, lse=lse, block_table=table, seqlens_kv=seqlens, **mask)
+        except stridedfa.UnsupportedError as error:  # a layout cuDNN refuses: refused before writing
+            assert out.isnan().all() and lse.isnan().all(), f"refused but wrote, {layout}: {error}"
+            refused.append(f"{layout}: {error}")
+            continue
+        ref_out, ref_lse = torch_reference(
+            q, gathered(k_cache, table), gathered(v_cache, table), causal=mask.get("causal", False),
+            alignment="bottom_right", softcap=mask.get("softcap"),
+            seqlens_q=torch.full((b,), s_q, dtype=torch.int32, device="cuda"), seqlens_kv=seqlens)
+        assert_close(out, ref_out, atol=2.5e-2, name=f"out, {layout}")
+        assert_close(lse, ref_lse, atol=1e-3, name=f"lse, {layout}")
+    assert len(refused) <= 10, "cuDNN refused most layouts:\n" + "\n".join(refused)
