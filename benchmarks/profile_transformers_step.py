@@ -12,7 +12,12 @@ For each model (built as bench_transformers.py builds it, at --hidden), both imp
 The difference between the two is written as kernels stridedfa launches that SDPA does not (and the
 reverse), so an extra fill, copy or bias shows by name. A script, never a test.
 
+With ``--decode`` a step is one greedy decoding step instead (no gradients): one new token per
+sequence through transformers' dynamic cache after a prefill of --seq tokens, as ``generate`` runs
+it (the all-ones mask grown by a column each step), so the cache grows by one each step.
+
     python benchmarks/profile_transformers_step.py --out prof-out --models bert,gpt_neox --hidden 1024 [--padding right]
+    python benchmarks/profile_transformers_step.py --out prof-out --models qwen3,mistral --decode --batch 8 --seq 512
 """
 
 from __future__ import annotations
@@ -75,8 +80,30 @@ def _kernels(prof, steps: int) -> tuple[Counter, Counter]:
     return (Counter({k: v / steps for k, v in counts.items()}), Counter({k: v / steps for k, v in micros.items()}))
 
 
-def profile_one(name: str, implementation: str, model, ids, mask, causal: bool, steps: int, out: Path) -> dict:
-    step = make_step(model, ids, mask, causal)
+def make_decode_step(model, ids, mask):
+    """One greedy decoding step after a prefill of ``ids``: the next token of every sequence through
+    the dynamic cache, with the mask ``generate`` hands over (all ones, a column longer each step)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    state = {"mask": torch.ones_like(ids) if mask is None else mask}
+    with torch.no_grad():
+        logits = model(ids, attention_mask=state["mask"], past_key_values=cache, use_cache=True).logits
+    state["next"] = logits[:, -1:].argmax(-1)
+    column = torch.ones_like(state["mask"][:, :1])
+
+    def step():
+        with torch.no_grad():
+            state["mask"] = torch.cat([state["mask"], column], 1)
+            logits = model(state["next"], attention_mask=state["mask"], past_key_values=cache, use_cache=True).logits
+            state["next"] = logits[:, -1:].argmax(-1)
+
+    return step
+
+
+def profile_one(name: str, implementation: str, model, ids, mask, causal: bool, steps: int, out: Path,
+                decode: bool = False) -> dict:
+    step = make_decode_step(model.eval(), ids, mask) if decode else make_step(model, ids, mask, causal)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -135,6 +162,7 @@ def main():
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--padding", choices=("none", "right", "left", "ones"), default="none")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--decode", action="store_true", help="profile greedy decoding steps, not training steps")
     parser.add_argument("--padding-check", choices=("on", "off"), default="off",
                         help="stridedfa.transformers.set_padding_check: read padding masks on the host (on) or not")
     args = parser.parse_args()
@@ -145,7 +173,7 @@ def main():
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "transformers": transformers.__version__, "stridedfa": stridedfa.__version__,
               "hidden": args.hidden, "batch": args.batch, "seq": args.seq, "padding": args.padding,
-              "padding_check": args.padding_check, "models": []}
+              "padding_check": args.padding_check, "decode": args.decode, "models": []}
     for name in args.models.split(","):
         causal = hf_models.FAMILIES[name][1] == "causal"
         ids, mask = batch(args.batch, args.seq, args.padding)
@@ -155,7 +183,7 @@ def main():
             ours = implementation == "stridedfa"  # which must really run on stridedfa
             with stridedfa.transformers.fallback("raise") if ours else contextlib.nullcontext():
                 sides[implementation] = profile_one(name, implementation, model, ids, mask, causal, args.steps,
-                                                    args.out)
+                                                    args.out, args.decode)
             del model
             torch.cuda.empty_cache()
         ours, theirs = sides.values()

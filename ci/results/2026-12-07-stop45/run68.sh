@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run 68 (~4 min; build the wheel first): stop 45's last code -- decoding by tokens (with its
+# GPU run 68 (~6 min; build the wheel first): stop 45's last code -- decoding by tokens (with its
 # stride fuzz), paged, its adapters, the flash_attn interface; memcheck; bench_paged --quick (they come
 # back as tests.tgz); then probe68 (8-16 queries by a prefix and a tail: probe68.log, probe68.json).
 set -u
@@ -15,3 +15,8 @@ timeout 150 python3 benchmarks/bench_paged.py --out $OUT/paged --quick > $OUT/pa
 pack; (cd $OUT && find . -type f ! -name tests.tgz -delete)
 (cd /tmp && timeout 90 python3 "$repo/ci/results/2026-12-07-stop45/probe68.py" > "$OUT/probe68.log" 2>&1); echo "probe68 rc $?"
 cut -c1-500 "$OUT/probe68.log"; ls "$OUT"
+# Where generation's steady-state decoding step goes (issue 33 item 4: qwen3 and mistral 0.87-0.94x SDPA)
+timeout 150 python3 benchmarks/profile_transformers_step.py --out $OUT/decode_profile --models qwen3,mistral,llama \
+  --decode --batch 8 --seq 512 --steps 20 --hidden 1024 > $OUT/decode_profile.log 2>&1; echo "decode profile rc $?"
+grep -v "^    " $OUT/decode_profile.log | cut -c1-600 | tail -8
+(cd $OUT && tar czf decode_profile.tgz decode_profile decode_profile.log && rm -rf decode_profile decode_profile.log)
