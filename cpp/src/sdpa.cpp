@@ -23,6 +23,44 @@
 namespace stridedfa {
 namespace {
 
+// Where each piece of a launch's scratch lies in the call's workspace, after cuDNN's own (offsets
+// in bytes, -1 where the call has none). Each piece starts 256-byte aligned.
+struct LaunchScratch {
+  int64_t table = -1;       // a paged call's clamped table (and by tokens the key lengths beside it),
+                            // or decoding by heads' made table
+  int64_t table_bytes = 0;  // the table's own bytes, where by tokens' lengths begin
+  int64_t split = -1, ragged = -1, lengths = -1, staged = -1, folded = -1;
+  int64_t bytes = 0;  // the whole workspace
+
+  explicit LaunchScratch(const PreparedCall& call) {
+    bytes = call.cudnn_workspace_bytes;
+    if (!call.graph) return;
+    if (call.paged) {
+      const ByTokens& tokens = call.by_tokens;
+      const int64_t rows = call.block_table.dims[0] * (tokens.on ? tokens.queries : 1);
+      table_bytes = (std::max<int64_t>(rows * call.table_width, 1) * int64_t(sizeof(int32_t)) + 15) / 16 * 16;
+      table = place(table_bytes + (tokens.on ? rows * int64_t(sizeof(int32_t)) : 0));
+    } else if (call.heads_table.on) {
+      table = place(call.heads_table.rows * call.heads_table.width * int64_t(sizeof(int32_t)));
+    }
+    if (call.split.on) split = place(split_kv_bytes(call.split));
+    if (call.ragged.on) ragged = place(call.ragged.bytes());
+    if (call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0)
+      lengths = place(2 * made_lengths_pitch(call) * int64_t(sizeof(int32_t)));
+    if (call.staged_lse_ptr >= 0) staged = place(call.staged_lse_source.numel() * call.staged_lse_source.itemsize());
+    if (call.sink_fold_lse_ptr >= 0) folded = place(call.sink_fold.scratch_bytes());
+  }
+  // Each row of the made lengths 16-byte aligned, as cuDNN declares its tensors.
+  static int64_t made_lengths_pitch(const PreparedCall& call) { return (call.made_lengths_rows + 3) / 4 * 4; }
+
+ private:
+  int64_t place(int64_t size) {
+    const int64_t at = (bytes + 255) / 256 * 256;
+    bytes = at + std::max<int64_t>(size, 1);
+    return at;
+  }
+};
+
 // cuDNN never steps along an extent-1 axis, so its stride carries no information: each gets the
 // stride a packed tensor would have there (the extent times the stride of the next axis that has
 // extent > 1, or 1 when none follows). Calls that differ only on extent-1 axes then share one
@@ -309,7 +347,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
     std::memcpy(last.key, key, sizeof(int64_t) * size_t(length));
     last.length = length;
   }
-  call.workspace_bytes = call.graph->workspace_bytes;
+  call.cudnn_workspace_bytes = call.graph->workspace_bytes;
   call.n_ptrs = static_cast<int>(call.graph->operand_order.size());
   call.ragged = plan.ragged;
   if (problem.paged) {
@@ -374,6 +412,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
       call.made_lengths_value[slot - kSeqLensQ] = plan.made_lengths[slot - kSeqLensQ];
     }
   }
+  call.workspace_bytes = LaunchScratch(call).bytes;
   return call;
 }
 
@@ -462,48 +501,46 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   for (int i = 0; i < call.n_copies; ++i) copy_strided(call.copies[i].from, call.copies[i].to, stream);
   if (!call.graph) return;
   void* handle = cudnn_handle_for(call.problem.device, stream);
+  const LaunchScratch layout(call);
   void* pooled = nullptr;
-  void* staged = nullptr;
-  void* lengths = nullptr;
-  void* ragged = nullptr;
-  void* table = nullptr;
-  void* split = nullptr;
-  void* folded = nullptr;
+  if (layout.bytes > 0 && workspace == nullptr) {
+    workspace = pooled = pool_alloc(call.problem.device, layout.bytes, stream);
+    own_workspace_count.fetch_add(1, std::memory_order_relaxed);
+  }
+  const auto at = [&](int64_t offset) -> void* {
+    return offset < 0 ? nullptr : static_cast<char*>(workspace) + offset;
+  };
+  void* const table = at(layout.table);
+  void* const split = at(layout.split);
+  void* const ragged = at(layout.ragged);
+  void* const lengths = at(layout.lengths);
+  void* const staged = at(layout.staged);
+  void* const folded = at(layout.folded);
   void* ptrs[kMaxGraphTensors];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
     if (call.paged) {  // block ids clamped into the cache: no id reads outside it
-      const TensorView& given = call.block_table;
       const ByTokens& tokens = call.by_tokens;
-      const int64_t rows = given.dims[0] * (tokens.on ? tokens.queries : 1);
-      const int64_t entries = std::max<int64_t>(rows * call.table_width, 1);
-      const int64_t table_bytes = (entries * int64_t(sizeof(int32_t)) + 15) / 16 * 16;
-      const int64_t lengths_bytes = tokens.on ? rows * int64_t(sizeof(int32_t)) : 0;
-      table = pool_alloc(call.problem.device, table_bytes + lengths_bytes, stream);
-      void* made_lengths = tokens.on ? static_cast<char*>(table) + table_bytes : nullptr;
-      clamp_block_table(given, call.num_blocks, call.table_width, tokens, call.callers_lengths[1], made_lengths,
-                        call.problem.device, table, stream);
+      void* made_lengths = tokens.on ? static_cast<char*>(table) + layout.table_bytes : nullptr;
+      clamp_block_table(call.block_table, call.num_blocks, call.table_width, tokens, call.callers_lengths[1],
+                        made_lengths, call.problem.device, table, stream);
       if (tokens.on) {  // the tokens' key lengths: the graph always reads seq_len_kv with seq_len_q
         if (call.lengths_ptr[1] < 0) throw BackendError("stridedfa: a call by tokens has no key lengths operand");
         ptrs[call.lengths_ptr[1]] = made_lengths;
       }
     } else if (call.heads_table.on) {  // decoding by heads through a paged view: each head's rows
-      const HeadsTable& made = call.heads_table;
-      table = pool_alloc(call.problem.device, made.rows * made.width * int64_t(sizeof(int32_t)), stream);
-      make_heads_table(made, call.problem.device, table, stream);
+      make_heads_table(call.heads_table, call.problem.device, table, stream);
     }
     for (int side = 0; side < 2 && table; ++side) {  // K's and V's page tables: the one made table
       if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
     }
     if (call.split.on) {  // the chunks' queries and lengths; cuDNN writes their partials beside them
-      split = pool_alloc(call.problem.device, split_kv_bytes(call.split), stream);
       split_kv_inputs(call.split, split, call.callers_lengths[1], call.problem.device, stream);
       for (int part = 0; part < 5; ++part) {
         if (call.split_ptr[part] >= 0) ptrs[call.split_ptr[part]] = split_kv_part(call.split, split, SplitPart(part));
       }
     }
     if (call.ragged.on) {
-      ragged = pool_alloc(call.problem.device, call.ragged.bytes(), stream);
       make_ragged_offsets(call.ragged, call.problem.device, ragged, stream);
       const int64_t row_bytes = call.ragged.pitch() * int64_t(sizeof(int32_t));
       for (int i = 0; i < call.n_ptrs; ++i) {
@@ -511,10 +548,9 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
           ptrs[i] = static_cast<char*>(ragged) + call.ragged_row_of_ptr[i] * row_bytes;
       }
     }
-    if (call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0) {
+    if (lengths) {
       const int64_t b = call.made_lengths_rows;
-      const int64_t pitch = (b + 3) / 4 * 4;  // each row 16-byte aligned, as cuDNN declares its tensors
-      lengths = pool_alloc(call.problem.device, 2 * pitch * int64_t(sizeof(int32_t)), stream);
+      const int64_t pitch = LaunchScratch::made_lengths_pitch(call);
       for (int side = 0; side < 2; ++side) {
         if (call.made_lengths_ptr[side] < 0) continue;
         TensorView region;
@@ -530,21 +566,15 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
         ptrs[call.made_lengths_ptr[side]] = reinterpret_cast<void*>(region.data);
       }
     }
-    if (call.workspace_bytes > 0 && workspace == nullptr) {
-      workspace = pooled = pool_alloc(call.problem.device, call.workspace_bytes, stream);
-      own_workspace_count.fetch_add(1, std::memory_order_relaxed);
-    }
     const bool forward = call.staged_lse_output;
     if (call.staged_lse_ptr >= 0) {
       const TensorView& user = call.staged_lse_source;
-      staged = pool_alloc(call.problem.device, user.numel() * user.itemsize(), stream);
       if (!forward) copy_to_packed(user, staged, stream);
       ptrs[call.staged_lse_ptr] = staged;
     }
-    if (call.sink_fold_lse_ptr >= 0) {  // the statistics the fold reads, where no lse was asked for
-      folded = pool_alloc(call.problem.device, call.sink_fold.scratch_bytes(), stream);
-      ptrs[call.sink_fold_lse_ptr] = folded;
-    }
+    if (call.sink_fold_lse_ptr >= 0)
+      ptrs[call.sink_fold_lse_ptr] = folded;  // the statistics the fold
+                                              // reads, without the caller's lse
     call.graph->execute(handle, ptrs, workspace);
     if (split) split_kv_merge(call.split, split, call.problem.device, stream);
     if (call.sink_fold.on) {
@@ -576,21 +606,9 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     }
   } catch (...) {
     if (pooled) pool_free(pooled, stream);
-    if (staged) pool_free(staged, stream);
-    if (lengths) pool_free(lengths, stream);
-    if (ragged) pool_free(ragged, stream);
-    if (table) pool_free(table, stream);
-    if (split) pool_free(split, stream);
-    if (folded) pool_free(folded, stream);
     throw;
   }
   if (pooled) pool_free(pooled, stream);
-  if (staged) pool_free(staged, stream);
-  if (lengths) pool_free(lengths, stream);
-  if (ragged) pool_free(ragged, stream);
-  if (table) pool_free(table, stream);
-  if (split) pool_free(split, stream);
-  if (folded) pool_free(folded, stream);
 }
 
 }  // namespace stridedfa

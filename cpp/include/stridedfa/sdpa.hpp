@@ -27,7 +27,11 @@ class BuiltGraph;
 struct PreparedCall {
   std::shared_ptr<const BuiltGraph> graph;  // null when there is nothing for cuDNN to compute
   Problem problem;
+  // What the launch needs from the caller's workspace: cuDNN's own workspace first, then the
+  // launch's scratch (the tables, lengths, offsets and staging below), so that one allocation by
+  // the caller's allocator serves the whole call and the launch allocates nothing itself.
   int64_t workspace_bytes = 0;
+  int64_t cudnn_workspace_bytes = 0;
   int n_ptrs = 0;
   void* ptrs[kMaxGraphTensors] = {};  // device pointers in the graph's sorted-UID order
   // Output regions no query or key of the mask takes part in (visibility.hpp), filled at launch.
@@ -95,8 +99,9 @@ std::vector<int64_t> call_graph_key(const CallOperands& call, const SdpaOptions&
 int64_t own_workspace_allocations();
 
 // Launch on `stream` (a cudaStream_t as an integer; 0 is the legacy default stream). `workspace`
-// must hold call.workspace_bytes on the call's device and stay valid for the stream's work; when
-// null, the workspace is taken from and returned to stridedfa's pool of the device (runtime.hpp).
+// must hold call.workspace_bytes on the call's device, 64-byte aligned, and stay valid for the
+// stream's work; when null, it is taken from and returned to stridedfa's pool of the device
+// (runtime.hpp), one allocation for the whole call.
 void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace);
 
 }  // namespace stridedfa
