@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/sfa-files PYTHONUNBUFFERED=1
 echo "memcheck rc $? (9: memcheck found errors)"; grep -E "ERROR SUMMARY|passed|failed" $OUT/memcheck.log | tail -3; pack
 timeout 150 python3 benchmarks/bench_paged.py --out $OUT/paged --quick > $OUT/paged.log 2>&1; echo "paged bench rc $?"
 pack; (cd $OUT && find . -type f ! -name tests.tgz -delete)
-(cd /tmp && timeout 90 python3 "$repo/ci/results/2026-12-07-stop45/probe68.py" > "$OUT/probe68.log" 2>&1); echo "probe68 rc $?"
+(cd /tmp && timeout 90 python3 "$repo/ci/results/2026-12-07-run68/probe68.py" > "$OUT/probe68.log" 2>&1); echo "probe68 rc $?"
 cut -c1-500 "$OUT/probe68.log"; ls "$OUT"
 # Where generation's steady-state decoding step goes (issue 33 item 4: qwen3 and mistral 0.87-0.94x SDPA)
 timeout 150 python3 benchmarks/profile_transformers_step.py --out $OUT/decode_profile --models qwen3,mistral,llama \
