@@ -235,11 +235,17 @@ void one_query_one_key_backward(Plan& plan) {
   plan.unmasked = true;  // every row of the fold sees the one key, whatever the mask said
 }
 
-// Whether, with each sequence's keys decided by padding lengths, a query at the end of its sequence
-// sees all of them: no left bound cuts the oldest, no top-left diagonal the newest.
-bool last_row_sees_every_key(const SdpaOptions& options) {
-  return options.left_bound() == SdpaOptions::kUnbounded &&
-         (options.right_bound() == SdpaOptions::kUnbounded || options.alignment == CausalAlignment::bottom_right);
+// Whether, with each sequence's keys decided by padding lengths (at most s_kv of them, at most s_q
+// queries), a query at the end of its sequence sees all of them: no top-left diagonal cuts the
+// newest, no left bound the oldest. A window at least as wide as the keys cuts none: a
+// sliding-window model decoding inside its window (transformers' sliding caches keep no more keys
+// than the window), which then runs on cuDNN's fast one-query kernel like a full-attention layer.
+bool last_row_sees_every_key(const SdpaOptions& options, int64_t s_q, int64_t s_kv) {
+  if (options.right_bound() != SdpaOptions::kUnbounded && options.alignment != CausalAlignment::bottom_right)
+    return false;
+  if (options.left_bound() == SdpaOptions::kUnbounded) return true;
+  const int64_t last_row = options.alignment == CausalAlignment::bottom_right ? s_kv - 1 : s_q - 1;
+  return last_row - options.left_bound() <= 0;
 }
 
 // One query row that sees every key of its (sub-)problem needs no mask, and cuDNN runs a one-row
@@ -252,7 +258,7 @@ bool last_row_sees_every_key(const SdpaOptions& options) {
 void one_row_sees_every_key(GraphOp op, const SdpaOptions& options, bool has_lengths, Plan& plan) {
   if (op != GraphOp::forward || plan.nothing_for_cudnn || plan.problem.s_q != 1) return;
   if (plan.slots[kAlibiSlopes] || plan.slots[kRngState]) return;
-  if (has_lengths && !last_row_sees_every_key(options)) return;
+  if (has_lengths && !last_row_sees_every_key(options, plan.problem.s_q, plan.problem.s_kv)) return;
   plan.unmasked = true;
 }
 
@@ -409,7 +415,7 @@ void plan_ragged(GraphOp op, const SdpaOptions& options, const TensorView* const
 bool plan_decode_heads_paged(const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                              Plan& plan) {
   if (!decode_heads_paged() || p.s_q != 1 || p.h_q < 2 || operands[kSinks] || operands[kSeqLensKV]) return false;
-  if (!last_row_sees_every_key(options)) return false;  // the lengths are then its whole mask
+  if (!last_row_sees_every_key(options, p.s_q, p.s_kv)) return false;  // the lengths are then its whole mask
   const TensorView& k = *operands[kK];
   const TensorView& v = *operands[kV];
   const int64_t group = p.h_q / p.h_kv;
@@ -647,8 +653,8 @@ bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, con
   for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
     if (operands[s]) return false;
   }
-  if (!last_row_sees_every_key(options)) return false;  // every chunk's row sees all its keys
-  const TensorView table = *plan.slots[kBlockTable];    // its declared (possibly bucketed) width
+  if (!last_row_sees_every_key(options, p.s_q, p.s_kv)) return false;  // every chunk's row sees all its keys
+  const TensorView table = *plan.slots[kBlockTable];                   // its declared (possibly bucketed) width
   const int64_t width = table.dims[2];
   const int64_t chunks = std::min(split_kv_chunks(p.b, p.h_q, width * p.block_size), width);
   if (chunks < 2) return false;

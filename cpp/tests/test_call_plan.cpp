@@ -411,8 +411,11 @@ TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fi
   top_left.causal = true;  // one query at the top-left diagonal sees key 0 only
   CHECK_FALSE(Planned(paged_decode(1, 512), top_left).plan.split.on);
   SdpaOptions window;
-  window.window_left = 127;
+  window.alignment = CausalAlignment::bottom_right;
+  window.window_left = 127;  // the one row sees the last 128 of up to 512 keys
   CHECK_FALSE(Planned(paged_decode(1, 512), window).plan.split.on);
+  window.alignment = CausalAlignment::top_left;  // row 0 of a top-left window sees every key after it
+  CHECK(Planned(paged_decode(1, 512), window).plan.split.on);
   CHECK(Planned(paged_decode(1, 512, 1, true), SdpaOptions{}).plan.split.lse.present);
   CallOperands with_sinks = paged_decode(1, 512);
   with_sinks.slot[kSinks] = view("sinks", {32}, kF32, kBase + 12 * kMiB);
@@ -530,6 +533,15 @@ TEST_CASE("decoding by heads through a paged view: one-token blocks of a head-ma
   CHECK_FALSE(Planned(decode(2, 300), options).plan.heads_table.on);
   SdpaOptions window = options;
   window.window_left = 63;
+  CHECK_FALSE(Planned(decode(1, 300), window).plan.heads_table.on);
+  // A window as wide as the cache cuts none of the row's keys (a sliding-window model inside its
+  // window): the paged view, unmasked, with the same graph as the full-attention layer's.
+  window.window_left = 299;
+  const Planned wide(decode(1, 300), window);
+  CHECK(wide.plan.heads_table.on);
+  CHECK(wide.plan.unmasked);
+  CHECK(declared(wide.plan) == declared(p.plan));
+  window.window_left = 298;
   CHECK_FALSE(Planned(decode(1, 300), window).plan.heads_table.on);
   SdpaOptions top_left;
   top_left.causal = true;

@@ -59,6 +59,8 @@ MASKS = [
     pytest.param(dict(causal=True, causal_alignment="bottom_right"), id="causal_br"),
     pytest.param(dict(causal=True), id="causal_tl"),
     pytest.param(dict(causal=True, causal_alignment="bottom_right", window=(63, None)), id="window64"),
+    # A sliding-window model inside its window (mistral's 1024 over a shorter cache): no key cut.
+    pytest.param(dict(causal=True, causal_alignment="bottom_right", window=(1023, None)), id="window_wider"),
     pytest.param(dict(softcap=30.0, causal=True, causal_alignment="bottom_right"), id="softcap"),
 ]
 
@@ -258,7 +260,8 @@ def test_one_query_planned_unmasked_matches_the_reference(mask, lengths, seed):
 def test_one_query_through_a_paged_view_matches_the_reference(mask, layout, heads, seed):
     """STRIDEDFA_DECODE_GRAPHS=paged: a head-major cache's one-query step described by heads as
     one-token blocks of a paged problem, its table made at launch (stridedfa_heads_table). Masks
-    that would cut the row's keys (top-left, a window) keep the ragged form; the rest run unmasked."""
+    that would cut the row's keys (top-left, a narrower window) keep the ragged form; the rest run
+    unmasked."""
     before = stridedfa._core._decode_heads_paged()
     stridedfa._core._decode_heads_paged(True)
     try:
