@@ -131,13 +131,14 @@ void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t widt
   launch(kernel, int64_t(rows) * width, params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
 }
 
-void make_heads_table(const HeadsTable& t, int32_t device, void* out, std::uintptr_t stream) {
+void make_heads_table(const HeadsTable& t, int32_t device, void* out, void* lengths, int64_t pitch,
+                      std::uintptr_t stream) {
   CUfunction kernel = kernels(device).heads_table;
-  unsigned long long table = reinterpret_cast<std::uintptr_t>(out);
+  unsigned long long table = reinterpret_cast<std::uintptr_t>(out), made = reinterpret_cast<std::uintptr_t>(lengths);
   unsigned int rows = unsigned(t.rows), width = unsigned(t.width), heads_kv = unsigned(t.heads_kv);
   unsigned int batch_rows = unsigned(t.batch_rows), head_rows = unsigned(t.head_rows);
-  unsigned int length = unsigned(t.length), num_blocks = unsigned(t.num_blocks);
-  void* params[] = {&table, &rows, &width, &heads_kv, &batch_rows, &head_rows, &length, &num_blocks};
+  unsigned int length = unsigned(t.length), num_blocks = unsigned(t.num_blocks), row_pitch = unsigned(pitch);
+  void* params[] = {&table, &rows, &width, &heads_kv, &batch_rows, &head_rows, &length, &num_blocks, &made, &row_pitch};
   launch(kernel, t.rows * t.width, params, stream, "cuLaunchKernel (stridedfa_heads_table)");
 }
 

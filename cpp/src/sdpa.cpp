@@ -516,6 +516,10 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   void* const lengths = at(layout.lengths);
   void* const staged = at(layout.staged);
   void* const folded = at(layout.folded);
+  const bool lengths_by_table = lengths && call.heads_table.on && call.made_lengths_ptr[0] >= 0 &&
+                                call.made_lengths_ptr[1] >= 0 && call.made_lengths_value[0] == 1 &&
+                                call.made_lengths_value[1] == call.heads_table.length &&
+                                call.made_lengths_rows == call.heads_table.rows;
   void* ptrs[kMaxGraphTensors];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
@@ -528,8 +532,10 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
         if (call.lengths_ptr[1] < 0) throw BackendError("stridedfa: a call by tokens has no key lengths operand");
         ptrs[call.lengths_ptr[1]] = made_lengths;
       }
-    } else if (call.heads_table.on) {  // decoding by heads through a paged view: each head's rows
-      make_heads_table(call.heads_table, call.problem.device, table, stream);
+    } else if (call.heads_table.on) {  // decoding by heads through a paged view: each head's rows,
+      // and in the same launch the made lengths (one query, the cache's keys) when they are those
+      make_heads_table(call.heads_table, call.problem.device, table, lengths_by_table ? lengths : nullptr,
+                       LaunchScratch::made_lengths_pitch(call), stream);
     }
     for (int side = 0; side < 2 && table; ++side) {  // K's and V's page tables: the one made table
       if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
@@ -562,7 +568,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
         region.device_type = kDLCUDA;
         region.device_id = call.problem.device;
         region.data = reinterpret_cast<std::uintptr_t>(lengths) + std::uintptr_t(side * pitch * 4);
-        fill_strided(region, static_cast<uint32_t>(call.made_lengths_value[side]), stream);
+        if (!lengths_by_table) fill_strided(region, static_cast<uint32_t>(call.made_lengths_value[side]), stream);
         ptrs[call.made_lengths_ptr[side]] = reinterpret_cast<void*>(region.data);
       }
     }

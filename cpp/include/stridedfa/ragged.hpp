@@ -103,8 +103,10 @@ struct HeadsTable {
   int64_t rows = 0, width = 0, heads_kv = 0, batch_rows = 0, head_rows = 0, length = 0, num_blocks = 0;
 };
 // The table into `out` ((rows x width) int32 on `device`), on `stream` (driver calls: the context
-// must be current).
-void make_heads_table(const HeadsTable& t, int32_t device, void* out, std::uintptr_t stream);
+// must be current). With `lengths` (not null) the same launch writes the sequences' lengths there:
+// `rows` ones (one query each), then at `pitch` entries on `rows` times t.length (their keys).
+void make_heads_table(const HeadsTable& t, int32_t device, void* out, void* lengths, int64_t pitch,
+                      std::uintptr_t stream);
 
 // An output whose rows of empty sequences and padding the launch fills after cuDNN (below).
 struct EmptyRows {
