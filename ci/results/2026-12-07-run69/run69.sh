@@ -9,7 +9,7 @@ repo=$(pwd)
 pack() { (cd "$OUT" && tar czf /tmp/all.tgz --exclude=all.tgz . && mv /tmp/all.tgz all.tgz); }
 site=/tmp/sfa-probe
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl && cp src/stridedfa/*.py "$site/stridedfa/"
-(cd /tmp && PYTHONPATH=$site PYTHONUNBUFFERED=1 timeout 100 python3 "$repo/ci/results/2026-12-07-stop46/probe69.py" \
+(cd /tmp && PYTHONPATH=$site PYTHONUNBUFFERED=1 timeout 100 python3 "$repo/ci/results/2026-12-07-run69/probe69.py" \
   > "$OUT/probe69.log" 2>&1); echo "probe69 rc $?"
 cut -c1-700 "$OUT/probe69.log"; pack
 PART=files LIMIT=230 FILES="test_decode_graphs.py test_decode_by_tokens.py test_paged.py test_split_kv.py \
