@@ -199,11 +199,14 @@ def same_where_baseline_agrees(ours, baseline, reference):
     return float(((ours == baseline) & agreed).sum()) / compared, compared
 
 
-def generation_rows(names, caches=("dynamic", "static"), hidden=1024, batch_size=8, prompt=512, new_tokens=128):
+def generation_rows(names, caches=("dynamic", "static"), hidden=1024, batch_size=8, prompt=512, new_tokens=128,
+                    rounds=5):
     """Greedy generation (issue 33 item 4) with each cache: the first request of a fresh model
-    (its graph builds included: stridedfa's counted) and the steady state (the same request
-    again), tokens per second each, and whether stridedfa's tokens equal the baseline's. The static
-    cache is compiled by transformers itself (its default for a static cache)."""
+    (its graph builds included: stridedfa's counted), then the steady state (the same request
+    again) in ``rounds`` alternating rounds of both models, so that host noise hits both: tokens
+    per second each (the steady state's median, with the per-round ratios), and whether
+    stridedfa's tokens equal the baseline's. The static cache is compiled by transformers itself
+    (its default for a static cache)."""
     rows = []
     ids, mask = batch(batch_size, prompt, "none")
     for name in names:
@@ -211,34 +214,44 @@ def generation_rows(names, caches=("dynamic", "static"), hidden=1024, batch_size
         reference = float32_tokens(name, hidden, ids, mask, prompt, new_tokens)
         for cache in caches:
             row = {"model": name, "hidden": hidden, "cache": cache, "baseline": baseline, "batch": batch_size,
-                   "prompt": prompt, "new_tokens": new_tokens}
-            tokens = {}
-            for implementation in ("stridedfa", baseline):
-                model = build(name, implementation, hidden).eval()
-                settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                pad_token_id=0, cache_implementation=cache)
-                builds = stridedfa.cache_info()["builds"]
+                   "prompt": prompt, "new_tokens": new_tokens, "rounds": rounds}
+            settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                            cache_implementation=cache)
+            models, tokens = {}, {}
+
+            def request(implementation):
+                """Tokens per second of one request, and its tokens."""
+                torch.cuda.synchronize()
+                began = time.perf_counter()
                 with torch.no_grad():
-                    for phase in ("first", "steady"):
-                        torch.cuda.synchronize()
-                        began = time.perf_counter()
-                        out = model.generate(ids, attention_mask=mask, **settings)
-                        torch.cuda.synchronize()
-                        row[f"{implementation}_{phase}_tokens_per_s"] = batch_size * new_tokens / (
-                            time.perf_counter() - began)
-                        if implementation == "stridedfa":
-                            row[f"stridedfa_{phase}_graph_builds"] = stridedfa.cache_info()["builds"] - builds
-                            builds = stridedfa.cache_info()["builds"]
-                tokens[implementation] = out[:, prompt:]
-                del model
-                torch.cuda.empty_cache()
-            for phase in ("first", "steady"):
-                ours, theirs = row[f"stridedfa_{phase}_tokens_per_s"], row[f"{baseline}_{phase}_tokens_per_s"]
-                row[f"{phase}_speedup"] = ours / theirs
+                    out = models[implementation].generate(ids, attention_mask=mask, **settings)
+                torch.cuda.synchronize()
+                return batch_size * new_tokens / (time.perf_counter() - began), out[:, prompt:]
+
+            for implementation in ("stridedfa", baseline):  # first requests: each model fresh
+                models[implementation] = build(name, implementation, hidden).eval()
+                builds = stridedfa.cache_info()["builds"]
+                row[f"{implementation}_first_tokens_per_s"], tokens[implementation] = request(implementation)
+                if implementation == "stridedfa":
+                    row["stridedfa_first_graph_builds"] = stridedfa.cache_info()["builds"] - builds
+            builds = stridedfa.cache_info()["builds"]
+            steady = {implementation: [] for implementation in models}
+            for _ in range(rounds):
+                for implementation in models:
+                    steady[implementation].append(request(implementation)[0])
+            row["stridedfa_steady_graph_builds"] = stridedfa.cache_info()["builds"] - builds
+            for implementation, speeds in steady.items():
+                row[f"{implementation}_steady_tokens_per_s"] = statistics.median(speeds)
+            ratios = [ours / theirs for ours, theirs in zip(steady["stridedfa"], steady[baseline])]
+            row["steady_round_ratios"] = [round(r, 3) for r in ratios]
+            row["first_speedup"] = row["stridedfa_first_tokens_per_s"] / row[f"{baseline}_first_tokens_per_s"]
+            row["steady_speedup"] = statistics.median(ratios)
             row["same_tokens"] = float((tokens["stridedfa"] == tokens[baseline]).float().mean())
             share, compared = same_where_baseline_agrees(tokens["stridedfa"], tokens[baseline], reference)
             row["same_tokens_where_baseline_agrees_with_float32"] = share
             row["tokens_where_baseline_agrees_with_float32"] = compared
+            del models
+            torch.cuda.empty_cache()
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -264,7 +277,7 @@ def table(rows, generation):
                      f"geomean {math.exp(sum(map(math.log, padded)) / len(padded)):.2f}x (target >= 1.3x)")
     if generation:
         lines += ["", "| model | cache | first request tokens/s (graphs built) | baseline | steady tokens/s | baseline "
-                  "| first, steady speedup | same tokens | same where the baseline agrees with float32 (tokens) |",
+                  "| first, steady speedup [steady rounds' range] | same tokens | same where the baseline agrees with float32 (tokens) |",
                   "|---|---|---|---|---|---|---|---|---|"]
     for g in generation:
         base = g["baseline"]
@@ -272,7 +285,9 @@ def table(rows, generation):
                      f"({g['stridedfa_first_graph_builds']}) | {g[base + '_first_tokens_per_s']:.0f} ({base}) | "
                      f"{g['stridedfa_steady_tokens_per_s']:.0f} ({g['stridedfa_steady_graph_builds']}) | "
                      f"{g[base + '_steady_tokens_per_s']:.0f} | "
-                     f"{g['first_speedup']:.2f}x, {g['steady_speedup']:.2f}x | "
+                     f"{g['first_speedup']:.2f}x, {g['steady_speedup']:.2f}x "
+                     f"[{min(g.get('steady_round_ratios', [g['steady_speedup']])):.2f}, "
+                     f"{max(g.get('steady_round_ratios', [g['steady_speedup']])):.2f}] | "
                      f"{g['same_tokens']:.3f} | "
                      f"{g.get('same_tokens_where_baseline_agrees_with_float32', float('nan')):.3f} "
                      f"({g.get('tokens_where_baseline_agrees_with_float32', 0)}) |")
