@@ -199,6 +199,16 @@ def same_where_baseline_agrees(ours, baseline, reference):
     return float(((ours == baseline) & agreed).sum()) / compared, compared
 
 
+def request(model, ids, mask, settings, prompt):
+    """Tokens per second of one greedy request (synchronised before and after), and its new tokens."""
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, **settings)
+    torch.cuda.synchronize()
+    return ids.shape[0] * settings["max_new_tokens"] / (time.perf_counter() - began), out[:, prompt:]
+
+
 def generation_rows(names, caches=("dynamic", "static"), hidden=1024, batch_size=8, prompt=512, new_tokens=128,
                     rounds=5):
     """Greedy generation (issue 33 item 4) with each cache: the first request of a fresh model
@@ -218,27 +228,18 @@ def generation_rows(names, caches=("dynamic", "static"), hidden=1024, batch_size
             settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
                             cache_implementation=cache)
             models, tokens = {}, {}
-
-            def request(implementation):
-                """Tokens per second of one request, and its tokens."""
-                torch.cuda.synchronize()
-                began = time.perf_counter()
-                with torch.no_grad():
-                    out = models[implementation].generate(ids, attention_mask=mask, **settings)
-                torch.cuda.synchronize()
-                return batch_size * new_tokens / (time.perf_counter() - began), out[:, prompt:]
-
             for implementation in ("stridedfa", baseline):  # first requests: each model fresh
                 models[implementation] = build(name, implementation, hidden).eval()
                 builds = stridedfa.cache_info()["builds"]
-                row[f"{implementation}_first_tokens_per_s"], tokens[implementation] = request(implementation)
+                row[f"{implementation}_first_tokens_per_s"], tokens[implementation] = request(
+                    models[implementation], ids, mask, settings, prompt)
                 if implementation == "stridedfa":
                     row["stridedfa_first_graph_builds"] = stridedfa.cache_info()["builds"] - builds
             builds = stridedfa.cache_info()["builds"]
             steady = {implementation: [] for implementation in models}
             for _ in range(rounds):
                 for implementation in models:
-                    steady[implementation].append(request(implementation)[0])
+                    steady[implementation].append(request(models[implementation], ids, mask, settings, prompt)[0])
             row["stridedfa_steady_graph_builds"] = stridedfa.cache_info()["builds"] - builds
             for implementation, speeds in steady.items():
                 row[f"{implementation}_steady_tokens_per_s"] = statistics.median(speeds)
