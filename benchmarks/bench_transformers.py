@@ -278,7 +278,8 @@ def table(rows, generation):
                      f"geomean {math.exp(sum(map(math.log, padded)) / len(padded)):.2f}x (target >= 1.3x)")
     if generation:
         lines += ["", "| model | cache | first request tokens/s (graphs built) | baseline | steady tokens/s | baseline "
-                  "| first, steady speedup [steady rounds' range] | same tokens | same where the baseline agrees with float32 (tokens) |",
+                  "| first, steady speedup [steady rounds' range] | same tokens "
+                  "| same where the baseline agrees with float32 (tokens) |",
                   "|---|---|---|---|---|---|---|---|---|"]
     for g in generation:
         base = g["baseline"]
