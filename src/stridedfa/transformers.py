@@ -203,7 +203,6 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
     options = dict(scale=scaling, causal=causal, window=window, softcap=softcap or None,
                    dropout_p=float(dropout))  # transformers passes 0.0 outside training
     sinks = None if s_aux is None else s_aux.float()
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if kwargs.get("position_bias") is not None:  # T5's learned relative positions, with their gradient
         out = _with_position_bias(query, key, value, mask, kwargs["position_bias"], causal, options, sinks)
         return out, "bias", None
@@ -223,7 +222,8 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
     if isinstance(mask, StridedMask) and mask.kind == "masked":  # the keys' padding beside the options
         return _dense(query, key, value, options, sinks, seqlens_q=mask.seqlens_q, seqlens_kv=mask.seqlens_kv,
                       bias=mask.bias(query.dtype)), "masked", rows_seen
-    if isinstance(mask, StridedMask) and mask.kind in ("runs", "packed") and not (sinks is not None and training):
+    if isinstance(mask, StridedMask) and mask.kind in ("runs", "packed") and not (
+            sinks is not None and _training(query, key, value)):
         tokens = _tokens(query, key, value)
         if tokens is not None:
             out = _varlen(*tokens, mask.cu_seqlens_q, mask.cu_seqlens_kv, mask.max_seqlen_q, mask.max_seqlen_kv,
@@ -237,6 +237,11 @@ def _run(module, query, key, value, mask, dropout, scaling, is_causal, sliding_w
         bias, rows_seen = _layers_bias(mask, query.dtype)
     options.update(causal=False, window=None)
     return _dense(query, key, value, options, sinks, bias=bias), "bias", rows_seen
+
+
+def _training(query, key, value) -> bool:
+    """Whether the call records gradients (asked only where it matters: a decoding step's call skips it)."""
+    return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
 
 
 def _layers_bias(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
