@@ -115,7 +115,8 @@ void make_ragged_offsets(const RaggedPlan& r, int32_t device, void* buffer, std:
 }
 
 void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, const ByTokens& tokens,
-                       RowLengths callers_kv, void* lengths, int32_t device, void* out, std::uintptr_t stream) {
+                       RowLengths callers_kv, void* lengths, int32_t device, void* out, std::uintptr_t stream,
+                       void* lengths_q, int64_t value_q) {
   CUfunction kernel = kernels(device).clamp_blocks;
   const int64_t repeat = tokens.on ? tokens.queries : 1;
   unsigned long long in = table.data, packed = reinterpret_cast<std::uintptr_t>(out);
@@ -126,8 +127,10 @@ void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t widt
                      made = tokens.on ? reinterpret_cast<std::uintptr_t>(lengths) : 0;
   unsigned int seqlens_stride = unsigned(callers_kv.stride), full_len = unsigned(tokens.full_len);
   unsigned int causal = tokens.on && tokens.causal ? 1u : 0u;
-  void* params[] = {&in,     &packed,  &rows,           &cols, &row_stride, &blocks, &out_cols,
-                    &copies, &seqlens, &seqlens_stride, &made, &full_len,   &causal};
+  unsigned long long made_q = reinterpret_cast<std::uintptr_t>(lengths_q);
+  unsigned int queries = unsigned(value_q);
+  void* params[] = {&in,      &packed,         &rows, &cols,     &row_stride, &blocks, &out_cols, &copies,
+                    &seqlens, &seqlens_stride, &made, &full_len, &causal,     &made_q, &queries};
   launch(kernel, int64_t(rows) * width, params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
 }
 

@@ -520,6 +520,10 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
                                 call.made_lengths_ptr[1] >= 0 && call.made_lengths_value[0] == 1 &&
                                 call.made_lengths_value[1] == call.heads_table.length &&
                                 call.made_lengths_rows == call.heads_table.rows;
+  // A paged call's made query lengths (every row the same) come from its table copy's launch.
+  const bool q_lengths_by_table =
+      lengths && call.paged && !call.split.on && call.made_lengths_ptr[0] >= 0 &&
+      call.made_lengths_rows == call.block_table.dims[0] * (call.by_tokens.on ? call.by_tokens.queries : 1);
   void* ptrs[kMaxGraphTensors];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
@@ -527,7 +531,8 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       const ByTokens& tokens = call.by_tokens;
       void* made_lengths = tokens.on ? static_cast<char*>(table) + layout.table_bytes : nullptr;
       clamp_block_table(call.block_table, call.num_blocks, call.table_width, tokens, call.callers_lengths[1],
-                        made_lengths, call.problem.device, table, stream);
+                        made_lengths, call.problem.device, table, stream, q_lengths_by_table ? lengths : nullptr,
+                        call.made_lengths_value[0]);
       if (tokens.on) {  // the tokens' key lengths: the graph always reads seq_len_kv with seq_len_q
         if (call.lengths_ptr[1] < 0) throw BackendError("stridedfa: a call by tokens has no key lengths operand");
         ptrs[call.lengths_ptr[1]] = made_lengths;
@@ -568,7 +573,8 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
         region.device_type = kDLCUDA;
         region.device_id = call.problem.device;
         region.data = reinterpret_cast<std::uintptr_t>(lengths) + std::uintptr_t(side * pitch * 4);
-        if (!lengths_by_table) fill_strided(region, static_cast<uint32_t>(call.made_lengths_value[side]), stream);
+        if (!lengths_by_table && !(side == 0 && q_lengths_by_table))
+          fill_strided(region, static_cast<uint32_t>(call.made_lengths_value[side]), stream);
         ptrs[call.made_lengths_ptr[side]] = reinterpret_cast<void*>(region.data);
       }
     }

@@ -91,8 +91,10 @@ struct ByTokens {
 // clamped into [0, num_blocks) and block 0 past the caller's columns, on `stream` (the same PTX
 // module; driver calls: the context must be current). With `tokens.on`, (b x queries x width): each
 // row repeated, and the sequences' key lengths (from `callers_kv`, data 0: none) into `lengths`.
+// With `lengths_q` (not null) every row of the copy also gets `value_q` there: its query length.
 void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, const ByTokens& tokens,
-                       RowLengths callers_kv, void* lengths, int32_t device, void* out, std::uintptr_t stream);
+                       RowLengths callers_kv, void* lengths, int32_t device, void* out, std::uintptr_t stream,
+                       void* lengths_q = nullptr, int64_t value_q = 0);
 
 // Decoding by heads through a paged view (call_plan.cpp, plan_decode_heads_paged): each (batch
 // entry, key/value head) of a head-major cache one sequence of a paged problem whose blocks are the
