@@ -23,43 +23,42 @@
 namespace stridedfa {
 namespace {
 
-// Where each piece of a launch's scratch lies in the call's workspace, after cuDNN's own (offsets
-// in bytes, -1 where the call has none). Each piece starts 256-byte aligned.
-struct LaunchScratch {
-  int64_t table = -1;       // a paged call's clamped table (and by tokens the key lengths beside it),
-                            // or decoding by heads' made table
-  int64_t table_bytes = 0;  // the table's own bytes, where by tokens' lengths begin
-  int64_t split = -1, ragged = -1, lengths = -1, staged = -1, folded = -1;
-  int64_t bytes = 0;  // the whole workspace
-
-  explicit LaunchScratch(const PreparedCall& call) {
-    bytes = call.cudnn_workspace_bytes;
-    if (!call.graph) return;
-    if (call.paged) {
-      const ByTokens& tokens = call.by_tokens;
-      const int64_t rows = call.block_table.dims[0] * (tokens.on ? tokens.queries : 1);
-      table_bytes = (std::max<int64_t>(rows * call.table_width, 1) * int64_t(sizeof(int32_t)) + 15) / 16 * 16;
-      table = place(table_bytes + (tokens.on ? rows * int64_t(sizeof(int32_t)) : 0));
-    } else if (call.heads_table.on) {
-      table = place(call.heads_table.rows * call.heads_table.width * int64_t(sizeof(int32_t)));
-    }
-    if (call.split.on) split = place(split_kv_bytes(call.split));
-    if (call.ragged.on) ragged = place(call.ragged.bytes());
-    if (call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0)
-      lengths = place(2 * made_lengths_pitch(call) * int64_t(sizeof(int32_t)));
-    if (call.staged_lse_ptr >= 0) staged = place(call.staged_lse_source.numel() * call.staged_lse_source.itemsize());
-    if (call.sink_fold_lse_ptr >= 0) folded = place(call.sink_fold.scratch_bytes());
-  }
-  // Each row of the made lengths 16-byte aligned, as cuDNN declares its tensors.
-  static int64_t made_lengths_pitch(const PreparedCall& call) { return (call.made_lengths_rows + 3) / 4 * 4; }
-
- private:
-  int64_t place(int64_t size) {
+// Lays out the launch's scratch in the workspace after cuDNN's own (call.scratch; the workspace
+// the caller allocates is then call.workspace_bytes), and decides which made lengths the table
+// kernel writes in the same launch: the paged view's (one query, the cache's keys, a row each),
+// and a paged call's query lengths (every row of its table copy the same).
+void lay_out_scratch(PreparedCall& call) {
+  int64_t bytes = call.cudnn_workspace_bytes;
+  const auto place = [&](int64_t size) {
     const int64_t at = (bytes + 255) / 256 * 256;
     bytes = at + std::max<int64_t>(size, 1);
     return at;
+  };
+  PreparedCall::Scratch& s = call.scratch;
+  const int64_t copy_rows = call.block_table.dims[0] * (call.by_tokens.on ? call.by_tokens.queries : 1);
+  if (call.paged) {
+    s.table_bytes = (std::max<int64_t>(copy_rows * call.table_width, 1) * int64_t(sizeof(int32_t)) + 15) / 16 * 16;
+    s.table = place(s.table_bytes + (call.by_tokens.on ? copy_rows * int64_t(sizeof(int32_t)) : 0));
+  } else if (call.heads_table.on) {
+    s.table = place(call.heads_table.rows * call.heads_table.width * int64_t(sizeof(int32_t)));
   }
-};
+  if (call.split.on) s.split = place(split_kv_bytes(call.split));
+  if (call.ragged.on) s.ragged = place(call.ragged.bytes());
+  if (call.made_lengths_ptr[0] >= 0 || call.made_lengths_ptr[1] >= 0) {
+    s.lengths_pitch = (call.made_lengths_rows + 3) / 4 * 4;
+    s.lengths = place(2 * s.lengths_pitch * int64_t(sizeof(int32_t)));
+  }
+  if (call.staged_lse_ptr >= 0) s.staged = place(call.staged_lse_source.numel() * call.staged_lse_source.itemsize());
+  if (call.sink_fold_lse_ptr >= 0) s.folded = place(call.sink_fold.scratch_bytes());
+  call.workspace_bytes = bytes;
+  const bool made_q = call.made_lengths_ptr[0] >= 0, made_kv = call.made_lengths_ptr[1] >= 0;
+  if (call.heads_table.on && made_q && made_kv && call.made_lengths_value[0] == 1 &&
+      call.made_lengths_value[1] == call.heads_table.length && call.made_lengths_rows == call.heads_table.rows) {
+    call.made_lengths_by_table[0] = call.made_lengths_by_table[1] = true;
+  }
+  if (call.paged && !call.split.on && made_q && call.made_lengths_rows == copy_rows)
+    call.made_lengths_by_table[0] = true;
+}
 
 // cuDNN never steps along an extent-1 axis, so its stride carries no information: each gets the
 // stride a packed tensor would have there (the extent times the stride of the next axis that has
@@ -412,7 +411,7 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
       call.made_lengths_value[slot - kSeqLensQ] = plan.made_lengths[slot - kSeqLensQ];
     }
   }
-  call.workspace_bytes = LaunchScratch(call).bytes;
+  lay_out_scratch(call);
   return call;
 }
 
@@ -501,46 +500,38 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
   for (int i = 0; i < call.n_copies; ++i) copy_strided(call.copies[i].from, call.copies[i].to, stream);
   if (!call.graph) return;
   void* handle = cudnn_handle_for(call.problem.device, stream);
-  const LaunchScratch layout(call);
+  const PreparedCall::Scratch& scratch = call.scratch;
   void* pooled = nullptr;
-  if (layout.bytes > 0 && workspace == nullptr) {
-    workspace = pooled = pool_alloc(call.problem.device, layout.bytes, stream);
+  if (call.workspace_bytes > 0 && workspace == nullptr) {
+    workspace = pooled = pool_alloc(call.problem.device, call.workspace_bytes, stream);
     own_workspace_count.fetch_add(1, std::memory_order_relaxed);
   }
   const auto at = [&](int64_t offset) -> void* {
     return offset < 0 ? nullptr : static_cast<char*>(workspace) + offset;
   };
-  void* const table = at(layout.table);
-  void* const split = at(layout.split);
-  void* const ragged = at(layout.ragged);
-  void* const lengths = at(layout.lengths);
-  void* const staged = at(layout.staged);
-  void* const folded = at(layout.folded);
-  const bool lengths_by_table = lengths && call.heads_table.on && call.made_lengths_ptr[0] >= 0 &&
-                                call.made_lengths_ptr[1] >= 0 && call.made_lengths_value[0] == 1 &&
-                                call.made_lengths_value[1] == call.heads_table.length &&
-                                call.made_lengths_rows == call.heads_table.rows;
-  // A paged call's made query lengths (every row the same) come from its table copy's launch.
-  const bool q_lengths_by_table =
-      lengths && call.paged && !call.split.on && call.made_lengths_ptr[0] >= 0 &&
-      call.made_lengths_rows == call.block_table.dims[0] * (call.by_tokens.on ? call.by_tokens.queries : 1);
+  void* const table = at(scratch.table);
+  void* const split = at(scratch.split);
+  void* const ragged = at(scratch.ragged);
+  void* const lengths = at(scratch.lengths);
+  void* const staged = at(scratch.staged);
+  void* const folded = at(scratch.folded);
   void* ptrs[kMaxGraphTensors];
   std::copy(call.ptrs, call.ptrs + call.n_ptrs, ptrs);
   try {
     if (call.paged) {  // block ids clamped into the cache: no id reads outside it
       const ByTokens& tokens = call.by_tokens;
-      void* made_lengths = tokens.on ? static_cast<char*>(table) + layout.table_bytes : nullptr;
+      void* made_lengths = tokens.on ? static_cast<char*>(table) + scratch.table_bytes : nullptr;
       clamp_block_table(call.block_table, call.num_blocks, call.table_width, tokens, call.callers_lengths[1],
-                        made_lengths, call.problem.device, table, stream, q_lengths_by_table ? lengths : nullptr,
-                        call.made_lengths_value[0]);
+                        made_lengths, call.problem.device, table, stream,
+                        call.made_lengths_by_table[0] ? lengths : nullptr, call.made_lengths_value[0]);
       if (tokens.on) {  // the tokens' key lengths: the graph always reads seq_len_kv with seq_len_q
         if (call.lengths_ptr[1] < 0) throw BackendError("stridedfa: a call by tokens has no key lengths operand");
         ptrs[call.lengths_ptr[1]] = made_lengths;
       }
     } else if (call.heads_table.on) {  // decoding by heads through a paged view: each head's rows,
       // and in the same launch the made lengths (one query, the cache's keys) when they are those
-      make_heads_table(call.heads_table, call.problem.device, table, lengths_by_table ? lengths : nullptr,
-                       LaunchScratch::made_lengths_pitch(call), stream);
+      make_heads_table(call.heads_table, call.problem.device, table, call.made_lengths_by_table[1] ? lengths : nullptr,
+                       scratch.lengths_pitch, stream);
     }
     for (int side = 0; side < 2 && table; ++side) {  // K's and V's page tables: the one made table
       if (call.page_table_ptr[side] >= 0) ptrs[call.page_table_ptr[side]] = table;
@@ -561,7 +552,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     }
     if (lengths) {
       const int64_t b = call.made_lengths_rows;
-      const int64_t pitch = LaunchScratch::made_lengths_pitch(call);
+      const int64_t pitch = scratch.lengths_pitch;
       for (int side = 0; side < 2; ++side) {
         if (call.made_lengths_ptr[side] < 0) continue;
         TensorView region;
@@ -573,7 +564,7 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
         region.device_type = kDLCUDA;
         region.device_id = call.problem.device;
         region.data = reinterpret_cast<std::uintptr_t>(lengths) + std::uintptr_t(side * pitch * 4);
-        if (!lengths_by_table && !(side == 0 && q_lengths_by_table))
+        if (!call.made_lengths_by_table[side])
           fill_strided(region, static_cast<uint32_t>(call.made_lengths_value[side]), stream);
         ptrs[call.made_lengths_ptr[side]] = reinterpret_cast<void*>(region.data);
       }
@@ -584,9 +575,8 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
       if (!forward) copy_to_packed(user, staged, stream);
       ptrs[call.staged_lse_ptr] = staged;
     }
-    if (call.sink_fold_lse_ptr >= 0)
-      ptrs[call.sink_fold_lse_ptr] = folded;  // the statistics the fold
-                                              // reads, without the caller's lse
+    // The statistics the sink fold reads, where the caller asked for no lse.
+    if (call.sink_fold_lse_ptr >= 0) ptrs[call.sink_fold_lse_ptr] = folded;
     call.graph->execute(handle, ptrs, workspace);
     if (split) split_kv_merge(call.split, split, call.problem.device, stream);
     if (call.sink_fold.on) {

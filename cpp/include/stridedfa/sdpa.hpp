@@ -49,6 +49,9 @@ struct PreparedCall {
   int made_lengths_ptr[2] = {-1, -1};
   int64_t made_lengths_value[2] = {0, 0};
   int64_t made_lengths_rows = 0;  // entries per made row: the plan's batch (by heads: b x h_kv), not the caller's
+  // Which made lengths the launch's table kernel writes beside its table (no fill of their own):
+  // the paged view's both, a paged call's queries' (sdpa.cpp, lay_out_scratch).
+  bool made_lengths_by_table[2] = {false, false};
   // A variable-length call: the lengths and offsets the kernel makes at launch, and the row of its
   // buffer each pointer is (-1: the pointer in ptrs).
   RaggedPlan ragged;
@@ -83,6 +86,14 @@ struct PreparedCall {
   // lse, ptrs[sink_fold_lse_ptr] gets the launch's scratch for the statistics.
   SinkFold sink_fold;
   int sink_fold_lse_ptr = -1;
+  // Where each piece of the launch's scratch lies in the workspace, after cuDNN's own (byte
+  // offsets, each 256-byte aligned; -1 where the call has none), laid out once by prepare.
+  struct Scratch {
+    int64_t table = -1;       // a paged call's clamped table (by tokens: the key lengths beside it,
+    int64_t table_bytes = 0;  // table_bytes on), or decoding by heads' made table
+    int64_t split = -1, ragged = -1, lengths = -1, staged = -1, folded = -1;
+    int64_t lengths_pitch = 0;  // int32 entries from the made query lengths to the keys' (16-byte rows)
+  } scratch;
 };
 
 // Validate, then look up or build the graph. Throws BackendError when cuDNN is not loaded.
