@@ -8,29 +8,20 @@ padding length cannot say keeps the general kernel's graph.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
-from helpers.fake_dlpack import FakeTensor
+from helpers.fake_dlpack import spaced as fake
+from helpers.switches import switched
 from stridedfa import _core
 
-GiB = 1 << 30
-_bases = itertools.count(1)
 H_Q, H_KV, D, BLOCK = 32, 8, 128, 16
 BR = dict(causal=True, causal_alignment="bottom_right")
 
 
 @pytest.fixture(autouse=True)
 def by_tokens():
-    before = _core._decode_by_tokens()
-    _core._decode_by_tokens(True)
-    yield
-    _core._decode_by_tokens(before)
-
-
-def fake(shape, dtype="bfloat16", strides=None):
-    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_bases) * GiB)
+    with switched(_core._decode_by_tokens, True):
+        yield
 
 
 def token_major(b, s_q, inner=(D,), dtype="bfloat16"):

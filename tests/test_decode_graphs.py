@@ -11,7 +11,6 @@ length build one graph per doubling of the cache.
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
@@ -19,25 +18,18 @@ import textwrap
 
 import pytest
 
-from helpers.fake_dlpack import FakeTensor
+from helpers.fake_dlpack import spaced as fake
+from helpers.switches import switched
 from stridedfa import _core
 
-GiB = 1 << 30
-_bases = itertools.count(1)
 B, H_Q, H_KV, D = 2, 32, 8, 128
 
 
 @pytest.fixture(autouse=True)
 def bucketed():
     """Decode graphs bucketed (STRIDEDFA_DECODE_GRAPHS=bucketed) for each test, as before after."""
-    before = _core._decode_graphs()
-    _core._decode_graphs(True)
-    yield
-    _core._decode_graphs(before)
-
-
-def fake(shape, dtype="bfloat16", strides=None):
-    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_bases) * GiB)
+    with switched(_core._decode_graphs, True):
+        yield
 
 
 def cache(length, layout):
@@ -77,14 +69,10 @@ def test_one_query_steps_through_a_paged_view_build_one_graph_per_doubling(lse):
         return {step_key(length, layout, **kw) for length in range(100, 1100)}
 
     paged, token_major, multi = keys("head_major", lse=lse), keys("token_major", lse=lse), keys("head_major", s_q=5)
-    before = _core._decode_heads_paged()
-    _core._decode_heads_paged(False)
-    try:
+    with switched(_core._decode_heads_paged, False):
         ragged = keys("head_major", lse=lse)
         assert token_major == keys("token_major", lse=lse)
         assert multi == keys("head_major", s_q=5)
-    finally:
-        _core._decode_heads_paged(before)
     assert len(paged) <= 8 and len(ragged) <= 8
     assert paged.isdisjoint(ragged)
 

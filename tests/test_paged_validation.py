@@ -4,21 +4,14 @@ sequence) and the cached lengths seqlens_kv (b,). What validation accepts, refus
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 import stridedfa
 from helpers.fake_dlpack import FakeTensor
+from helpers.fake_dlpack import spaced as fake
 from stridedfa import _core
 
-GiB = 1 << 30
-_bases = itertools.count(1)
 B, H_Q, H_KV, D, NUM_BLOCKS, BLOCK, BLOCKS = 4, 8, 2, 128, 64, 16, 12
-
-
-def fake(shape, dtype="bfloat16", strides=None):
-    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_bases) * GiB)
 
 
 def args(s_q=1, **change):

@@ -7,31 +7,23 @@ the cache's lengths, only the table's width.
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
 
 import pytest
 
-from helpers.fake_dlpack import FakeTensor
+from helpers.fake_dlpack import spaced as fake
+from helpers.switches import switched
 from stridedfa import _core
 
-GiB = 1 << 30
-_bases = itertools.count(1)
 H_Q, H_KV, D, BLOCK = 32, 8, 128, 16
 
 
 @pytest.fixture(autouse=True)
 def split_kv():
-    before = _core._split_kv()
-    _core._split_kv(True)
-    yield
-    _core._split_kv(before)
-
-
-def fake(shape, dtype="bfloat16", strides=None):
-    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_bases) * GiB)
+    with switched(_core._split_kv, True):
+        yield
 
 
 def key(b, columns, s_q=1, **options):
@@ -74,12 +66,8 @@ def test_what_a_chunk_would_get_wrong_is_not_split(options):
 def test_the_key_holds_the_tables_width_not_the_cache_lengths():
     """The lengths are on the device: one graph per table width, and with bucketed decode graphs a
     growing table reaches a new one once per doubling."""
-    before = _core._decode_graphs()
-    _core._decode_graphs(True)
-    try:
+    with switched(_core._decode_graphs, True):
         keys = {key(1, columns) for columns in range(8, 513)}
-    finally:
-        _core._decode_graphs(before)
     assert len(keys) == 7  # 8, 16, ..., 512 columns
 
 

@@ -15,6 +15,7 @@ torch = require_cuda()
 
 import stridedfa  # noqa: E402
 from helpers.checks import assert_close  # noqa: E402
+from helpers.switches import switched  # noqa: E402
 from helpers.torch_ref import torch_reference  # noqa: E402
 from stridedfa import _core  # noqa: E402
 
@@ -25,10 +26,8 @@ NUM_BLOCKS, BLOCK, BLOCKS, H_Q, H_KV, D = 96, 16, 8, 8, 2, 128
 
 @pytest.fixture
 def by_tokens():
-    before = _core._decode_by_tokens()
-    _core._decode_by_tokens(True)
-    yield
-    _core._decode_by_tokens(before)
+    with switched(_core._decode_by_tokens, True):
+        yield
 
 
 def case(b, s_q, lengths, gen):

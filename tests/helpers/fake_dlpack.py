@@ -13,6 +13,7 @@ received and how often its deleter ran, and a subclass can also publish the DLPa
 from __future__ import annotations
 
 import ctypes
+import itertools
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -207,3 +208,12 @@ class ExchangeTensor(FakeTensor):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.borrowed = 0  # how often the exchange API filled a DLTensor for it
+
+
+_spaced_bases = itertools.count(1)
+
+
+def spaced(shape, dtype="bfloat16", strides=None) -> FakeTensor:
+    """A FakeTensor at an address of its own, 1 GiB from every other spaced() tensor's, so that no
+    two overlap (validation refuses outputs that overlap inputs)."""
+    return FakeTensor(shape, strides, dtype, data=0x100000000000 + next(_spaced_bases) * (1 << 30))
