@@ -2,7 +2,8 @@
 same cache gathered contiguous (the gather not timed: SDPA's best case), side by side in one run.
 
 GQA 32/8, d = 128, bf16, one query per sequence (and 2-16: multi-token decode, q token-major as a
-(b, s, h, d) projection gives it, by tokens where that applies beside cuDNN's general kernel), block size 16;
+(b, s, h, d) projection gives it, by tokens or a prefix + tail split where they apply, beside cuDNN's
+general kernel), block size 16;
 batch 1..256, cache lengths 1k..32k. Reports µs per decode step, the effective HBM bandwidth (the
 cached K and V bytes each step reads, over its time) against a measured copy ceiling (a
 device-to-device copy of the same bytes), and the share of that ceiling. stridedfa runs twice in
@@ -52,15 +53,20 @@ def case(batch, length, warmup, iters, queries=1):
     def paged_step():
         return st.attention_with_kvcache(q, k_cache, v_cache, table, lengths)
     # One query: unsplit (False) and split over the keys (True). Several: cuDNN's general kernel
-    # (False: by tokens off) and one one-query sequence per token (True: the default where it applies).
-    switch = stridedfa._core._split_kv if queries == 1 else stridedfa._core._decode_by_tokens
+    # (False: by tokens and the prefix + tail split off) and the default plan (True: one one-query
+    # sequence per token for 2-4, a prefix + tail split for 5-16 over long caches).
+    def several(on):
+        stridedfa._core._decode_by_tokens(on)
+        stridedfa._core._decode_prefix_tail(on)
+
+    switch = stridedfa._core._split_kv if queries == 1 else several
     for variant in (False, True):
         switch(variant)
         timings[variant] = timed_us(paged_step, warmup, iters)
         graphed[variant] = graphed_us(paged_step, warmup, iters)
     stridedfa._core._split_kv(True)
-    stridedfa._core._decode_by_tokens(True)
-    if queries > 1:  # the default path first: by tokens, with the general kernel beside it
+    several(True)
+    if queries > 1:  # the default path first, with the general kernel beside it
         return multi_token_row(batch, length, queries, q, table, k_cache, v_cache, timings, graphed, warmup, iters)
     paged, split_us = timings[False], timings[True]
     k_full, v_full = gathered_cache(batch, length, k_cache, v_cache, table)
@@ -231,7 +237,7 @@ def main():
                 rows.append({"batch": batch, "cache_length": length, "error": f"{type(error).__name__}: {error}"[:200]})
             torch.cuda.empty_cache()
     # Multi-token decode (issue 33 item 3: >= 60% of the ceiling at batch >= 8), beside one token.
-    for queries in (2, 4, 6, 8, 16) if not args.quick else (2, 4, 8):
+    for queries in (2, 4, 6, 8, 16) if not args.quick else (2, 4, 8, 16):
         for batch in (1, 8, 32, 128) if not args.quick else (1, 8, 32):
             for length in (1024, 8192):
                 try:

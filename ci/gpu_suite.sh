@@ -39,7 +39,7 @@ case "$PART" in
     run_tests suite2 570 test_transformers.py test_persisted_plans.py test_warm_up.py test_context_parallel.py \
       test_bias.py test_dropout.py test_torch_attention.py test_torch_packed.py test_streams.py \
       test_torch_compile.py test_torch_ops.py test_torch_streams.py test_variants_adapters.py test_zero_size.py \
-      test_decode_graphs.py test_decode_by_tokens.py test_split_kv.py ;;
+      test_decode_graphs.py test_decode_by_tokens.py test_split_kv.py test_decode_prefix_tail.py ;;
   fuzz)
     STRIDEDFA_FUZZ_INVALID=${FUZZ_INVALID:-1000} STRIDEDFA_FUZZ_VALID=${FUZZ_VALID:-4000} \
       STRIDEDFA_FUZZ_REPORT="$OUT/fuzz.json" timeout "${FUZZ_LIMIT:-400}" \

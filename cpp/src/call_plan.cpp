@@ -774,7 +774,99 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
   return true;
 }
 
+// A prefix and a tail (issue 33 item 3; docs/design/multi-token-decode.md): by tokens rereads the
+// keys once per token, so past 4 tokens it loses to cuDNN's general kernel (~30% of the copy
+// ceiling). Under a bottom-right causal mask every token of an entry with L keys sees its first
+// L - s_q + 1; so split each entry's keys at P = floor(max(L - s_q, 0) / block) x block (a block
+// boundary, at most L - s_q): the prefix [0, P), which every token sees -- the tokens folded into
+// the query heads (h_q x s_q heads, head-major), one query, unmasked: cuDNN's fast one-query kernel
+// reads the keys once for all of them -- and token t's tail [P, L - s_q + 1 + t), at most s_q + block
+// - 1 keys. Both are sequences of one paged graph: entry i's chunk 0 its prefix, chunk 1 + t token
+// t's tail (its table row the entry's, shifted to P by the launch's table copy; every folded head
+// runs there, only token t's are merged), then each row merged from its two chunks by their
+// log-sum-exp (split_kv.hpp, the split-KV merge; sinks join there). GPU runs 68-70 (probe68/70, H100,
+// replayed, the parts as separate calls merged in torch): b8 x 8k x 8 tokens 162 µs against the
+// general kernel's 283, b32 463 / 1,079, b8 x 16 tokens 205 / 288; at 1k keys no gain (65 / 48).
+constexpr int64_t kPrefixTailMinQueries = 5, kPrefixTailMaxQueries = 16, kPrefixTailMinKeys = 2048;
+std::atomic<bool> prefix_tail_enabled{true};
+
+bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
+                      Plan& plan) {
+  if (op != GraphOp::forward || !p.paged || p.s_q < kPrefixTailMinQueries || p.s_q > kPrefixTailMaxQueries) return false;
+  if (!prefix_tail_enabled.load(std::memory_order_relaxed)) return false;
+  for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
+    if (operands[s]) return false;
+  }
+  if (options.left_bound() != SdpaOptions::kUnbounded || options.right_bound() != 0 ||
+      options.alignment != CausalAlignment::bottom_right) {
+    return false;
+  }
+  const TensorView table = *plan.slots[kBlockTable];  // its declared (possibly bucketed) width
+  const int64_t width = table.dims[2];
+  if (width * p.block_size < kPrefixTailMinKeys) return false;  // the tail's fixed cost eats the gain
+  const int64_t chunks = 1 + p.s_q, heads = p.h_q * p.s_q, sequences = p.b * chunks;
+  if (sequences * width > INT32_MAX || sequences * heads * std::max(p.d_qk, p.d_v) > INT32_MAX) return false;
+  SplitKv& split = plan.split;
+  split.on = true;
+  split.batch = p.b;
+  split.chunks = chunks;
+  split.heads = heads;
+  split.tokens = p.s_q;
+  split.block_size = p.block_size;
+  split.d_qk = p.d_qk;
+  split.d_v = p.d_v;
+  split.blocks_per_chunk = width;
+  split.keys_per_chunk = width * p.block_size;
+  split.full_len = p.s_kv;
+  split.bf16 = p.dtype.code == kDLBfloat;
+  split.q = *operands[kQ];
+  split.out = *operands[kO];
+  if (operands[kLse]) split.lse = *operands[kLse];
+  if (operands[kSinks]) {  // a score with no value per head: the merge weighs it in once per row
+    split.sinks = operands[kSinks]->data;
+    split.sinks_stride = operands[kSinks]->dims[1] > 1 ? operands[kSinks]->strides[1] : 1;
+    plan.slots[kSinks] = nullptr;
+  }
+  plan.problem.b = sequences;
+  plan.problem.h_q = heads;
+  plan.problem.s_q = 1;
+  plan.problem.s_kv = split.keys_per_chunk;
+  plan.unmasked = true;  // each chunk's one query sees all of its keys: the lengths are the mask
+  // The scratch, packed: (sequences, heads, 1, d) queries and partial outputs, (sequences, heads, 1,
+  // 1) float32 statistics; the table copy's rows, (sequences, 1, width, 1).
+  const auto packed = [&](int slot, const TensorView& like, int64_t inner, DLDataType dtype) {
+    TensorView& view = set_view(plan, slot, like);
+    view.data = 0;  // the launch's scratch
+    view.present = true;
+    view.dtype = dtype;
+    view.dims[0] = sequences;
+    view.dims[1] = heads;
+    view.dims[2] = 1;
+    view.dims[3] = inner;
+    view.strides[3] = 1;
+    view.strides[2] = inner;
+    view.strides[1] = inner;
+    view.strides[0] = heads * inner;
+  };
+  packed(kQ, *operands[kQ], p.d_qk, p.dtype);
+  packed(kO, *operands[kO], p.d_v, p.dtype);
+  TensorView stats = *operands[kO];
+  stats.name = kOperands[kLse].name;
+  packed(kLse, stats, 1, DLDataType{kDLFloat, 32, 1});
+  TensorView& tail_table = set_view(plan, kBlockTable, table);
+  tail_table.dims[0] = sequences;
+  for (int s : {kSeqLensQ, kSeqLensKV}) {
+    TensorView& lengths = set_view(plan, s, made_lengths_view(kOperands[s].name, plan.problem));
+    lengths.data = 0;  // the launch's scratch
+  }
+  return true;
+}
+
 }  // namespace
+
+bool decode_prefix_tail() { return prefix_tail_enabled.load(std::memory_order_relaxed); }
+
+void set_decode_prefix_tail(bool enabled) { prefix_tail_enabled.store(enabled); }
 
 bool decode_by_tokens() { return by_tokens_enabled.load(std::memory_order_relaxed); }
 
@@ -808,6 +900,7 @@ void plan_call(GraphOp op, const Problem& problem, const SdpaOptions& options, c
     table.strides[0] = table.dims[2];
     table.strides[2] = 1;
     if (plan_split_kv(op, problem, options, operands, plan)) return;
+    if (plan_prefix_tail(op, problem, options, operands, plan)) return;
     if (plan_decode_by_tokens(op, problem, options, operands, cudnn_version, plan)) return;
   }
   // cuDNN writes dbias only where scores take part, and sums into it over shared axes: zero first.

@@ -115,22 +115,23 @@ void make_ragged_offsets(const RaggedPlan& r, int32_t device, void* buffer, std:
 }
 
 void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, const ByTokens& tokens,
-                       RowLengths callers_kv, void* lengths, int32_t device, void* out, std::uintptr_t stream,
-                       void* lengths_q, int64_t value_q) {
+                       const TailRows& tail, RowLengths callers_kv, void* lengths, int32_t device, void* out,
+                       std::uintptr_t stream, void* lengths_q, int64_t value_q) {
   CUfunction kernel = kernels(device).clamp_blocks;
-  const int64_t repeat = tokens.on ? tokens.queries : 1;
+  const int64_t repeat = tokens.on ? tokens.queries : tail.tokens > 0 ? 1 + tail.tokens : 1;
   unsigned long long in = table.data, packed = reinterpret_cast<std::uintptr_t>(out);
   unsigned int rows = unsigned(table.dims[0] * repeat), cols = unsigned(table.dims[2]);
   unsigned int row_stride = unsigned(table.dims[0] > 1 ? table.strides[0] : table.dims[2]);
   unsigned int blocks = unsigned(num_blocks), out_cols = unsigned(width), copies = unsigned(repeat);
-  unsigned long long seqlens = tokens.on ? callers_kv.data : 0,
+  unsigned long long seqlens = tokens.on || tail.tokens > 0 ? callers_kv.data : 0,
                      made = tokens.on ? reinterpret_cast<std::uintptr_t>(lengths) : 0;
-  unsigned int seqlens_stride = unsigned(callers_kv.stride), full_len = unsigned(tokens.full_len);
+  unsigned int seqlens_stride = unsigned(callers_kv.stride);
+  unsigned int full_len = unsigned(tokens.on ? tokens.full_len : tail.full_len);
   unsigned int causal = tokens.on && tokens.causal ? 1u : 0u;
   unsigned long long made_q = reinterpret_cast<std::uintptr_t>(lengths_q);
-  unsigned int queries = unsigned(value_q);
-  void* params[] = {&in,      &packed,         &rows, &cols,     &row_stride, &blocks, &out_cols, &copies,
-                    &seqlens, &seqlens_stride, &made, &full_len, &causal,     &made_q, &queries};
+  unsigned int queries = unsigned(value_q), tail_block = unsigned(tail.tokens > 0 ? tail.block_size : 0);
+  void* params[] = {&in,   &packed,   &rows,     &cols,   &row_stride, &blocks,     &out_cols, &copies, &seqlens,
+                    &seqlens_stride, &made, &full_len, &causal, &made_q, &queries, &tail_block};
   launch(kernel, int64_t(rows) * width, params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
 }
 
@@ -172,10 +173,12 @@ void split_kv_inputs(const SplitKv& s, void* scratch, RowLengths callers_kv, int
   unsigned int seqlens_stride = unsigned(callers_kv.stride), batch = unsigned(s.batch), chunks = unsigned(s.chunks);
   unsigned int heads = unsigned(s.heads), d = unsigned(s.d_qk);
   long long stride_b = s.q.strides[0], stride_h = s.q.strides[1], stride_d = s.q.strides[3];
+  long long stride_s = s.q.strides[2];
   unsigned int full_len = unsigned(s.full_len), keys_per_chunk = unsigned(s.keys_per_chunk);
-  unsigned int pitch = unsigned(s.lengths_pitch());
-  void* params[] = {&q, &q_split,  &lengths,  &seqlens_kv, &seqlens_stride, &batch,          &chunks, &heads,
-                    &d, &stride_b, &stride_h, &stride_d,   &full_len,       &keys_per_chunk, &pitch};
+  unsigned int pitch = unsigned(s.lengths_pitch()), tokens = unsigned(s.tokens), block_size = unsigned(s.block_size);
+  void* params[] = {&q,        &q_split,  &lengths,  &seqlens_kv, &seqlens_stride, &batch,          &chunks,
+                    &heads,    &d,        &stride_b, &stride_h,   &stride_d,       &full_len,       &keys_per_chunk,
+                    &pitch,    &tokens,   &stride_s, &block_size};
   launch(kernel, s.sequences() * s.heads * s.d_qk, params, stream, "cuLaunchKernel (stridedfa_split_inputs)");
 }
 
@@ -188,11 +191,13 @@ void split_kv_merge(const SplitKv& s, void* scratch, int32_t device, std::uintpt
   unsigned int batch = unsigned(s.batch), chunks = unsigned(s.chunks), heads = unsigned(s.heads), d = unsigned(s.d_v);
   long long out_b = s.out.strides[0], out_h = s.out.strides[1], out_d = s.out.strides[3];
   long long lse_b = s.lse.present ? s.lse.strides[0] : 0, lse_h = s.lse.present ? s.lse.strides[1] : 0;
-  unsigned int is_bf16 = s.bf16 ? 1u : 0u;
+  long long out_s = s.out.strides[2], lse_s = s.lse.present ? s.lse.strides[2] : 0;
+  unsigned int is_bf16 = s.bf16 ? 1u : 0u, tokens = unsigned(s.tokens);
   unsigned long long sinks = s.sinks;
   long long sinks_stride = s.sinks_stride;
-  void* params[] = {&partial_out, &partial_lse, &lengths_kv, &out,   &lse,   &batch,   &chunks, &heads,       &d,
-                    &out_b,       &out_h,       &out_d,      &lse_b, &lse_h, &is_bf16, &sinks,  &sinks_stride};
+  void* params[] = {&partial_out, &partial_lse, &lengths_kv, &out,   &lse,   &batch,   &chunks, &heads,
+                    &d,           &out_b,       &out_h,      &out_d, &lse_b, &lse_h,   &is_bf16, &sinks,
+                    &sinks_stride, &tokens,     &out_s,      &lse_s};
   launch(kernel, s.batch * s.heads * s.d_v, params, stream, "cuLaunchKernel (stridedfa_split_merge)");
 }
 

@@ -35,7 +35,8 @@ void lay_out_scratch(PreparedCall& call) {
     return at;
   };
   PreparedCall::Scratch& s = call.scratch;
-  const int64_t copy_rows = call.block_table.dims[0] * (call.by_tokens.on ? call.by_tokens.queries : 1);
+  const int64_t repeat = call.by_tokens.on ? call.by_tokens.queries : call.split.prefix_tail() ? call.split.chunks : 1;
+  const int64_t copy_rows = call.block_table.dims[0] * repeat;
   if (call.paged) {
     s.table_bytes = (std::max<int64_t>(copy_rows * call.table_width, 1) * int64_t(sizeof(int32_t)) + 15) / 16 * 16;
     s.table = place(s.table_bytes + (call.by_tokens.on ? copy_rows * int64_t(sizeof(int32_t)) : 0));
@@ -360,7 +361,8 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   call.made_lengths_rows = plan.problem.b;
   call.split = plan.split;
   call.sink_fold = plan.sink_fold;
-  if (plan.split.on) call.table_width = plan.split.chunks * plan.split.blocks_per_chunk;  // the entries' rows
+  // A split's chunks read the entries' rows of the copy in pieces; a prefix + tail split's are whole rows.
+  if (plan.split.on && !plan.split.prefix_tail()) call.table_width = plan.split.chunks * plan.split.blocks_per_chunk;
   std::fill(std::begin(call.ragged_row_of_ptr), std::end(call.ragged_row_of_ptr), int8_t(-1));
   call.n_empty_rows = plan.n_empty_rows;
   std::copy(plan.empty_rows, plan.empty_rows + plan.n_empty_rows, call.empty_rows);
@@ -521,7 +523,9 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     if (call.paged) {  // block ids clamped into the cache: no id reads outside it
       const ByTokens& tokens = call.by_tokens;
       void* made_lengths = tokens.on ? static_cast<char*>(table) + scratch.table_bytes : nullptr;
-      clamp_block_table(call.block_table, call.num_blocks, call.table_width, tokens, call.callers_lengths[1],
+      const SplitKv& split_kv = call.split;
+      const TailRows tail{split_kv.prefix_tail() ? split_kv.tokens : 0, split_kv.block_size, split_kv.full_len};
+      clamp_block_table(call.block_table, call.num_blocks, call.table_width, tokens, tail, call.callers_lengths[1],
                         made_lengths, call.problem.device, table, stream,
                         call.made_lengths_by_table[0] ? lengths : nullptr, call.made_lengths_value[0]);
       if (tokens.on) {  // the tokens' key lengths: the graph always reads seq_len_kv with seq_len_q

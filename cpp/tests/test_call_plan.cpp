@@ -403,6 +403,63 @@ TEST_CASE("decoding by tokens: a paged step of a few queries becomes one one-que
   CHECK(old_without_lse.by_tokens.on);
 }
 
+TEST_CASE("a prefix and a tail: 5-16 causal queries over a long cache, tokens folded into the heads") {
+  SdpaOptions options;
+  options.causal = true;
+  options.alignment = CausalAlignment::bottom_right;
+  CallOperands call = paged_decode(4, 512, 8, true);  // (b, h, s, d) memory: any layout, q is copied
+  const Planned p(call, options);
+  CHECK_FALSE(p.plan.by_tokens.on);
+  const SplitKv& s = p.plan.split;
+  REQUIRE(s.on);
+  REQUIRE(s.prefix_tail());
+  CHECK(s.tokens == 8);
+  CHECK(s.chunks == 9);  // the prefix, then each token's tail
+  CHECK(s.heads == 32 * 8);
+  CHECK(s.block_size == 16);
+  CHECK(s.blocks_per_chunk == 512);  // every chunk a whole row of the table copy
+  CHECK(s.full_len == 512 * 16);
+  CHECK(s.lse.present);
+  CHECK(p.plan.unmasked);
+  CHECK(p.plan.problem.b == 4 * 9);
+  CHECK(p.plan.problem.h_q == 256);
+  CHECK(p.plan.problem.s_q == 1);
+  const TensorView& q = *p.plan.slots[kQ];
+  CHECK(q.data == 0);  // the launch's scratch
+  CHECK(q.dims[0] == 36);
+  CHECK(q.dims[1] == 256);
+  CHECK(q.strides[0] == 256 * 128);
+  CHECK(p.plan.slots[kK]->dims[1] == 8);  // each kv head's group: its 4 query heads x 8 tokens
+  const TensorView& table = *p.plan.slots[kBlockTable];
+  CHECK(table.dims[0] == 36);
+  CHECK(table.dims[2] == 512);
+  CHECK(table.strides[0] == 512);
+  CHECK(p.plan.slots[kSeqLensKV]->data == 0);
+  CHECK(p.plan.n_empty_rows == 0);  // the merge writes a token without keys
+  CHECK(split_kv_bytes(s) >= 36 * 256 * 128 * 2 * 2 + 36 * 256 * 4);
+  // A different graph from the general kernel's, and from the same call by tokens.
+  set_decode_prefix_tail(false);
+  const Planned general(call, options);
+  set_decode_prefix_tail(true);
+  CHECK_FALSE(general.plan.split.on);
+  CHECK(general.plan.problem.s_q == 8);
+
+  // What the prefix cannot say, or where it does not pay, keeps the other plans.
+  CHECK_FALSE(Planned(paged_decode(4, 512, 4), options).plan.split.on);   // 2-4 tokens: by tokens
+  CHECK_FALSE(Planned(paged_decode(4, 512, 17), options).plan.split.on);  // more than 16
+  CHECK_FALSE(Planned(paged_decode(4, 64, 8), options).plan.split.on);    // 1k keys: the tail eats the gain
+  CHECK_FALSE(Planned(call, SdpaOptions{}).plan.split.on);                // unmasked
+  SdpaOptions top_left;
+  top_left.causal = true;
+  CHECK_FALSE(Planned(call, top_left).plan.split.on);
+  SdpaOptions window = options;
+  window.window_left = 100;
+  CHECK_FALSE(Planned(call, window).plan.split.on);
+  set_decode_prefix_tail(false);
+  CHECK_FALSE(Planned(call, options).plan.split.on);
+  set_decode_prefix_tail(true);
+}
+
 TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fills the GPU") {
   const SplitKvOn on;
   CHECK_FALSE(Planned(paged_decode(8, 512), SdpaOptions{}).plan.split.on);     // 256 blocks already

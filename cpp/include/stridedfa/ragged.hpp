@@ -86,15 +86,24 @@ struct ByTokens {
   int64_t full_len = 0;
 };
 
+// A prefix + tail split's table copy (split_kv.hpp; call_plan.cpp, plan_prefix_tail): each entry's
+// row repeated 1 + tokens times, rows 1 + t (the tails) shifted to start at the prefix's end, block
+// max(L - tokens, 0) / block_size with L the entry's keys (its seqlens_kv clamped into [0, full_len]).
+// tokens 0: none.
+struct TailRows {
+  int64_t tokens = 0, block_size = 0, full_len = 0;
+};
+
 // A paged call's block table (`table`: its (b, 1, blocks, 1) view, rows contiguous) copied packed
 // into `out` ((b x width) int32 on `device`, width >= blocks: the declared table's) with every id
 // clamped into [0, num_blocks) and block 0 past the caller's columns, on `stream` (the same PTX
 // module; driver calls: the context must be current). With `tokens.on`, (b x queries x width): each
 // row repeated, and the sequences' key lengths (from `callers_kv`, data 0: none) into `lengths`.
 // With `lengths_q` (not null) every row of the copy also gets `value_q` there: its query length.
+// With `tail.tokens`, the rows of a prefix + tail split (no lengths: split_kv_inputs makes them).
 void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t width, const ByTokens& tokens,
-                       RowLengths callers_kv, void* lengths, int32_t device, void* out, std::uintptr_t stream,
-                       void* lengths_q = nullptr, int64_t value_q = 0);
+                       const TailRows& tail, RowLengths callers_kv, void* lengths, int32_t device, void* out,
+                       std::uintptr_t stream, void* lengths_q = nullptr, int64_t value_q = 0);
 
 // Decoding by heads through a paged view (call_plan.cpp, plan_decode_heads_paged): each (batch
 // entry, key/value head) of a head-major cache one sequence of a paged problem whose blocks are the

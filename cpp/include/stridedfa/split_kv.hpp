@@ -43,6 +43,12 @@ struct SplitKv {
   // The caller's sinks (float32 per query head; 0: none): applied by the merge, not by cuDNN.
   std::uintptr_t sinks = 0;
   int64_t sinks_stride = 1;
+  // A prefix + tail split of `tokens` > 1 queries per entry (call_plan.cpp, plan_prefix_tail): the
+  // tokens folded into `heads` (the caller's x tokens, head-major), chunks = 1 + tokens -- the prefix
+  // every token sees, then each token's tail -- each a whole row of the table copy (the tails' shifted
+  // to the prefix's end: ragged.hpp TailRows), merged per row from its two chunks.
+  int64_t tokens = 1, block_size = 0;
+  bool prefix_tail() const { return tokens > 1; }
   int64_t sequences() const { return batch * chunks; }
   int64_t lengths_pitch() const;  // int32 entries from the query lengths' row to the keys' (16-byte aligned)
 };

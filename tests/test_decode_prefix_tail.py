@@ -1,0 +1,74 @@
+"""A prefix and a tail (call_plan.cpp, plan_prefix_tail), shown on fake CUDA tensors (no GPU) through
+the graph key a call would use: a paged causal (bottom-right) step of 5-16 queries per sequence over a
+table declared >= 2048 keys is planned as one-query sequences with the tokens folded into the heads
+(another graph than cuDNN's general kernel gets), whatever the memory order of q, out and lse (the
+launch copies q and the merge writes out and lse); what it cannot say, or where it does not pay, keeps
+the general kernel's graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.fake_dlpack import spaced as fake
+from helpers.switches import switched
+from stridedfa import _core
+
+H_Q, H_KV, D, BLOCK = 32, 8, 128, 16
+BR = dict(causal=True, causal_alignment="bottom_right")
+
+
+@pytest.fixture(autouse=True)
+def defaults():
+    with switched(_core._decode_prefix_tail, True), switched(_core._decode_by_tokens, True):
+        yield
+
+
+def key(b, s_q, columns=256, lse=False, **options):
+    extra = {"lse": fake((b, H_Q, s_q), "float32")} if lse else {}
+    return _core._forward_graph_key(
+        fake((b, H_Q, s_q, D)), fake((4096, H_KV, BLOCK, D)), fake((4096, H_KV, BLOCK, D)), fake((b, H_Q, s_q, D)),
+        block_table=fake((b, columns), "int32"), seqlens_kv=fake((b,), "int32"), **extra, **options)
+
+
+def general(*args, **kwargs):
+    with switched(_core._decode_prefix_tail, False), switched(_core._decode_by_tokens, False):
+        return key(*args, **kwargs)
+
+
+@pytest.mark.parametrize("b, s_q", [(1, 5), (8, 8), (32, 16), (4, 12)])
+@pytest.mark.parametrize("lse", [False, True])
+def test_five_to_sixteen_causal_queries_over_a_long_cache_are_split(b, s_q, lse):
+    assert key(b, s_q, lse=lse, **BR) != general(b, s_q, lse=lse, **BR)
+    assert key(b, s_q, lse=lse, softcap=30.0, **BR) != general(b, s_q, lse=lse, softcap=30.0, **BR)
+
+
+def test_the_graph_does_not_follow_the_lengths_or_the_table_width_within_its_bucket():
+    """Lengths, prefixes and the tails' rows are made on the device; the table's width is bucketed."""
+    assert key(8, 8, columns=200, **BR) == key(8, 8, columns=256, **BR)
+    assert key(8, 8, **BR) != key(8, 9, **BR)
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param({}, id="unmasked"),
+    pytest.param(dict(causal=True), id="top_left"),
+    pytest.param(dict(window=(127, 0), causal_alignment="bottom_right"), id="window"),
+])
+def test_masks_a_prefix_cannot_say_keep_the_general_kernel(options):
+    assert key(8, 8, **options) == general(8, 8, **options)
+
+
+@pytest.mark.parametrize("b, s_q, columns", [
+    pytest.param(8, 8, 64, id="1k_keys"),  # the tail's fixed cost eats the gain (GPU run 70: 65 against 48 µs)
+    pytest.param(8, 17, 256, id="17_queries"),
+    pytest.param(8, 4, 256, id="4_queries"),  # by tokens' (with q token-major) or the general kernel's
+])
+def test_where_it_does_not_pay_it_is_not_planned(b, s_q, columns):
+    with switched(_core._decode_by_tokens, False):
+        assert key(b, s_q, columns=columns, **BR) == general(b, s_q, columns=columns, **BR)
+
+
+def test_the_switch_turns_it_off():
+    with switched(_core._decode_prefix_tail, False), switched(_core._decode_by_tokens, False):
+        off = key(8, 8, **BR)
+    assert off == general(8, 8, **BR) != key(8, 8, **BR)
