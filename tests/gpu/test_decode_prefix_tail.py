@@ -170,3 +170,65 @@ def test_random_strides_match_the_reference(prefix_tail):
         if lse is not None:
             assert_close(lse, ref_lse, atol=1e-3, name=f"lse, {layout}")
     assert len(refused) <= 6, "most layouts were refused:\n" + "\n".join(refused)
+
+
+def test_every_entry_point(prefix_tail):
+    """torch's adapter eager, torch.compile'd (fullgraph) and replayed from a CUDA graph with new
+    cached lengths, CuPy, JAX under jit: the launch's scratch (the copied queries, partials and tail
+    rows) comes from each framework's allocator; each result against the reference."""
+    import numpy as np
+
+    import stridedfa.torch as st
+
+    b, s_q = 3, 8
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    k_cache, v_cache, table = make_cache(b, gen)
+    q = torch.randn(b, s_q, H_Q, D, generator=gen, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    lengths = torch.tensor([FULL, 2001, 30], dtype=torch.int32, device="cuda")
+    ref, _ = reference(q, k_cache, v_cache, table, lengths)
+
+    def step(q, k_cache, v_cache, table, lengths):
+        return st.attention_with_kvcache(q, k_cache, v_cache, table, lengths)
+
+    assert_close(step(q, k_cache, v_cache, table, lengths), ref, atol=2.5e-2, name="torch eager")
+    compiled = torch.compile(step, fullgraph=True)
+    assert_close(compiled(q, k_cache, v_cache, table, lengths), ref, atol=2.5e-2, name="torch.compile")
+    static = lengths.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(q, k_cache, v_cache, table, static)
+    for new in ([2100, 40, FULL], [9, FULL, 1500]):
+        static.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        replay_ref, _ = reference(q, k_cache, v_cache, table, static)
+        assert_close(captured, replay_ref, atol=2.5e-2, name=f"CUDA-graph replay, lengths {new}")
+
+    try:
+        import cupy as cp
+    except ImportError:
+        cp = None
+    if cp is not None:
+        import stridedfa.cupy as sc
+
+        torch.cuda.synchronize()
+        out = sc.paged_attention(*(cp.from_dlpack(t) for t in (q, k_cache, v_cache, table, lengths)))
+        cp.cuda.get_current_stream().synchronize()
+        assert_close(torch.from_dlpack(out), ref, atol=2.5e-2, name="cupy")
+
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        jax.devices("gpu")
+    except (ImportError, RuntimeError):
+        return
+    import stridedfa.jax as sj
+
+    def to_jax(t):
+        return jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) if t.is_floating_point() \
+            else jnp.asarray(t.cpu().numpy())
+
+    q_j, k_j, v_j = (to_jax(t.transpose(1, 2)) for t in (q, k_cache, v_cache))  # bshd
+    out_j = jax.jit(sj.paged_attention)(q_j, k_j, v_j, to_jax(table), to_jax(lengths))
+    out = torch.from_numpy(np.asarray(out_j.astype("float32"))).cuda().transpose(1, 2)
+    assert_close(out, ref, atol=2.5e-2, name="jax jit")
