@@ -792,7 +792,8 @@ std::atomic<bool> prefix_tail_enabled{true};
 
 bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                       Plan& plan) {
-  if (op != GraphOp::forward || !p.paged || p.s_q < kPrefixTailMinQueries || p.s_q > kPrefixTailMaxQueries) return false;
+  if (op != GraphOp::forward || !p.paged || p.s_q < kPrefixTailMinQueries || p.s_q > kPrefixTailMaxQueries)
+    return false;
   if (!prefix_tail_enabled.load(std::memory_order_relaxed)) return false;
   for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
     if (operands[s]) return false;

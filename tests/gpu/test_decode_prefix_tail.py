@@ -144,7 +144,7 @@ def test_random_strides_match_the_reference(prefix_tail):
         seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
         order = rng.sample(range(3), 3)  # the memory order of (b, h, s); d innermost
 
-        def strided(shape, fill):
+        def strided(shape, fill, order=order):
             lead = [shape[axis] + rng.choice((0, 0, 1, 3)) for axis in order]
             inner = list(shape[3:])
             memory = (torch.full(lead + inner, float("nan"), device="cuda", dtype=torch.bfloat16 if inner
