@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import bench_paged  # noqa: E402
 
 rows = []
-for batch, length, queries in ((8, 8192, 8), (32, 8192, 8), (8, 8192, 16), (32, 8192, 16), (8, 8192, 5),
+for batch, length, queries in ((8, 8192, 8), (8, 8192, 16), (32, 8192, 8), (32, 8192, 16), (8, 8192, 5),
                                (1, 8192, 8), (8, 2048, 8), (8, 8192, 4)):
     try:
         row = bench_paged.case(batch, length, 3, 20, queries)
