@@ -53,8 +53,9 @@ def case(batch, length, warmup, iters, queries=1):
     def paged_step():
         return st.attention_with_kvcache(q, k_cache, v_cache, table, lengths)
     # One query: unsplit (False) and split over the keys (True). Several: cuDNN's general kernel
-    # (False: by tokens and the prefix + tail split off) and the default plan (True: one one-query
-    # sequence per token for 2-4, a prefix + tail split for 5-16 over long caches).
+    # (False: by tokens and the prefix + tail split off) and stridedfa's own plans (True: one one-query
+    # sequence per token for 2-4, a prefix + tail split for 5-16 over long caches -- off by default
+    # until a GPU run verifies it, on here).
     def several(on):
         stridedfa._core._decode_by_tokens(on)
         stridedfa._core._decode_prefix_tail(on)

@@ -404,6 +404,11 @@ TEST_CASE("decoding by tokens: a paged step of a few queries becomes one one-que
 }
 
 TEST_CASE("a prefix and a tail: 5-16 causal queries over a long cache, tokens folded into the heads") {
+  struct PrefixTailOn {  // off by default until a GPU run verifies it
+    bool before = decode_prefix_tail();
+    PrefixTailOn() { set_decode_prefix_tail(true); }
+    ~PrefixTailOn() { set_decode_prefix_tail(before); }
+  } on;
   SdpaOptions options;
   options.causal = true;
   options.alignment = CausalAlignment::bottom_right;
