@@ -788,6 +788,7 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
 // replayed, the parts as separate calls merged in torch): b8 x 8k x 8 tokens 162 µs against the
 // general kernel's 283, b32 463 / 1,079, b8 x 16 tokens 205 / 288; at 1k keys no gain (65 / 48).
 constexpr int64_t kPrefixTailMinQueries = 5, kPrefixTailMaxQueries = 16, kPrefixTailMinKeys = 2048;
+constexpr int64_t kPrefixTailMaxCopied = int64_t(128) << 20;
 // Off until a GPU run verifies it (stop 47 built it with no device time left): ci/next-gpu-session.md.
 std::atomic<bool> prefix_tail_enabled{false};
 
@@ -803,11 +804,15 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
       options.alignment != CausalAlignment::bottom_right) {
     return false;
   }
+  if (p.s_kv < kPrefixTailMinKeys) return false;      // the caller's cache: the tail's fixed cost eats the gain
   const TensorView table = *plan.slots[kBlockTable];  // its declared (possibly bucketed) width
   const int64_t width = table.dims[2];
-  if (width * p.block_size < kPrefixTailMinKeys) return false;  // the tail's fixed cost eats the gain
   const int64_t chunks = 1 + p.s_q, heads = p.h_q * p.s_q, sequences = p.b * chunks;
-  if (sequences * width > INT32_MAX || sequences * heads * std::max(p.d_qk, p.d_v) > INT32_MAX) return false;
+  const int64_t copied = sequences * heads * std::max(p.d_qk, p.d_v);  // elements of the copied q, of the partials
+  if (sequences * width > INT32_MAX || copied > INT32_MAX) return false;
+  // The copies grow with (1 + s_q) x s_q: past kPrefixTailMaxCopied elements each (256 MiB of bf16; b32 x 32
+  // heads x 16 tokens x d 128 is 36M) the scratch would rival the cache the call reads.
+  if (copied > kPrefixTailMaxCopied) return false;
   SplitKv& split = plan.split;
   split.on = true;
   split.batch = p.b;

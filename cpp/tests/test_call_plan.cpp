@@ -453,7 +453,13 @@ TEST_CASE("a prefix and a tail: 5-16 causal queries over a long cache, tokens fo
   CHECK_FALSE(Planned(paged_decode(4, 512, 4), options).plan.split.on);   // 2-4 tokens: by tokens
   CHECK_FALSE(Planned(paged_decode(4, 512, 17), options).plan.split.on);  // more than 16
   CHECK_FALSE(Planned(paged_decode(4, 64, 8), options).plan.split.on);    // 1k keys: the tail eats the gain
-  CHECK_FALSE(Planned(call, SdpaOptions{}).plan.split.on);                // unmasked
+  CHECK_FALSE(Planned(paged_decode(4, 65, 8), options).plan.split.on);    // 1,040 keys, declared 128 blocks wide
+  CallOperands wide = paged_decode(256, 512, 16);  // copies of q and the partials past 128M elements each
+  wide.slot[kO] = view("out", {256, 32, 16, 128}, kBF16, kBase + 1024 * kMiB);
+  wide.slot[kBlockTable] = view("block_table", {256, 512}, kI32, kBase + 1100 * kMiB);
+  wide.slot[kSeqLensKV] = view("seqlens_kv", {256}, kI32, kBase + 1110 * kMiB);
+  CHECK_FALSE(Planned(wide, options).plan.split.on);
+  CHECK_FALSE(Planned(call, SdpaOptions{}).plan.split.on);  // unmasked
   SdpaOptions top_left;
   top_left.causal = true;
   CHECK_FALSE(Planned(call, top_left).plan.split.on);

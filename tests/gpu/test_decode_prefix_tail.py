@@ -55,9 +55,9 @@ def reference(q, k_cache, v_cache, table, seqlens, **mask):
                            seqlens_q=torch.full((b,), s_q, dtype=torch.int32, device="cuda"), seqlens_kv=seqlens)
 
 
-# Lengths around the prefix's end P = floor((L - s_q) / 16) x 16: L - s_q a multiple of 16 (the
-# first token's tail one key), one past it, the full cache, and short caches where early tokens see
-# no key (0, 1, s_q - 1).
+# Lengths around the prefix's end P = floor((L - s_q) / 16) x 16 (with 8 queries, 24 puts it right
+# before the first token's last key, 25 one key earlier), the full cache, and short caches where early
+# tokens see no key (0, 1, 7 < s_q).
 LENGTHS = [FULL, 2000, 16 + 8, 17 + 8, 0, 1, 7, 1023, 1500, FULL - 3]
 
 
@@ -80,7 +80,7 @@ def test_prefix_and_tail_match_the_reference(b, s_q, layout, prefix_tail):
                            causal_alignment="bottom_right")
     ref_out, ref_lse = reference(q, k_cache, v_cache, table, seqlens)
     assert_close(out, ref_out, atol=2.5e-2, name=f"out, lengths {lengths}")
-    assert_close(lse, ref_lse, atol=1e-3, name=f"lse, lengths {lengths}")
+    assert_close(lse, ref_lse, atol=2e-3, name=f"lse, lengths {lengths}")
     with switched(_core._decode_prefix_tail, False):  # cuDNN's general kernel agrees
         general = torch.full_like(out, float("nan"))
         stridedfa.sdpa_forward(q, k_cache, v_cache, general, block_table=table, seqlens_kv=seqlens, causal=True,
@@ -109,7 +109,7 @@ def test_variants_match_the_reference(extra, prefix_tail):
     ref_out, ref_lse = reference(q, k_cache, v_cache, table, seqlens, **mask)
     assert_close(out, ref_out, atol=2.5e-2, name="out")
     if lse is not None:
-        assert_close(lse, ref_lse, atol=1e-3, name="lse")
+        assert_close(lse, ref_lse, atol=2e-3, name="lse")
 
 
 def test_a_growing_cache_reuses_the_graph(prefix_tail):
@@ -168,7 +168,7 @@ def test_random_strides_match_the_reference(prefix_tail):
         ref_out, ref_lse = reference(q, k_cache, v_cache, table, seqlens)
         assert_close(out, ref_out, atol=2.5e-2, name=f"out, {layout}")
         if lse is not None:
-            assert_close(lse, ref_lse, atol=1e-3, name=f"lse, {layout}")
+            assert_close(lse, ref_lse, atol=2e-3, name=f"lse, {layout}")
     assert len(refused) <= 6, "most layouts were refused:\n" + "\n".join(refused)
 
 
