@@ -1,6 +1,6 @@
 """A prefix and a tail (call_plan.cpp, plan_prefix_tail), shown on fake CUDA tensors (no GPU) through
 the graph key a call would use: a paged causal (bottom-right) step of 5-16 queries per sequence over a
-table declared >= 2048 keys is planned as one-query sequences with the tokens folded into the heads
+table of >= 2048 keys is planned as one-query sequences with the tokens folded into the heads
 (another graph than cuDNN's general kernel gets), whatever the memory order of q, out and lse (the
 launch copies q and the merge writes out and lse); what it cannot say, or where it does not pay, keeps
 the general kernel's graph.

@@ -1,5 +1,5 @@
 """A prefix and a tail (call_plan.cpp, plan_prefix_tail): a paged causal (bottom-right) step of 5-16
-queries per sequence over a cache declared >= 2048 keys runs as one paged graph of one-query
+queries per sequence over a cache of >= 2048 keys (its table's capacity) runs as one paged graph of one-query
 sequences -- per entry the prefix every token sees, its tokens folded into the query heads, and one
 short tail per token, its table row shifted to the prefix's end -- merged by their log-sum-exp.
 Against the fp64 reference on the gathered cache and the same call on cuDNN's general kernel (the
