@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The current GPU suite runner, for one lent device host (ci/gpu_host.md): the whole GPU suite in
-# two halves of one `run` command each (-v: a half cut by its timeout still names what passed),
-# then the stride fuzz with what device time is left. Carry the wheel in .whl/ (built by
+# three parts that one `run` command runs at once on the card (-v: a part cut by its timeout still
+# names what passed; run 70 ran two halves and the fuzz so: `git show 0f20685:ci/results/2026-12-07-run70/run70a.sh`),
+# and the stride fuzz beside them. Carry the wheel in .whl/ (built by
 # ci/build_wheel_for_gpu_host.sh); the working tree's Python files are copied over the wheel's.
-#   PART=suite1 | suite2 | fuzz  bash ci/gpu_suite.sh    (the fuzz: FUZZ_VALID, FUZZ_INVALID, FUZZ_LIMIT)
+#   PART=suite1 | suite2 | suite3 | fuzz  bash ci/gpu_suite.sh    (the fuzz: FUZZ_VALID, FUZZ_INVALID, FUZZ_LIMIT)
 #   PART=files FILES="test_jax.py test_varlen.py" LIMIT=150 bash ci/gpu_suite.sh   (some files, when
 #   device time is short: what a change touched)
 # Logs and env.txt go to $OUT; record the run as ci/results/README.md says. Every file of
-# tests/gpu/ is in one half except test_stride_fuzz.py (PART=fuzz). First run as GPU runs 56-57 (2026-12-05; its copy there:
+# tests/gpu/ is in one part except test_stride_fuzz.py (PART=fuzz). First run as GPU runs 56-57 (2026-12-05; its copy there:
 # `git show 62553a9^:ci/results/2026-12-05-run56/run.sh`).
 set -u
-: "${PART:?set PART=suite1, suite2 or fuzz}"
+: "${PART:?set PART=suite1, suite2, suite3, fuzz or files}"
 ls .whl/*.whl || exit 3
 repo=$(pwd)
 site=/tmp/sfa-$PART  # one per part: two parts may run at once on one card (PART=suite1 & PART=suite2)
@@ -38,8 +39,9 @@ case "$PART" in
   suite2)
     run_tests suite2 570 test_transformers.py test_persisted_plans.py test_warm_up.py test_context_parallel.py \
       test_bias.py test_dropout.py test_torch_attention.py test_torch_packed.py test_streams.py \
-      test_torch_compile.py test_torch_ops.py test_torch_streams.py test_variants_adapters.py test_zero_size.py \
-      test_decode_graphs.py test_decode_by_tokens.py test_split_kv.py test_decode_prefix_tail.py ;;
+      test_torch_compile.py test_torch_ops.py test_torch_streams.py test_variants_adapters.py test_zero_size.py ;;
+  suite3)  # the decoding plans' files: suite2 with them took 551 of its 570 s in run 70
+    run_tests suite3 570 test_decode_graphs.py test_decode_by_tokens.py test_split_kv.py test_decode_prefix_tail.py ;;
   fuzz)
     STRIDEDFA_FUZZ_INVALID=${FUZZ_INVALID:-1000} STRIDEDFA_FUZZ_VALID=${FUZZ_VALID:-4000} \
       STRIDEDFA_FUZZ_REPORT="$OUT/fuzz.json" timeout "${FUZZ_LIMIT:-400}" \
