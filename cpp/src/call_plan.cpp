@@ -643,6 +643,62 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
   return true;
 }
 
+// What every split of a paged decoding call (split-KV, a prefix + tail) says alike: its extents, the
+// caller's q, out and lse the launch reads and the merge writes, and the sinks, which the merge weighs
+// in (a score with no value per head), so cuDNN must not.
+SplitKv& start_split(const Problem& p, const TensorView* const* operands, int64_t chunks, int64_t heads, Plan& plan) {
+  SplitKv& split = plan.split;
+  split.on = true;
+  split.batch = p.b;
+  split.chunks = chunks;
+  split.heads = heads;
+  split.d_qk = p.d_qk;
+  split.d_v = p.d_v;
+  split.full_len = p.s_kv;
+  split.bf16 = p.dtype.code == kDLBfloat;
+  split.q = *operands[kQ];
+  split.out = *operands[kO];
+  if (operands[kLse]) split.lse = *operands[kLse];
+  if (operands[kSinks]) {
+    split.sinks = operands[kSinks]->data;
+    split.sinks_stride = operands[kSinks]->dims[1] > 1 ? operands[kSinks]->strides[1] : 1;
+    plan.slots[kSinks] = nullptr;
+  }
+  return split;
+}
+
+// A split's scratch as cuDNN reads it, packed: (sequences, heads, 1, d) queries and partial outputs,
+// (sequences, heads, 1, 1) float32 statistics, and the made lengths; one query that sees all its
+// keys, so the padding mask is the whole mask. plan.problem's batch is the split's sequences first.
+void describe_split_scratch(const Problem& p, const TensorView* const* operands, Plan& plan) {
+  const int64_t sequences = plan.split.sequences(), heads = plan.split.heads;
+  plan.problem.b = sequences;
+  plan.unmasked = true;
+  const auto packed = [&](int slot, const TensorView& like, int64_t inner, DLDataType dtype) {
+    TensorView& view = set_view(plan, slot, like);
+    view.data = 0;  // the launch's scratch
+    view.present = true;
+    view.dtype = dtype;
+    view.dims[0] = sequences;
+    view.dims[1] = heads;
+    view.dims[2] = 1;
+    view.dims[3] = inner;
+    view.strides[3] = 1;
+    view.strides[2] = inner;
+    view.strides[1] = inner;
+    view.strides[0] = heads * inner;
+  };
+  packed(kQ, *operands[kQ], p.d_qk, p.dtype);
+  packed(kO, *operands[kO], p.d_v, p.dtype);
+  TensorView stats = *operands[kO];
+  stats.name = kOperands[kLse].name;
+  packed(kLse, stats, 1, DLDataType{kDLFloat, 32, 1});
+  for (int s : {kSeqLensQ, kSeqLensKV}) {
+    TensorView& lengths = set_view(plan, s, made_lengths_view(kOperands[s].name, plan.problem));
+    lengths.data = 0;  // the launch's scratch
+  }
+}
+
 // Split-KV decoding of a paged cache (split_kv.hpp): one query per sequence, so that every chunk's
 // row sees all of its keys whatever the chunk (no band that a chunk would misplace, no operand per
 // key that a chunk would need cut; sinks are the merge's). Returns false, leaving `plan` as it was, for a call
@@ -658,59 +714,18 @@ bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, con
   const int64_t width = table.dims[2];
   const int64_t chunks = std::min(split_kv_chunks(p.b, p.h_q, width * p.block_size), width);
   if (chunks < 2) return false;
-  SplitKv& split = plan.split;
-  split.on = true;
-  split.batch = p.b;
-  split.chunks = chunks;
-  split.heads = p.h_q;
-  split.d_qk = p.d_qk;
-  split.d_v = p.d_v;
+  SplitKv& split = start_split(p, operands, chunks, p.h_q, plan);
   split.blocks_per_chunk = (width + chunks - 1) / chunks;
   split.keys_per_chunk = split.blocks_per_chunk * p.block_size;
-  split.full_len = p.s_kv;
-  split.bf16 = p.dtype.code == kDLBfloat;
-  split.q = *operands[kQ];
-  split.out = *operands[kO];
-  if (operands[kLse]) split.lse = *operands[kLse];
-  if (operands[kSinks]) {  // a score with no value per head: the merge weighs it in, so cuDNN must not
-    split.sinks = operands[kSinks]->data;
-    split.sinks_stride = operands[kSinks]->dims[1] > 1 ? operands[kSinks]->strides[1] : 1;
-    plan.slots[kSinks] = nullptr;
-  }
-  plan.problem.b = split.sequences();
   plan.problem.blocks = split.blocks_per_chunk;
   plan.problem.s_kv = split.keys_per_chunk;
-  plan.unmasked = true;  // one query that sees all its keys: cuDNN's padding mask is the whole mask
-  // The scratch, packed: (sequences, heads, 1, d) queries and partial outputs, (sequences, heads, 1,
-  // 1) float32 statistics; the table's packed copy read as (sequences, 1, blocks_per_chunk, 1).
-  const auto packed = [&](int slot, const TensorView& like, int64_t inner, DLDataType dtype) {
-    TensorView& view = set_view(plan, slot, like);
-    view.data = 0;  // the launch's scratch
-    view.present = true;
-    view.dtype = dtype;
-    view.dims[0] = split.sequences();
-    view.dims[1] = p.h_q;
-    view.dims[2] = 1;
-    view.dims[3] = inner;
-    view.strides[3] = 1;
-    view.strides[2] = inner;
-    view.strides[1] = inner;
-    view.strides[0] = p.h_q * inner;
-  };
-  packed(kQ, *operands[kQ], p.d_qk, p.dtype);
-  packed(kO, *operands[kO], p.d_v, p.dtype);
-  TensorView stats = *operands[kO];
-  stats.name = kOperands[kLse].name;
-  packed(kLse, stats, 1, DLDataType{kDLFloat, 32, 1});
+  describe_split_scratch(p, operands, plan);
+  // The table's packed copy read as (sequences, 1, blocks_per_chunk, 1): the entries' rows in pieces.
   TensorView& split_table = set_view(plan, kBlockTable, table);
   split_table.dims[0] = split.sequences();
   split_table.dims[2] = split.blocks_per_chunk;
   split_table.strides[0] = split.blocks_per_chunk;
   split_table.strides[2] = 1;
-  for (int s : {kSeqLensQ, kSeqLensKV}) {
-    TensorView& lengths = set_view(plan, s, made_lengths_view(kOperands[s].name, plan.problem));
-    lengths.data = 0;  // the launch's scratch
-  }
   return true;
 }
 
@@ -813,59 +828,18 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
   // The copies grow with (1 + s_q) x s_q: past kPrefixTailMaxCopied elements each (256 MiB of bf16; b32 x 32
   // heads x 16 tokens x d 128 is 36M) the scratch would rival the cache the call reads.
   if (copied > kPrefixTailMaxCopied) return false;
-  SplitKv& split = plan.split;
-  split.on = true;
-  split.batch = p.b;
-  split.chunks = chunks;
-  split.heads = heads;
+  SplitKv& split = start_split(p, operands, chunks, heads, plan);  // sinks: once per row, by the merge
   split.tokens = p.s_q;
   split.block_size = p.block_size;
-  split.d_qk = p.d_qk;
-  split.d_v = p.d_v;
   split.blocks_per_chunk = width;
   split.keys_per_chunk = width * p.block_size;
-  split.full_len = p.s_kv;
-  split.bf16 = p.dtype.code == kDLBfloat;
-  split.q = *operands[kQ];
-  split.out = *operands[kO];
-  if (operands[kLse]) split.lse = *operands[kLse];
-  if (operands[kSinks]) {  // a score with no value per head: the merge weighs it in once per row
-    split.sinks = operands[kSinks]->data;
-    split.sinks_stride = operands[kSinks]->dims[1] > 1 ? operands[kSinks]->strides[1] : 1;
-    plan.slots[kSinks] = nullptr;
-  }
-  plan.problem.b = sequences;
   plan.problem.h_q = heads;
   plan.problem.s_q = 1;
   plan.problem.s_kv = split.keys_per_chunk;
-  plan.unmasked = true;  // each chunk's one query sees all of its keys: the lengths are the mask
-  // The scratch, packed: (sequences, heads, 1, d) queries and partial outputs, (sequences, heads, 1,
-  // 1) float32 statistics; the table copy's rows, (sequences, 1, width, 1).
-  const auto packed = [&](int slot, const TensorView& like, int64_t inner, DLDataType dtype) {
-    TensorView& view = set_view(plan, slot, like);
-    view.data = 0;  // the launch's scratch
-    view.present = true;
-    view.dtype = dtype;
-    view.dims[0] = sequences;
-    view.dims[1] = heads;
-    view.dims[2] = 1;
-    view.dims[3] = inner;
-    view.strides[3] = 1;
-    view.strides[2] = inner;
-    view.strides[1] = inner;
-    view.strides[0] = heads * inner;
-  };
-  packed(kQ, *operands[kQ], p.d_qk, p.dtype);
-  packed(kO, *operands[kO], p.d_v, p.dtype);
-  TensorView stats = *operands[kO];
-  stats.name = kOperands[kLse].name;
-  packed(kLse, stats, 1, DLDataType{kDLFloat, 32, 1});
+  describe_split_scratch(p, operands, plan);
+  // The table copy's rows, whole, (sequences, 1, width, 1): the tails' shifted by the launch.
   TensorView& tail_table = set_view(plan, kBlockTable, table);
   tail_table.dims[0] = sequences;
-  for (int s : {kSeqLensQ, kSeqLensKV}) {
-    TensorView& lengths = set_view(plan, s, made_lengths_view(kOperands[s].name, plan.problem));
-    lengths.data = 0;  // the launch's scratch
-  }
   return true;
 }
 
