@@ -72,3 +72,17 @@ def test_the_switch_turns_it_off():
     with switched(_core._decode_prefix_tail, False), switched(_core._decode_by_tokens, False):
         off = key(8, 8, **BR)
     assert off == general(8, 8, **BR) != key(8, 8, **BR)
+
+
+def test_the_fewest_queries_it_takes_can_be_moved():
+    """Set to 3, a 3- or 4-query step is split too (where by tokens would have taken it)."""
+    by_tokens = key(8, 4, **BR)
+    _core._decode_prefix_tail(min_queries=3)
+    try:
+        assert key(8, 4, **BR) != by_tokens
+        assert key(8, 3, **BR) != general(8, 3, **BR)
+    finally:
+        _core._decode_prefix_tail(min_queries=5)
+    assert key(8, 4, **BR) == by_tokens
+    with pytest.raises(ValueError, match="2-16"):
+        _core._decode_prefix_tail(min_queries=1)

@@ -802,16 +802,19 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
 // log-sum-exp (split_kv.hpp, the split-KV merge; sinks join there). GPU runs 68-70 (probe68/70, H100,
 // replayed, the parts as separate calls merged in torch): b8 x 8k x 8 tokens 162 µs against the
 // general kernel's 283, b32 463 / 1,079, b8 x 16 tokens 205 / 288; at 1k keys no gain (65 / 48).
-constexpr int64_t kPrefixTailMinQueries = 5, kPrefixTailMaxQueries = 16, kPrefixTailMinKeys = 2048;
+constexpr int64_t kPrefixTailMaxQueries = 16, kPrefixTailMinKeys = 2048;
 constexpr int64_t kPrefixTailMaxCopied = int64_t(128) << 20;
 // Off until a GPU run verifies it (stop 47 built it with no device time left): ci/next-gpu-session.md.
 std::atomic<bool> prefix_tail_enabled{false};
+// Below 5 tokens decoding by tokens was the measured choice (2-4: 74-86% / 57-60% of the copy
+// ceiling); settable so one GPU run can set the two side by side at 3-4.
+std::atomic<int64_t> prefix_tail_min_queries{5};
 
 bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                       Plan& plan) {
-  if (op != GraphOp::forward || !p.paged || p.s_q < kPrefixTailMinQueries || p.s_q > kPrefixTailMaxQueries)
-    return false;
+  if (op != GraphOp::forward || !p.paged || p.s_q < 2 || p.s_q > kPrefixTailMaxQueries) return false;
   if (!prefix_tail_enabled.load(std::memory_order_relaxed)) return false;
+  if (p.s_q < prefix_tail_min_queries.load(std::memory_order_relaxed)) return false;
   for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
     if (operands[s]) return false;
   }
@@ -848,6 +851,12 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
 bool decode_prefix_tail() { return prefix_tail_enabled.load(std::memory_order_relaxed); }
 
 void set_decode_prefix_tail(bool enabled) { prefix_tail_enabled.store(enabled); }
+
+int64_t decode_prefix_tail_min_queries() { return prefix_tail_min_queries.load(std::memory_order_relaxed); }
+
+void set_decode_prefix_tail_min_queries(int64_t queries) {
+  prefix_tail_min_queries.store(std::clamp<int64_t>(queries, 2, kPrefixTailMaxQueries));
+}
 
 bool decode_by_tokens() { return by_tokens_enabled.load(std::memory_order_relaxed); }
 

@@ -82,6 +82,9 @@ void set_decode_by_tokens(bool enabled);
 // setter is for tests and benchmarks.
 bool decode_prefix_tail();
 void set_decode_prefix_tail(bool enabled);
+// The fewest queries per entry it takes (5; clamped to 2-16; fewer go by tokens where they qualify).
+int64_t decode_prefix_tail_min_queries();
+void set_decode_prefix_tail_min_queries(int64_t queries);
 
 // A float32 (b, h, s[, 1]) statistics view packed as cuDNN reads it before 9.12 / 9.26.
 bool is_packed_stats(const TensorView& lse);
