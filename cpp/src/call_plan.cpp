@@ -804,8 +804,8 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
 // general kernel's 283, b32 463 / 1,079, b8 x 16 tokens 205 / 288; at 1k keys no gain (65 / 48).
 constexpr int64_t kPrefixTailMaxQueries = 16, kPrefixTailMinKeys = 2048;
 constexpr int64_t kPrefixTailMaxCopied = int64_t(128) << 20;
-// Off until a GPU run verifies it (stop 47 built it with no device time left): ci/next-gpu-session.md.
-std::atomic<bool> prefix_tail_enabled{false};
+// On by default since GPU run 71 (stop 48) verified it: ci/results/gpu-tests.md.
+std::atomic<bool> prefix_tail_enabled{true};
 // Below 5 tokens decoding by tokens was the measured choice (2-4: 74-86% / 57-60% of the copy
 // ceiling); settable so one GPU run can set the two side by side at 3-4.
 std::atomic<int64_t> prefix_tail_min_queries{5};

@@ -99,8 +99,8 @@ def _decode_by_tokens(enabled=None):
 def _decode_prefix_tail(enabled=None, min_queries=None):
     """Whether a paged causal (bottom-right) step of 5-16 queries per sequence over a cache of >= 2048 keys
     runs as a prefix every token sees (the tokens folded into the heads: cuDNN's fast one-query kernel reads
-    the keys once) and a short tail per token, merged by their log-sum-exp (off by default until a GPU run
-    verifies it); with ``enabled`` set it first (for tests and benchmarks). ``min_queries`` (2-16, default 5)
+    the keys once) and a short tail per token, merged by their log-sum-exp (on by
+    default); with ``enabled`` set it first (for tests and benchmarks). ``min_queries`` (2-16, default 5)
     moves the fewest queries it takes: below it, steps go by tokens where they qualify."""
     if min_queries is not None:
         if not 2 <= int(min_queries) <= 16:

@@ -78,7 +78,7 @@ void set_decode_by_tokens(bool enabled);
 
 // Whether a paged causal (bottom-right) step of 5-16 queries per entry over a long cache is run as
 // a prefix every token sees, the tokens folded into the heads, and a tail per token, merged by their
-// log-sum-exp (call_plan.cpp, plan_prefix_tail; off by default until a GPU run verifies it). The
+// log-sum-exp (call_plan.cpp, plan_prefix_tail; on by default). The
 // setter is for tests and benchmarks.
 bool decode_prefix_tail();
 void set_decode_prefix_tail(bool enabled);

@@ -10,7 +10,7 @@ pack() { (cd "$OUT" && tar czf /tmp/all.tgz --exclude=all.tgz . && mv /tmp/all.t
 PART=files LIMIT=265 FILES="test_decode_prefix_tail.py test_split_kv.py test_decode_by_tokens.py test_paged.py \
   test_paged_adapters.py test_sinks_decode.py" bash ci/gpu_suite.sh; pack
 (mkdir -p /tmp/w && cd /tmp/w && PYTHONPATH=/tmp/sfa-files PYTHONUNBUFFERED=1 timeout 190 python3 \
-  "$repo/ci/results/2026-12-07-stop47/probe71.py" > "$OUT/probe71.log" 2>&1); echo "probe71 rc $?"; cut -c1-900 "$OUT/probe71.log"
+  "$repo/ci/results/2026-12-07-run71/probe71.py" > "$OUT/probe71.log" 2>&1); echo "probe71 rc $?"; cut -c1-900 "$OUT/probe71.log"
 pack
 (cd tests/gpu && PYTHONPATH=/tmp/sfa-files timeout 70 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest \
   -p no:cacheprovider -q -o cache_dir=/tmp/.c test_decode_prefix_tail.py -k "not random_strides and not growing and not every_entry" \
