@@ -799,22 +799,27 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
 // - 1 keys. Both are sequences of one paged graph: entry i's chunk 0 its prefix, chunk 1 + t token
 // t's tail (its table row the entry's, shifted to P by the launch's table copy; every folded head
 // runs there, only token t's are merged), then each row merged from its two chunks by their
-// log-sum-exp (split_kv.hpp, the split-KV merge; sinks join there). GPU runs 68-70 (probe68/70, H100,
-// replayed, the parts as separate calls merged in torch): b8 x 8k x 8 tokens 162 µs against the
-// general kernel's 283, b32 463 / 1,079, b8 x 16 tokens 205 / 288; at 1k keys no gain (65 / 48).
-constexpr int64_t kPrefixTailMaxQueries = 16, kPrefixTailMinKeys = 2048;
+// log-sum-exp (split_kv.hpp, the split-KV merge; sinks join there). Where it pays, measured as one
+// call (GPU run 71, probe71, H100, replayed, 8k keys; against the general kernel unless named):
+// 5-8 queries at batch >= 8 172-188 µs / 283 (b8), 545 / 1,086 (b32 x 8); 3-4 queries at batch 32 402
+// against by tokens' 589, but at batch 8 161 / 154; batch 1 x 8 126 against by tokens' 49; 16 queries
+// 364 / 281 (its time doubles from 8 to 16: the folded group of 64 heads per key head); 2k keys 82 / 83.
+constexpr int64_t kPrefixTailMaxQueries = 8, kPrefixTailMinKeys = 2048;
+constexpr int64_t kPrefixTailMinQueries = 5, kPrefixTailMinQueriesWide = 3, kPrefixTailWideBatch = 32;
 constexpr int64_t kPrefixTailMaxCopied = int64_t(128) << 20;
-// On by default since GPU run 71 (stop 48) verified it: ci/results/gpu-tests.md.
 std::atomic<bool> prefix_tail_enabled{true};
-// Below 5 tokens decoding by tokens was the measured choice (2-4: 74-86% / 57-60% of the copy
-// ceiling); settable so one GPU run can set the two side by side at 3-4.
-std::atomic<int64_t> prefix_tail_min_queries{5};
+
+// Whether the split beats the alternatives (by tokens, cuDNN's general kernel) at this size.
+bool prefix_tail_pays(const Problem& p) {
+  if (p.s_kv < kPrefixTailMinKeys || p.s_q > kPrefixTailMaxQueries) return false;
+  if (p.b == 1) return false;  // one entry: by tokens' one-query sequences fill the GPU better
+  return p.s_q >= (p.b >= kPrefixTailWideBatch ? kPrefixTailMinQueriesWide : kPrefixTailMinQueries);
+}
 
 bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                       Plan& plan) {
-  if (op != GraphOp::forward || !p.paged || p.s_q < 2 || p.s_q > kPrefixTailMaxQueries) return false;
+  if (op != GraphOp::forward || !p.paged || !prefix_tail_pays(p)) return false;
   if (!prefix_tail_enabled.load(std::memory_order_relaxed)) return false;
-  if (p.s_q < prefix_tail_min_queries.load(std::memory_order_relaxed)) return false;
   for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
     if (operands[s]) return false;
   }
@@ -822,7 +827,6 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
       options.alignment != CausalAlignment::bottom_right) {
     return false;
   }
-  if (p.s_kv < kPrefixTailMinKeys) return false;      // the caller's cache: the tail's fixed cost eats the gain
   const TensorView table = *plan.slots[kBlockTable];  // its declared (possibly bucketed) width
   const int64_t width = table.dims[2];
   const int64_t chunks = 1 + p.s_q, heads = p.h_q * p.s_q, sequences = p.b * chunks;
@@ -851,12 +855,6 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
 bool decode_prefix_tail() { return prefix_tail_enabled.load(std::memory_order_relaxed); }
 
 void set_decode_prefix_tail(bool enabled) { prefix_tail_enabled.store(enabled); }
-
-int64_t decode_prefix_tail_min_queries() { return prefix_tail_min_queries.load(std::memory_order_relaxed); }
-
-void set_decode_prefix_tail_min_queries(int64_t queries) {
-  prefix_tail_min_queries.store(std::clamp<int64_t>(queries, 2, kPrefixTailMaxQueries));
-}
 
 bool decode_by_tokens() { return by_tokens_enabled.load(std::memory_order_relaxed); }
 

@@ -403,8 +403,8 @@ TEST_CASE("decoding by tokens: a paged step of a few queries becomes one one-que
   CHECK(old_without_lse.by_tokens.on);
 }
 
-TEST_CASE("a prefix and a tail: 5-16 causal queries over a long cache, tokens folded into the heads") {
-  struct PrefixTailOn {  // off by default until a GPU run verifies it
+TEST_CASE("a prefix and a tail: 5-8 causal queries over a long cache (3-8 at batch 32), tokens folded into the heads") {
+  struct PrefixTailOn {  // on by default; on here whatever an earlier case left
     bool before = decode_prefix_tail();
     PrefixTailOn() { set_decode_prefix_tail(true); }
     ~PrefixTailOn() { set_decode_prefix_tail(before); }
@@ -450,14 +450,18 @@ TEST_CASE("a prefix and a tail: 5-16 causal queries over a long cache, tokens fo
   CHECK(general.plan.problem.s_q == 8);
 
   // What the prefix cannot say, or where it does not pay, keeps the other plans.
-  CHECK_FALSE(Planned(paged_decode(4, 512, 4), options).plan.split.on);   // 2-4 tokens: by tokens
-  CHECK_FALSE(Planned(paged_decode(4, 512, 17), options).plan.split.on);  // more than 16
-  CHECK_FALSE(Planned(paged_decode(4, 64, 8), options).plan.split.on);    // 1k keys: the tail eats the gain
-  CHECK_FALSE(Planned(paged_decode(4, 65, 8), options).plan.split.on);    // 1,040 keys, declared 128 blocks wide
-  CallOperands wide = paged_decode(256, 512, 16);  // copies of q and the partials past 128M elements each
-  wide.slot[kO] = view("out", {256, 32, 16, 128}, kBF16, kBase + 1024 * kMiB);
-  wide.slot[kBlockTable] = view("block_table", {256, 512}, kI32, kBase + 1100 * kMiB);
-  wide.slot[kSeqLensKV] = view("seqlens_kv", {256}, kI32, kBase + 1110 * kMiB);
+  CHECK_FALSE(Planned(paged_decode(4, 512, 4), options).plan.split.on);  // 2-4 tokens: by tokens
+  CHECK_FALSE(Planned(paged_decode(4, 512, 9), options).plan.split.on);  // more than 8 (16: slower)
+  CHECK_FALSE(Planned(paged_decode(1, 512, 8), options).plan.split.on);  // one entry: by tokens
+  CHECK(Planned(paged_decode(1, 512, 8), options).plan.by_tokens.on);
+  CHECK(Planned(paged_decode(32, 512, 3), options).plan.split.prefix_tail());  // 3-4 at batch 32
+  CHECK_FALSE(Planned(paged_decode(32, 512, 2), options).plan.split.on);       // 2: by tokens
+  CHECK_FALSE(Planned(paged_decode(4, 64, 8), options).plan.split.on);         // 1k keys: the tail eats the gain
+  CHECK_FALSE(Planned(paged_decode(4, 65, 8), options).plan.split.on);         // 1,040 keys, declared 128 blocks wide
+  CallOperands wide = paged_decode(512, 512, 8);  // copies of q and the partials past 128M elements each
+  wide.slot[kO] = view("out", {512, 32, 8, 128}, kBF16, kBase + 1024 * kMiB);
+  wide.slot[kBlockTable] = view("block_table", {512, 512}, kI32, kBase + 1100 * kMiB);
+  wide.slot[kSeqLensKV] = view("seqlens_kv", {512}, kI32, kBase + 1110 * kMiB);
   CHECK_FALSE(Planned(wide, options).plan.split.on);
   CHECK_FALSE(Planned(call, SdpaOptions{}).plan.split.on);  // unmasked
   SdpaOptions top_left;

@@ -47,7 +47,7 @@ from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOper
                              pool_stats, PoolStats, prepare_call, PreparedCall,  # no-cython-lint
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint
                              set_decode_by_tokens, set_decode_graphs_bucketed, set_decode_heads_paged,  # no-cython-lint
-                             set_decode_prefix_tail, set_decode_prefix_tail_min_queries,  # no-cython-lint
+                             set_decode_prefix_tail,  # no-cython-lint
                              set_error_translator, set_libraries, set_split_kv_enabled,  # no-cython-lint
                              set_split_kv_chunks, split_kv_enabled,  # no-cython-lint
                              stream_wait_stream,  # no-cython-lint

@@ -211,8 +211,6 @@ cdef extern from "stridedfa/call_plan.hpp" namespace "stridedfa" nogil:
     void set_decode_by_tokens(cbool enabled)
     cbool decode_prefix_tail()
     void set_decode_prefix_tail(cbool enabled)
-    int64_t decode_prefix_tail_min_queries()
-    void set_decode_prefix_tail_min_queries(int64_t queries)
 
 
 cdef extern from "stridedfa/split_kv.hpp" namespace "stridedfa" nogil:

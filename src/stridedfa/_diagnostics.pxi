@@ -96,16 +96,11 @@ def _decode_by_tokens(enabled=None):
     return decode_by_tokens()
 
 
-def _decode_prefix_tail(enabled=None, min_queries=None):
-    """Whether a paged causal (bottom-right) step of 5-16 queries per sequence over a cache of >= 2048 keys
-    runs as a prefix every token sees (the tokens folded into the heads: cuDNN's fast one-query kernel reads
-    the keys once) and a short tail per token, merged by their log-sum-exp (on by
-    default); with ``enabled`` set it first (for tests and benchmarks). ``min_queries`` (2-16, default 5)
-    moves the fewest queries it takes: below it, steps go by tokens where they qualify."""
-    if min_queries is not None:
-        if not 2 <= int(min_queries) <= 16:
-            raise ValueError(f"min_queries must be 2-16, got {min_queries}")
-        set_decode_prefix_tail_min_queries(int(min_queries))
+def _decode_prefix_tail(enabled=None):
+    """Whether a paged causal (bottom-right) step of several queries per sequence over a cache of >= 2048
+    keys (5-8 at batch >= 2, 3-8 at batch >= 32) runs as a prefix every token sees (the tokens folded into
+    the heads: cuDNN's fast one-query kernel reads the keys once) and a short tail per token, merged by
+    their log-sum-exp (on by default); with ``enabled`` set it first (for tests and benchmarks)."""
     if enabled is not None:
         set_decode_prefix_tail(bool(enabled))
     return decode_prefix_tail()

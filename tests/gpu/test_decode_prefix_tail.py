@@ -1,5 +1,6 @@
-"""A prefix and a tail (call_plan.cpp, plan_prefix_tail): a paged causal (bottom-right) step of 5-16
-queries per sequence over a cache of >= 2048 keys (its table's capacity) runs as one paged graph of one-query
+"""A prefix and a tail (call_plan.cpp, plan_prefix_tail): a paged causal (bottom-right) step of 5-8
+queries per sequence at batch >= 2 (3-8 at batch >= 32) over a cache of >= 2048 keys (its table's
+capacity) runs as one paged graph of one-query
 sequences -- per entry the prefix every token sees, its tokens folded into the query heads, and one
 short tail per token, its table row shifted to the prefix's end -- merged by their log-sum-exp.
 Against the fp64 reference on the gathered cache and the same call on cuDNN's general kernel (the
@@ -61,7 +62,17 @@ def reference(q, k_cache, v_cache, table, seqlens, **mask):
 LENGTHS = [FULL, 2000, 16 + 8, 17 + 8, 0, 1, 7, 1023, 1500, FULL - 3]
 
 
-@pytest.mark.parametrize("b, s_q", [(1, 5), (3, 8), (8, 8), (4, 16), (2, 12)])
+def assert_split(q, k_cache, v_cache, out, table, seqlens):
+    """The call is planned as the split (another graph than with the split off), so the test checks it."""
+    def key():
+        return _core._forward_graph_key(q, k_cache, v_cache, out, block_table=table, seqlens_kv=seqlens, causal=True,
+                                        causal_alignment="bottom_right")
+    with switched(_core._decode_prefix_tail, False), switched(_core._decode_by_tokens, False):
+        general = key()
+    assert key() != general, "not planned as a prefix + tail split"
+
+
+@pytest.mark.parametrize("b, s_q", [(2, 5), (3, 8), (8, 8), (4, 6), (32, 3), (32, 4)])
 @pytest.mark.parametrize("layout", ["head_major", "token_major"])
 def test_prefix_and_tail_match_the_reference(b, s_q, layout, prefix_tail):
     gen = torch.Generator(device="cuda").manual_seed(300 + b * 17 + s_q)
@@ -76,6 +87,7 @@ def test_prefix_and_tail_match_the_reference(b, s_q, layout, prefix_tail):
         q = torch.randn(b, H_Q, s_q, D, generator=gen, device="cuda").to(torch.bfloat16)
         out = torch.full_like(q, float("nan"))
         lse = torch.full((b, H_Q, s_q), float("nan"), device="cuda")
+    assert_split(q, k_cache, v_cache, out, table, seqlens)
     stridedfa.sdpa_forward(q, k_cache, v_cache, out, lse=lse, block_table=table, seqlens_kv=seqlens, causal=True,
                            causal_alignment="bottom_right")
     ref_out, ref_lse = reference(q, k_cache, v_cache, table, seqlens)
@@ -133,12 +145,13 @@ def test_a_growing_cache_reuses_the_graph(prefix_tail):
 
 def test_random_strides_match_the_reference(prefix_tail):
     """Fuzz: q, out and lse in random memory orders and paddings, the cache token- or head-major,
-    random lengths (0 included), 5-16 queries, with or without an lse."""
+    random lengths (0 included), 5-8 queries (3-8 at batch 32), with or without an lse."""
     rng = random.Random(20261208)
     gen = torch.Generator(device="cuda").manual_seed(20261208)
     refused = []
     for trial in range(24):
-        b, s_q = rng.choice((1, 2, 3)), rng.randint(5, 16)
+        b = rng.choice((2, 3, 32))
+        s_q = rng.randint(3 if b >= 32 else 5, 8)
         k_cache, v_cache, table = make_cache(b, gen, head_major=rng.random() < 0.5, spare=rng.choice((0, 5)))
         lengths = [rng.choice((0, 1, s_q, rng.randint(1, FULL), FULL)) for _ in range(b)]
         seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
@@ -159,6 +172,7 @@ def test_random_strides_match_the_reference(prefix_tail):
         layout = f"trial {trial}: b={b} s_q={s_q} lengths={lengths} q{q.stride()} out{out.stride()} " \
                  f"lse{None if lse is None else lse.stride()} k{k_cache.stride()}"
         try:
+            assert_split(q, k_cache, v_cache, out, table, seqlens)
             stridedfa.sdpa_forward(q, k_cache, v_cache, out, lse=lse, block_table=table, seqlens_kv=seqlens,
                                    causal=True, causal_alignment="bottom_right")
         except stridedfa.UnsupportedError as error:  # a layout refused (an lse cuDNN cannot take): before writing

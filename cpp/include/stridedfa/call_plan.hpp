@@ -76,15 +76,12 @@ void set_decode_heads_paged(bool paged);
 bool decode_by_tokens();
 void set_decode_by_tokens(bool enabled);
 
-// Whether a paged causal (bottom-right) step of 5-16 queries per entry over a long cache is run as
-// a prefix every token sees, the tokens folded into the heads, and a tail per token, merged by their
-// log-sum-exp (call_plan.cpp, plan_prefix_tail; on by default). The
-// setter is for tests and benchmarks.
+// Whether a paged causal (bottom-right) step of several queries per entry over a long cache (5-8 at
+// batch >= 2, 3-8 at batch >= 32) is run as a prefix every token sees, the tokens folded into the
+// heads, and a tail per token, merged by their log-sum-exp (call_plan.cpp, plan_prefix_tail; on by
+// default). The setter is for tests and benchmarks.
 bool decode_prefix_tail();
 void set_decode_prefix_tail(bool enabled);
-// The fewest queries per entry it takes (5; clamped to 2-16; fewer go by tokens where they qualify).
-int64_t decode_prefix_tail_min_queries();
-void set_decode_prefix_tail_min_queries(int64_t queries);
 
 // A float32 (b, h, s[, 1]) statistics view packed as cuDNN reads it before 9.12 / 9.26.
 bool is_packed_stats(const TensorView& lse);
