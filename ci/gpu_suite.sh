@@ -4,7 +4,7 @@
 # names what passed; run 70 ran two halves and the fuzz so: `git show 0f20685:ci/results/2026-12-07-run70/run70a.sh`),
 # and the stride fuzz beside them. Carry the wheel in .whl/ (built by
 # ci/build_wheel_for_gpu_host.sh); the working tree's Python files are copied over the wheel's.
-#   PART=suite1 | suite2 | suite3 | fuzz  bash ci/gpu_suite.sh    (the fuzz: FUZZ_VALID, FUZZ_INVALID, FUZZ_LIMIT)
+#   PART=suite1 | suite2 | suite3 | fuzz  bash ci/gpu_suite.sh    (SUITE_LIMIT, default 570 s; the fuzz: FUZZ_VALID, FUZZ_INVALID, FUZZ_LIMIT)
 #   PART=files FILES="test_jax.py test_varlen.py" LIMIT=150 bash ci/gpu_suite.sh   (some files, when
 #   device time is short: what a change touched)
 # Logs and env.txt go to $OUT; record the run as ci/results/README.md says. Every file of
@@ -32,16 +32,16 @@ case "$PART" in
     # shellcheck disable=SC2086  # FILES is a list of test files
     run_tests files "${LIMIT:-300}" ${FILES:?set FILES to test files of tests/gpu} ;;
   suite1)
-    run_tests suite1 570 test_cudnn_quirks.py test_empty_sequences.py test_sinks_decode.py test_bounds_check.py test_variants.py \
+    run_tests suite1 "${SUITE_LIMIT:-570}" test_cudnn_quirks.py test_empty_sequences.py test_sinks_decode.py test_bounds_check.py test_variants.py \
       test_varlen.py test_paged.py test_bitexact.py test_cupy.py test_flash_attn_interface.py \
       test_forward_backward.py test_generic_buffer.py test_gpu_cache.py test_gpu_validation.py test_hardening.py \
       test_import_order.py test_jax.py test_paged_adapters.py test_producers.py ;;
   suite2)
-    run_tests suite2 570 test_transformers.py test_persisted_plans.py test_warm_up.py test_context_parallel.py \
+    run_tests suite2 "${SUITE_LIMIT:-570}" test_transformers.py test_persisted_plans.py test_warm_up.py test_context_parallel.py \
       test_bias.py test_dropout.py test_torch_attention.py test_torch_packed.py test_streams.py \
       test_torch_compile.py test_torch_ops.py test_torch_streams.py test_variants_adapters.py test_zero_size.py ;;
   suite3)  # the decoding plans' files: suite2 with them took 551 of its 570 s in run 70
-    run_tests suite3 570 test_decode_graphs.py test_decode_by_tokens.py test_split_kv.py test_decode_prefix_tail.py ;;
+    run_tests suite3 "${SUITE_LIMIT:-570}" test_decode_graphs.py test_decode_by_tokens.py test_split_kv.py test_decode_prefix_tail.py ;;
   fuzz)
     STRIDEDFA_FUZZ_INVALID=${FUZZ_INVALID:-1000} STRIDEDFA_FUZZ_VALID=${FUZZ_VALID:-4000} \
       STRIDEDFA_FUZZ_REPORT="$OUT/fuzz.json" timeout "${FUZZ_LIMIT:-400}" \
