@@ -506,6 +506,16 @@ bool plan_decode_heads_paged(const Problem& p, const SdpaOptions& options, const
   return true;
 }
 
+// Whether the call has an operand that a decoding rewrite (its rows regrouped, cut into chunks or
+// repeated per token) cannot carry: a bias has the key extent, ALiBi's slopes follow the query heads,
+// the caller's query lengths would leave rows the rewrite does not fill, dropout's state its offsets.
+bool has_operand_a_rewrite_cannot_carry(const TensorView* const* operands) {
+  for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
+    if (operands[s]) return true;
+  }
+  return false;
+}
+
 // Decoding by heads: a call of a few queries against a cache whose length L changes every step
 // would build a cuDNN graph per L (40-160 ms each), because the graph holds the extents and, for a
 // head-major cache, the batch and head strides (which grow with L). Instead every (batch entry i,
@@ -522,12 +532,8 @@ bool plan_decode_by_heads(GraphOp op, const Problem& p, const SdpaOptions& optio
   if (p.s_q > kDecodeMaxQueries || p.s_kv <= p.s_q || p.s_q == 0 || p.h_kv == 0) return false;  // a cache
   if (cudnn_version < 91801) return false;  // cuDNN's ragged layout on every compute capability
   if (options.dropout_p > 0) return false;  // its mask would follow the declared extents
-  // ALiBi's slopes, indexed by query head, would see the regrouped heads (sinks are folded in after
-  // cuDNN instead: SinkFold); a bias has the key extent; the caller's query lengths would leave rows
-  // that the ragged layout does not fill.
-  for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
-    if (operands[s]) return false;
-  }
+  // (Sinks it carries: they are folded in after cuDNN, SinkFold.)
+  if (has_operand_a_rewrite_cannot_carry(operands)) return false;
   // The keys' lengths only where each sequence's one row then sees every real key, and not with
   // sinks (an empty sequence's fills would go to the statistics the fold reads, not the caller's).
   if (operands[kSeqLensKV] && (p.s_q != 1 || operands[kSinks])) return false;
@@ -706,9 +712,7 @@ void describe_split_scratch(const Problem& p, const TensorView* const* operands,
 bool plan_split_kv(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                    Plan& plan) {
   if (op != GraphOp::forward || !p.paged || p.s_q != 1 || !split_kv_enabled()) return false;
-  for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
-    if (operands[s]) return false;
-  }
+  if (has_operand_a_rewrite_cannot_carry(operands)) return false;
   if (!last_row_sees_every_key(options, p.s_q, p.s_kv)) return false;  // every chunk's row sees all its keys
   const TensorView table = *plan.slots[kBlockTable];                   // its declared (possibly bucketed) width
   const int64_t width = table.dims[2];
@@ -750,9 +754,7 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
   if (op != GraphOp::forward || !p.paged || p.s_q < 2) return false;
   if (p.s_q > (p.b == 1 ? kByTokensMaxQueriesOneEntry : kByTokensMaxQueries)) return false;
   if (!by_tokens_enabled.load(std::memory_order_relaxed)) return false;
-  for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState, kSinks}) {
-    if (operands[s]) return false;
-  }
+  if (has_operand_a_rewrite_cannot_carry(operands) || operands[kSinks]) return false;
   if (options.left_bound() != SdpaOptions::kUnbounded) return false;
   const bool causal = options.right_bound() != SdpaOptions::kUnbounded;
   if (causal && (options.right_bound() != 0 || options.alignment != CausalAlignment::bottom_right)) return false;
@@ -824,9 +826,7 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
                       Plan& plan) {
   if (op != GraphOp::forward || !p.paged || !prefix_tail_pays(p)) return false;
   if (!prefix_tail_enabled.load(std::memory_order_relaxed)) return false;
-  for (int s : {kBias, kAlibiSlopes, kSeqLensQ, kRngState}) {
-    if (operands[s]) return false;
-  }
+  if (has_operand_a_rewrite_cannot_carry(operands)) return false;
   if (options.left_bound() != SdpaOptions::kUnbounded || options.right_bound() != 0 ||
       options.alignment != CausalAlignment::bottom_right) {
     return false;
@@ -835,9 +835,9 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
   const int64_t width = table.dims[2];
   const int64_t chunks = 1 + p.s_q, heads = p.h_q * p.s_q, sequences = p.b * chunks;
   const int64_t copied = sequences * heads * std::max(p.d_qk, p.d_v);  // elements of the copied q, of the partials
-  if (sequences * width > INT32_MAX || copied > INT32_MAX) return false;
+  if (sequences * width > INT32_MAX) return false;
   // The copies grow with (1 + s_q) x s_q: past kPrefixTailMaxCopied elements each (256 MiB of bf16; b32 x 32
-  // heads x 16 tokens x d 128 is 36M) the scratch would rival the cache the call reads.
+  // heads x 8 tokens x d 128 is 9.4M) the scratch would rival the cache the call reads.
   if (copied > kPrefixTailMaxCopied) return false;
   SplitKv& split = start_split(p, operands, chunks, heads, plan);  // sinks: once per row, by the merge
   split.tokens = p.s_q;

@@ -118,7 +118,7 @@ void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t widt
                        const TailRows& tail, RowLengths callers_kv, void* lengths, int32_t device, void* out,
                        std::uintptr_t stream, void* lengths_q, int64_t value_q) {
   CUfunction kernel = kernels(device).clamp_blocks;
-  const int64_t repeat = tokens.on ? tokens.queries : tail.tokens > 0 ? 1 + tail.tokens : 1;
+  const int64_t repeat = table_copies(tokens, tail);
   unsigned long long in = table.data, packed = reinterpret_cast<std::uintptr_t>(out);
   unsigned int rows = unsigned(table.dims[0] * repeat), cols = unsigned(table.dims[2]);
   unsigned int row_stride = unsigned(table.dims[0] > 1 ? table.strides[0] : table.dims[2]);

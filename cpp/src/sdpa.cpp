@@ -35,8 +35,7 @@ void lay_out_scratch(PreparedCall& call) {
     return at;
   };
   PreparedCall::Scratch& s = call.scratch;
-  const int64_t repeat = call.by_tokens.on ? call.by_tokens.queries : call.split.prefix_tail() ? call.split.chunks : 1;
-  const int64_t copy_rows = call.block_table.dims[0] * repeat;
+  const int64_t copy_rows = call.block_table.dims[0] * table_copies(call.by_tokens, call.split.tail_rows());
   if (call.paged) {
     s.table_bytes = (std::max<int64_t>(copy_rows * call.table_width, 1) * int64_t(sizeof(int32_t)) + 15) / 16 * 16;
     s.table = place(s.table_bytes + (call.by_tokens.on ? copy_rows * int64_t(sizeof(int32_t)) : 0));
@@ -523,10 +522,8 @@ void execute(const PreparedCall& call, std::uintptr_t stream, void* workspace) {
     if (call.paged) {  // block ids clamped into the cache: no id reads outside it
       const ByTokens& tokens = call.by_tokens;
       void* made_lengths = tokens.on ? static_cast<char*>(table) + scratch.table_bytes : nullptr;
-      const SplitKv& split_kv = call.split;
-      const TailRows tail{split_kv.prefix_tail() ? split_kv.tokens : 0, split_kv.block_size, split_kv.full_len};
-      clamp_block_table(call.block_table, call.num_blocks, call.table_width, tokens, tail, call.callers_lengths[1],
-                        made_lengths, call.problem.device, table, stream,
+      clamp_block_table(call.block_table, call.num_blocks, call.table_width, tokens, call.split.tail_rows(),
+                        call.callers_lengths[1], made_lengths, call.problem.device, table, stream,
                         call.made_lengths_by_table[0] ? lengths : nullptr, call.made_lengths_value[0]);
       if (tokens.on) {  // the tokens' key lengths: the graph always reads seq_len_kv with seq_len_q
         if (call.lengths_ptr[1] < 0) throw BackendError("stridedfa: a call by tokens has no key lengths operand");

@@ -94,6 +94,12 @@ struct TailRows {
   int64_t tokens = 0, block_size = 0, full_len = 0;
 };
 
+// How many rows of the table copy each entry's row becomes: one per token by tokens, the prefix and
+// one tail per token for a prefix + tail split, else one.
+inline int64_t table_copies(const ByTokens& tokens, const TailRows& tail) {
+  return tokens.on ? tokens.queries : tail.tokens > 0 ? 1 + tail.tokens : 1;
+}
+
 // A paged call's block table (`table`: its (b, 1, blocks, 1) view, rows contiguous) copied packed
 // into `out` ((b x width) int32 on `device`, width >= blocks: the declared table's) with every id
 // clamped into [0, num_blocks) and block 0 past the caller's columns, on `stream` (the same PTX

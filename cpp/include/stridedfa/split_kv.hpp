@@ -49,6 +49,7 @@ struct SplitKv {
   // to the prefix's end: ragged.hpp TailRows), merged per row from its two chunks.
   int64_t tokens = 1, block_size = 0;
   bool prefix_tail() const { return tokens > 1; }
+  TailRows tail_rows() const { return {prefix_tail() ? tokens : 0, block_size, full_len}; }  // its table copy's
   int64_t sequences() const { return batch * chunks; }
   int64_t lengths_pitch() const;  // int32 entries from the query lengths' row to the keys' (16-byte aligned)
 };
