@@ -54,12 +54,11 @@ def case(batch, length, warmup, iters, queries=1):
         return st.attention_with_kvcache(q, k_cache, v_cache, table, lengths)
     # One query: unsplit (False) and split over the keys (True). Several: cuDNN's general kernel
     # (False: by tokens and the prefix + tail split off) and stridedfa's own plans (True: one one-query
-    # sequence per token for 2-4 (2-8 for one sequence), a prefix + tail split for 5-8 over long caches
-    # (3-8 at batch >= 32 with its switch, off by default until a GPU run verifies it)).
+    # sequence per token for 2-4 (2-8 for one sequence), a prefix + tail split for 5-8 over long caches,
+    # 3-8 at batch >= 32).
     def several(on):
         stridedfa._core._decode_by_tokens(on)
         stridedfa._core._decode_prefix_tail(on)
-        stridedfa._core._decode_prefix_tail_wide(on)
 
     switch = stridedfa._core._split_kv if queries == 1 else several
     for variant in (False, True):

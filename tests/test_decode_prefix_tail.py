@@ -20,8 +20,7 @@ BR = dict(causal=True, causal_alignment="bottom_right")
 
 @pytest.fixture(autouse=True)
 def defaults():
-    with switched(_core._decode_prefix_tail, True), switched(_core._decode_by_tokens, True), \
-            switched(_core._decode_prefix_tail_wide, True):
+    with switched(_core._decode_prefix_tail, True), switched(_core._decode_by_tokens, True):
         yield
 
 
@@ -70,14 +69,6 @@ def test_masks_a_prefix_cannot_say_keep_the_general_kernel(options):
 def test_where_it_does_not_pay_it_is_not_planned(b, s_q, columns):
     with switched(_core._decode_by_tokens, False):
         assert key(b, s_q, columns=columns, **BR) == general(b, s_q, columns=columns, **BR)
-
-
-def test_three_or_four_queries_at_batch_32_wait_for_their_switch():
-    """Off by default until a GPU run checks them: by tokens takes them."""
-    split = key(32, 4, **BR)
-    with switched(_core._decode_prefix_tail_wide, False):
-        assert key(32, 4, **BR) != split
-        assert key(64, 8, **BR) != general(64, 8, **BR)  # 5-8 queries stay split
 
 
 def test_the_switch_turns_it_off():

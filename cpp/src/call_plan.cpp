@@ -806,20 +806,17 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
 // 5-8 queries at batch >= 8 172-188 µs / 283 (b8), 545 / 1,086 (b32 x 8); 3-4 queries at batch 32 402
 // against by tokens' 589, but at batch 8 161 / 154; batch 1 x 8 126 against by tokens' 49; 16 queries
 // 364 / 281 (its time doubles from 8 to 16: the folded group of 64 heads per key head); 2k keys 82 / 83.
+// GPU run 72 checked the whole rule against the reference (test_decode_prefix_tail.py, the stride fuzz).
 constexpr int64_t kPrefixTailMaxQueries = 8, kPrefixTailMinKeys = 2048;
 constexpr int64_t kPrefixTailMinQueries = 5, kPrefixTailMinQueriesWide = 3, kPrefixTailWideBatch = 32;
 constexpr int64_t kPrefixTailMaxCopied = int64_t(128) << 20;
 std::atomic<bool> prefix_tail_enabled{true};
-// 3-4 queries at batch >= 32: measured (probe71) but not yet checked against the reference on a GPU
-// (the device went away), so off until a run of tests/gpu/test_decode_prefix_tail.py with it on.
-std::atomic<bool> prefix_tail_wide_enabled{false};
 
 // Whether the split beats the alternatives (by tokens, cuDNN's general kernel) at this size.
 bool prefix_tail_pays(const Problem& p) {
   if (p.s_kv < kPrefixTailMinKeys || p.s_q > kPrefixTailMaxQueries) return false;
   if (p.b == 1) return false;  // one entry: by tokens' one-query sequences fill the GPU better
-  const bool wide = p.b >= kPrefixTailWideBatch && prefix_tail_wide_enabled.load(std::memory_order_relaxed);
-  return p.s_q >= (wide ? kPrefixTailMinQueriesWide : kPrefixTailMinQueries);
+  return p.s_q >= (p.b >= kPrefixTailWideBatch ? kPrefixTailMinQueriesWide : kPrefixTailMinQueries);
 }
 
 bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
@@ -859,10 +856,6 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
 bool decode_prefix_tail() { return prefix_tail_enabled.load(std::memory_order_relaxed); }
 
 void set_decode_prefix_tail(bool enabled) { prefix_tail_enabled.store(enabled); }
-
-bool decode_prefix_tail_wide() { return prefix_tail_wide_enabled.load(std::memory_order_relaxed); }
-
-void set_decode_prefix_tail_wide(bool enabled) { prefix_tail_wide_enabled.store(enabled); }
 
 bool decode_by_tokens() { return by_tokens_enabled.load(std::memory_order_relaxed); }
 

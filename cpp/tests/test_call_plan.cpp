@@ -454,11 +454,8 @@ TEST_CASE("a prefix and a tail: 5-8 causal queries over a long cache (3-8 at bat
   CHECK_FALSE(Planned(paged_decode(4, 512, 9), options).plan.split.on);  // more than 8 (16: slower)
   CHECK_FALSE(Planned(paged_decode(1, 512, 8), options).plan.split.on);  // one entry: by tokens
   CHECK(Planned(paged_decode(1, 512, 8), options).plan.by_tokens.on);
-  CHECK_FALSE(Planned(paged_decode(32, 512, 3), options).plan.split.on);  // 3-4 at batch 32: when switched on
-  set_decode_prefix_tail_wide(true);
-  CHECK(Planned(paged_decode(32, 512, 3), options).plan.split.prefix_tail());
+  CHECK(Planned(paged_decode(32, 512, 3), options).plan.split.prefix_tail());  // 3-4 from batch 32
   CHECK_FALSE(Planned(paged_decode(16, 512, 3), options).plan.split.on);
-  set_decode_prefix_tail_wide(false);
   CHECK_FALSE(Planned(paged_decode(32, 512, 2), options).plan.split.on);  // 2: by tokens
   CHECK_FALSE(Planned(paged_decode(4, 64, 8), options).plan.split.on);    // 1k keys: the tail eats the gain
   CHECK_FALSE(Planned(paged_decode(4, 65, 8), options).plan.split.on);    // 1,040 keys, declared 128 blocks wide

@@ -98,21 +98,13 @@ def _decode_by_tokens(enabled=None):
 
 def _decode_prefix_tail(enabled=None):
     """Whether a paged causal (bottom-right) step of several queries per sequence over a cache of >= 2048
-    keys (5-8 at batch >= 2) runs as a prefix every token sees (the tokens folded into the heads: cuDNN's
-    fast one-query kernel reads the keys once) and a short tail per token, merged by their log-sum-exp (on
-    by default); with ``enabled`` set it first (for tests and benchmarks)."""
+    keys (5-8 at batch >= 2, 3-8 at batch >= 32) runs as a prefix every token sees (the tokens folded
+    into the heads: cuDNN's fast one-query kernel reads the keys once) and a short tail per token,
+    merged by their log-sum-exp (on by default); with ``enabled`` set it first (for tests and
+    benchmarks)."""
     if enabled is not None:
         set_decode_prefix_tail(bool(enabled))
     return decode_prefix_tail()
-
-
-def _decode_prefix_tail_wide(enabled=None):
-    """Whether the prefix + tail split also takes 3-4 queries per sequence at batch >= 32 (GPU run 71: 402
-    against decoding by tokens' 589 µs at 32 x 8k x 4; off until a GPU run checks it against the
-    reference); with ``enabled`` set it first (for tests and benchmarks)."""
-    if enabled is not None:
-        set_decode_prefix_tail_wide(bool(enabled))
-    return decode_prefix_tail_wide()
 
 
 def _split_kv(enabled=None, chunks=None):

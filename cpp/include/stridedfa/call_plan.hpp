@@ -77,13 +77,11 @@ bool decode_by_tokens();
 void set_decode_by_tokens(bool enabled);
 
 // Whether a paged causal (bottom-right) step of several queries per entry over a long cache (5-8 at
-// batch >= 2) is run as a prefix every token sees, the tokens folded into the heads, and a tail per
-// token, merged by their log-sum-exp (call_plan.cpp, plan_prefix_tail; on by default); with `wide`
-// also 3-4 at batch >= 32 (off until a GPU run verifies it). The setters are for tests and benchmarks.
+// batch >= 2, 3-8 at batch >= 32) is run as a prefix every token sees, the tokens folded into the
+// heads, and a tail per token, merged by their log-sum-exp (call_plan.cpp, plan_prefix_tail; on by
+// default). The setter is for tests and benchmarks.
 bool decode_prefix_tail();
 void set_decode_prefix_tail(bool enabled);
-bool decode_prefix_tail_wide();
-void set_decode_prefix_tail_wide(bool enabled);
 
 // A float32 (b, h, s[, 1]) statistics view packed as cuDNN reads it before 9.12 / 9.26.
 bool is_packed_stats(const TensorView& lse);
