@@ -220,7 +220,10 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--plot", metavar="JSON", help="only render the PNG next to an earlier paged.json")
     parser.add_argument("--sweep-chunks", action="store_true", help="also time the split at every chunk count")
+    parser.add_argument("--prefix-tail-rows", action="store_true",
+                        help="describe the prefix + tail split by rows (_core._decode_prefix_tail_rows)")
     args = parser.parse_args()
+    stridedfa._core._decode_prefix_tail_rows(args.prefix_tail_rows)
     if args.plot:
         plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
         return
@@ -250,7 +253,7 @@ def main():
     wide = [r for r in rows if "share_of_ceiling" in r and r["batch"] >= 32 and r["queries"] == 1]
     result = {"provenance": provenance(stridedfa),
               "config": {"h_q": H_Q, "h_kv": H_KV, "d": D, "block_size": BLOCK, "dtype": "bfloat16",
-                         "device": torch.cuda.get_device_name()},
+                         "device": torch.cuda.get_device_name(), "prefix_tail_rows": args.prefix_tail_rows},
               "rows": rows,
               "target >= 60% of the copy ceiling at batch >= 32": bool(wide) and all(
                   r["share_of_ceiling"] >= 0.6 for r in wide)}

@@ -76,3 +76,19 @@ def test_the_switch_turns_it_off():
         off = key(8, 8, **BR)
     assert off == general(8, 8, **BR) != key(8, 8, **BR)
 
+
+
+@pytest.mark.parametrize("b, s_q", [(8, 8), (8, 3), (8, 16), (2, 12), (32, 4)])
+def test_described_by_rows_it_is_another_graph_and_takes_3_to_16_queries(b, s_q):
+    """Each key head's group x tokens as the general kernel's query rows (off by default)."""
+    with switched(_core._decode_prefix_tail_rows, True):
+        rows = key(b, s_q, **BR)
+    assert rows != general(b, s_q, **BR)
+    assert rows != key(b, s_q, **BR)  # by heads, by tokens or the general kernel
+    with switched(_core._decode_prefix_tail_rows, True), switched(_core._decode_by_tokens, False):
+        assert key(b, 17, **BR) == general(b, 17, **BR)
+        assert key(1, 8, **BR) == general(1, 8, **BR)  # one entry: by tokens' (switched off here)
+
+
+def test_described_by_rows_is_off_by_default():
+    assert _core._decode_prefix_tail_rows() is False

@@ -673,11 +673,12 @@ SplitKv& start_split(const Problem& p, const TensorView* const* operands, int64_
   return split;
 }
 
-// A split's scratch as cuDNN reads it, packed: (sequences, heads, 1, d) queries and partial outputs,
-// (sequences, heads, 1, 1) float32 statistics, and the made lengths; one query that sees all its
+// A split's scratch as cuDNN reads it, packed (sequences, split.heads, d) -- described as
+// (sequences, heads / rows, rows, d) queries and partial outputs, (sequences, heads / rows, rows, 1)
+// float32 statistics, rows = split.rows -- and the made lengths; every row sees all its sequence's
 // keys, so the padding mask is the whole mask. plan.problem's batch is the split's sequences first.
 void describe_split_scratch(const Problem& p, const TensorView* const* operands, Plan& plan) {
-  const int64_t sequences = plan.split.sequences(), heads = plan.split.heads;
+  const int64_t sequences = plan.split.sequences(), heads = plan.split.heads, rows = plan.split.rows;
   plan.problem.b = sequences;
   plan.unmasked = true;
   const auto packed = [&](int slot, const TensorView& like, int64_t inner, DLDataType dtype) {
@@ -686,12 +687,12 @@ void describe_split_scratch(const Problem& p, const TensorView* const* operands,
     view.present = true;
     view.dtype = dtype;
     view.dims[0] = sequences;
-    view.dims[1] = heads;
-    view.dims[2] = 1;
+    view.dims[1] = heads / rows;
+    view.dims[2] = rows;
     view.dims[3] = inner;
     view.strides[3] = 1;
     view.strides[2] = inner;
-    view.strides[1] = inner;
+    view.strides[1] = rows * inner;
     view.strides[0] = heads * inner;
   };
   packed(kQ, *operands[kQ], p.d_qk, p.dtype);
@@ -807,21 +808,33 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
 // against by tokens' 589, but at batch 8 161 / 154; batch 1 x 8 126 against by tokens' 49; 16 queries
 // 364 / 281 (its time doubles from 8 to 16: the folded group of 64 heads per key head); 2k keys 82 / 83.
 // GPU run 72 checked the whole rule against the reference (test_decode_prefix_tail.py, the stride fuzz).
+//
+// Described by rows (decode_prefix_tail_rows; off until a GPU run checks it): the same sequences and
+// scratch, but each key head's group x tokens folded into the query rows (h_kv heads of
+// h_q / h_kv x s_q rows) instead of the heads: cuDNN's general kernel then reads each key once per
+// group, which its one-query kernel does not. GPU run 74 (probe74, H200, the prefix alone, unchunked):
+// b8 x 8k 137 µs for 4, 8 or 16 tokens (the default plans 156 / 189 / 283), b32 274-282 (522 / 1,103),
+// b8 x 2k x 8 43 (82); so it takes 3-16 tokens at batch >= 2.
 constexpr int64_t kPrefixTailMaxQueries = 8, kPrefixTailMinKeys = 2048;
 constexpr int64_t kPrefixTailMinQueries = 5, kPrefixTailMinQueriesWide = 3, kPrefixTailWideBatch = 32;
+constexpr int64_t kPrefixTailRowsMinQueries = 3, kPrefixTailRowsMaxQueries = 16;
 constexpr int64_t kPrefixTailMaxCopied = int64_t(128) << 20;
 std::atomic<bool> prefix_tail_enabled{true};
+std::atomic<bool> prefix_tail_rows_enabled{false};
 
 // Whether the split beats the alternatives (by tokens, cuDNN's general kernel) at this size.
-bool prefix_tail_pays(const Problem& p) {
-  if (p.s_kv < kPrefixTailMinKeys || p.s_q > kPrefixTailMaxQueries) return false;
+bool prefix_tail_pays(const Problem& p, bool by_rows) {
+  if (p.s_kv < kPrefixTailMinKeys) return false;
   if (p.b == 1) return false;  // one entry: by tokens' one-query sequences fill the GPU better
+  if (by_rows) return p.s_q >= kPrefixTailRowsMinQueries && p.s_q <= kPrefixTailRowsMaxQueries;
+  if (p.s_q > kPrefixTailMaxQueries) return false;
   return p.s_q >= (p.b >= kPrefixTailWideBatch ? kPrefixTailMinQueriesWide : kPrefixTailMinQueries);
 }
 
 bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                       Plan& plan) {
-  if (op != GraphOp::forward || !p.paged || !prefix_tail_pays(p)) return false;
+  const bool by_rows = prefix_tail_rows_enabled.load(std::memory_order_relaxed) && p.h_kv > 0 && p.h_q % p.h_kv == 0;
+  if (op != GraphOp::forward || !p.paged || !prefix_tail_pays(p, by_rows)) return false;
   if (!prefix_tail_enabled.load(std::memory_order_relaxed)) return false;
   if (has_operand_a_rewrite_cannot_carry(operands)) return false;
   if (options.left_bound() != SdpaOptions::kUnbounded || options.right_bound() != 0 ||
@@ -841,8 +854,9 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
   split.block_size = p.block_size;
   split.blocks_per_chunk = width;
   split.keys_per_chunk = width * p.block_size;
-  plan.problem.h_q = heads;
-  plan.problem.s_q = 1;
+  split.rows = by_rows ? heads / p.h_kv : 1;  // (head x tokens + token) = (key head, group x tokens rows)
+  plan.problem.h_q = heads / split.rows;
+  plan.problem.s_q = split.rows;
   plan.problem.s_kv = split.keys_per_chunk;
   describe_split_scratch(p, operands, plan);
   // The table copy's rows, whole, (sequences, 1, width, 1): the tails' shifted by the launch.
@@ -856,6 +870,10 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
 bool decode_prefix_tail() { return prefix_tail_enabled.load(std::memory_order_relaxed); }
 
 void set_decode_prefix_tail(bool enabled) { prefix_tail_enabled.store(enabled); }
+
+bool decode_prefix_tail_rows() { return prefix_tail_rows_enabled.load(std::memory_order_relaxed); }
+
+void set_decode_prefix_tail_rows(bool enabled) { prefix_tail_rows_enabled.store(enabled); }
 
 bool decode_by_tokens() { return by_tokens_enabled.load(std::memory_order_relaxed); }
 

@@ -176,9 +176,10 @@ void split_kv_inputs(const SplitKv& s, void* scratch, RowLengths callers_kv, int
   long long stride_s = s.q.strides[2];
   unsigned int full_len = unsigned(s.full_len), keys_per_chunk = unsigned(s.keys_per_chunk);
   unsigned int pitch = unsigned(s.lengths_pitch()), tokens = unsigned(s.tokens), block_size = unsigned(s.block_size);
-  void* params[] = {&q,        &q_split,        &lengths, &seqlens_kv, &seqlens_stride, &batch,
-                    &chunks,   &heads,          &d,       &stride_b,   &stride_h,       &stride_d,
-                    &full_len, &keys_per_chunk, &pitch,   &tokens,     &stride_s,       &block_size};
+  unsigned int rows_q = unsigned(s.rows);
+  void* params[] = {&q,     &q_split, &lengths,  &seqlens_kv, &seqlens_stride, &batch,    &chunks,
+                    &heads, &d,       &stride_b, &stride_h,   &stride_d,       &full_len, &keys_per_chunk,
+                    &pitch, &tokens,  &stride_s, &block_size, &rows_q};
   launch(kernel, s.sequences() * s.heads * s.d_qk, params, stream, "cuLaunchKernel (stridedfa_split_inputs)");
 }
 

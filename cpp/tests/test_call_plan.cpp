@@ -476,6 +476,56 @@ TEST_CASE("a prefix and a tail: 5-8 causal queries over a long cache (3-8 at bat
   set_decode_prefix_tail(true);
 }
 
+TEST_CASE("a prefix and a tail described by rows: a key head's group x tokens as the general kernel's query rows") {
+  struct RowsOn {  // off by default
+    bool before = decode_prefix_tail(), rows_before = decode_prefix_tail_rows();
+    RowsOn() {
+      set_decode_prefix_tail(true);
+      set_decode_prefix_tail_rows(true);
+    }
+    ~RowsOn() {
+      set_decode_prefix_tail(before);
+      set_decode_prefix_tail_rows(rows_before);
+    }
+  } on;
+  SdpaOptions options;
+  options.causal = true;
+  options.alignment = CausalAlignment::bottom_right;
+  const Planned p(paged_decode(4, 512, 8, true), options);
+  const SplitKv& s = p.plan.split;
+  REQUIRE(s.prefix_tail());
+  CHECK(s.heads == 32 * 8);  // the same packed scratch as by heads ...
+  CHECK(s.rows == 4 * 8);    // ... read as 8 key heads of 32 rows
+  CHECK(p.plan.unmasked);
+  CHECK(p.plan.problem.b == 4 * 9);
+  CHECK(p.plan.problem.h_q == 8);
+  CHECK(p.plan.problem.h_kv == 8);
+  CHECK(p.plan.problem.s_q == 32);
+  for (int slot : {kQ, kO, kLse}) {
+    const TensorView& t = *p.plan.slots[slot];
+    const int64_t inner = slot == kLse ? 1 : 128;
+    CHECK(t.data == 0);
+    CHECK(t.dims[1] == 8);
+    CHECK(t.dims[2] == 32);
+    CHECK(t.strides[0] == 256 * inner);
+    CHECK(t.strides[1] == 32 * inner);
+    CHECK(t.strides[2] == inner);
+  }
+  CHECK(split_kv_bytes(s) >= 36 * 256 * 128 * 2 * 2 + 36 * 256 * 4);
+  // Another graph than by heads; more tokens and fewer at batch 8 too, never one entry or 2 tokens.
+  set_decode_prefix_tail_rows(false);
+  const Planned by_heads(paged_decode(4, 512, 8, true), options);
+  set_decode_prefix_tail_rows(true);
+  CHECK(by_heads.plan.problem.s_q == 1);
+  CHECK(by_heads.plan.split.rows == 1);
+  CHECK(Planned(paged_decode(8, 512, 16), options).plan.split.rows == 64);
+  CHECK(Planned(paged_decode(8, 512, 3), options).plan.split.prefix_tail());
+  CHECK_FALSE(Planned(paged_decode(8, 512, 17), options).plan.split.on);
+  CHECK_FALSE(Planned(paged_decode(8, 512, 2), options).plan.split.on);
+  CHECK_FALSE(Planned(paged_decode(1, 512, 8), options).plan.split.on);
+  CHECK_FALSE(Planned(paged_decode(4, 64, 8), options).plan.split.on);  // 1k keys
+}
+
 TEST_CASE("split-KV leaves alone what a chunk would get wrong or what already fills the GPU") {
   const SplitKvOn on;
   CHECK_FALSE(Planned(paged_decode(8, 512), SdpaOptions{}).plan.split.on);     // 256 blocks already

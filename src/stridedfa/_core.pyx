@@ -29,6 +29,7 @@ from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOper
                              compiled_frontend_version, cuda_driver_version, cuda_runtime_version,  # no-cython-lint
                              contiguous_strides, cudnn_can_read, cudnn_runtime_version,  # no-cython-lint
                              decode_by_tokens, decode_graphs_bucketed, decode_heads_paged, decode_prefix_tail,  # no-cython-lint
+                             decode_prefix_tail_rows,  # no-cython-lint
                              dense_strides_like,  # no-cython-lint
                              device_count, device_info, DeviceInfo, dtype_name, ErrorKind, execute,  # no-cython-lint
                              ExportQuirk, GraphOp, gradient_strides,  # no-cython-lint
@@ -47,7 +48,7 @@ from stridedfa._cpp cimport (ArrayLayout, buffer_alloc, call_graph_key, CallOper
                              pool_stats, PoolStats, prepare_call, PreparedCall,  # no-cython-lint
                              Problem, raise_core_error, Reach, Role, SdpaOptions, select_packed,  # no-cython-lint
                              set_decode_by_tokens, set_decode_graphs_bucketed, set_decode_heads_paged,  # no-cython-lint
-                             set_decode_prefix_tail,  # no-cython-lint
+                             set_decode_prefix_tail, set_decode_prefix_tail_rows,  # no-cython-lint
                              set_error_translator, set_libraries, set_split_kv_enabled,  # no-cython-lint
                              set_split_kv_chunks, split_kv_enabled,  # no-cython-lint
                              stream_wait_stream,  # no-cython-lint

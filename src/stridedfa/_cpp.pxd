@@ -211,6 +211,8 @@ cdef extern from "stridedfa/call_plan.hpp" namespace "stridedfa" nogil:
     void set_decode_by_tokens(cbool enabled)
     cbool decode_prefix_tail()
     void set_decode_prefix_tail(cbool enabled)
+    cbool decode_prefix_tail_rows()
+    void set_decode_prefix_tail_rows(cbool enabled)
 
 
 cdef extern from "stridedfa/split_kv.hpp" namespace "stridedfa" nogil:

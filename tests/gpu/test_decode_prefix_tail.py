@@ -1,11 +1,13 @@
 """A prefix and a tail (call_plan.cpp, plan_prefix_tail): a paged causal (bottom-right) step of 5-8
 queries per sequence at batch >= 2 (3-8 at batch >= 32) over a cache of >= 2048 keys (its table's
-capacity) runs as one paged graph of one-query
-sequences -- per entry the prefix every token sees, its tokens folded into the query heads, and one
-short tail per token, its table row shifted to the prefix's end -- merged by their log-sum-exp.
-Against the fp64 reference on the gathered cache and the same call on cuDNN's general kernel (the
-split switched off), outputs poisoned first; the prefix boundary (a multiple of the block size at
-most L - s_q) is crossed by the lengths chosen; tokens that see no key get out 0, lse -inf."""
+capacity) runs as one paged graph of one-query sequences -- per entry the prefix every token sees,
+its tokens folded into the query heads, and one short tail per token, its table row shifted to the
+prefix's end -- merged by their log-sum-exp. Each test also runs with the split described by rows (a
+key head's group x tokens as the general kernel's query rows, `_decode_prefix_tail_rows`), which
+takes 3-16 queries. Against the fp64 reference on the gathered cache and the same call on cuDNN's
+general kernel (the split switched off), outputs poisoned first; the prefix boundary (a multiple of
+the block size at most L - s_q) is crossed by the lengths chosen; tokens that see no key get out 0,
+lse -inf."""
 
 from __future__ import annotations
 
@@ -29,10 +31,12 @@ BLOCK, BLOCKS, H_Q, H_KV, D = 16, 136, 8, 2, 128  # 2,176 keys per entry: a tabl
 FULL = BLOCKS * BLOCK
 
 
-@pytest.fixture
-def prefix_tail():
-    with switched(_core._decode_prefix_tail, True):
-        yield
+@pytest.fixture(params=["heads", "rows"])
+def prefix_tail(request):
+    """Both descriptions of the split: the folded tokens as heads of one query (the default) or, with
+    the group, as the general kernel's query rows (_decode_prefix_tail_rows, off by default)."""
+    with switched(_core._decode_prefix_tail, True), switched(_core._decode_prefix_tail_rows, request.param == "rows"):
+        yield request.param
 
 
 def make_cache(b, gen, head_major=False, spare=7):
@@ -99,6 +103,14 @@ def test_prefix_and_tail_match_the_reference(b, s_q, layout, prefix_tail):
                                causal_alignment="bottom_right")
     seen = ref_lse.isfinite().unsqueeze(-1).expand_as(out)
     assert_close(out[seen], general[seen], atol=2e-2, name="out vs the general kernel")
+
+
+@pytest.mark.parametrize("b, s_q", [(8, 3), (8, 16), (2, 12), (5, 9)])
+@pytest.mark.parametrize("layout", ["head_major", "token_major"])
+def test_rows_take_3_to_16_queries(b, s_q, layout):
+    """Described by rows, the split also takes 3-4 queries below batch 32 and 9-16 queries."""
+    with switched(_core._decode_prefix_tail, True), switched(_core._decode_prefix_tail_rows, True):
+        test_prefix_and_tail_match_the_reference(b, s_q, layout, "rows")
 
 
 @pytest.mark.parametrize("extra", ["softcap", "sinks", "no_lse", "fp16"])

@@ -82,6 +82,11 @@ void set_decode_by_tokens(bool enabled);
 // default). The setter is for tests and benchmarks.
 bool decode_prefix_tail();
 void set_decode_prefix_tail(bool enabled);
+// Whether that split describes each key head's group x tokens as cuDNN's query rows (its general
+// kernel, which reads the keys once per group; then 3-16 queries at batch >= 2) rather than as
+// heads of one query (off until a GPU run checks it). The setter is for tests and benchmarks.
+bool decode_prefix_tail_rows();
+void set_decode_prefix_tail_rows(bool enabled);
 
 // A float32 (b, h, s[, 1]) statistics view packed as cuDNN reads it before 9.12 / 9.26.
 bool is_packed_stats(const TensorView& lse);

@@ -48,6 +48,10 @@ struct SplitKv {
   // every token sees, then each token's tail -- each a whole row of the table copy (the tails' shifted
   // to the prefix's end: ragged.hpp TailRows), merged per row from its two chunks.
   int64_t tokens = 1, block_size = 0;
+  // Query rows per (sequence, head) as cuDNN reads the split queries: 1 (the folded heads its heads:
+  // the one-query kernel), or a prefix + tail's heads / h_kv (a key head's group x tokens as its rows,
+  // h_kv heads: the general kernel, which reads the keys once per group). Same packed memory.
+  int64_t rows = 1;
   bool prefix_tail() const { return tokens > 1; }
   TailRows tail_rows() const { return {prefix_tail() ? tokens : 0, block_size, full_len}; }  // its table copy's
   int64_t sequences() const { return batch * chunks; }
