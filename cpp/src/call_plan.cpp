@@ -814,7 +814,8 @@ bool plan_decode_by_tokens(GraphOp op, const Problem& p, const SdpaOptions& opti
 // h_q / h_kv x s_q rows) instead of the heads: cuDNN's general kernel then reads each key once per
 // group, which its one-query kernel does not. GPU run 74 (probe74, H200, the prefix alone, unchunked):
 // b8 x 8k 137 µs for 4, 8 or 16 tokens (the default plans 156 / 189 / 283), b32 274-282 (522 / 1,103),
-// b8 x 2k x 8 43 (82); so it takes 3-16 tokens at batch >= 2.
+// b8 x 2k x 8 43 (82); cut into chunks (prefix_tail_chunks) b8 77-78, b1 x 16 19 (145). So it takes
+// 3-16 tokens at any batch, the prefix in chunks of its own beside the tails (split_kv.hpp).
 constexpr int64_t kPrefixTailMaxQueries = 8, kPrefixTailMinKeys = 2048;
 constexpr int64_t kPrefixTailMinQueries = 5, kPrefixTailMinQueriesWide = 3, kPrefixTailWideBatch = 32;
 constexpr int64_t kPrefixTailRowsMinQueries = 3, kPrefixTailRowsMaxQueries = 16;
@@ -822,11 +823,17 @@ constexpr int64_t kPrefixTailMaxCopied = int64_t(128) << 20;
 std::atomic<bool> prefix_tail_enabled{true};
 std::atomic<bool> prefix_tail_rows_enabled{false};
 
+// The pieces a prefix described by rows is cut into (a power of two, 1: whole): enough sequences x key
+// heads of cuDNN's general kernel for one wave on a 132-SM GPU (probe74, H200, the prefix of b8 x 8k:
+// 137 µs whole, 77 in 2 chunks; b32 274 whole, 285 in 2; b1 x 16 tokens 134 whole, 19 in 16), never
+// chunks of fewer than 16 blocks of the declared table.
+constexpr int64_t kPrefixTailTargetBlocks = 128, kPrefixTailMaxChunks = 16, kPrefixTailMinChunkBlocks = 16;
+
 // Whether the split beats the alternatives (by tokens, cuDNN's general kernel) at this size.
 bool prefix_tail_pays(const Problem& p, bool by_rows) {
   if (p.s_kv < kPrefixTailMinKeys) return false;
-  if (p.b == 1) return false;  // one entry: by tokens' one-query sequences fill the GPU better
   if (by_rows) return p.s_q >= kPrefixTailRowsMinQueries && p.s_q <= kPrefixTailRowsMaxQueries;
+  if (p.b == 1) return false;  // one entry: by tokens' one-query sequences fill the GPU better
   if (p.s_q > kPrefixTailMaxQueries) return false;
   return p.s_q >= (p.b >= kPrefixTailWideBatch ? kPrefixTailMinQueriesWide : kPrefixTailMinQueries);
 }
@@ -843,7 +850,8 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
   }
   const TensorView table = *plan.slots[kBlockTable];  // its declared (possibly bucketed) width
   const int64_t width = table.dims[2];
-  const int64_t chunks = 1 + p.s_q, heads = p.h_q * p.s_q, sequences = p.b * chunks;
+  const int64_t prefix_chunks = by_rows ? prefix_tail_chunks(p.b, p.h_kv, width) : 1;
+  const int64_t chunks = prefix_chunks + p.s_q, heads = p.h_q * p.s_q, sequences = p.b * chunks;
   const int64_t copied = sequences * heads * std::max(p.d_qk, p.d_v);  // elements of the copied q, of the partials
   if (sequences * width > INT32_MAX) return false;
   // The copies grow with (1 + s_q) x s_q: past kPrefixTailMaxCopied elements each (256 MiB of bf16; b32 x 32
@@ -852,16 +860,21 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
   SplitKv& split = start_split(p, operands, chunks, heads, plan);  // sinks: once per row, by the merge
   split.tokens = p.s_q;
   split.block_size = p.block_size;
-  split.blocks_per_chunk = width;
-  split.keys_per_chunk = width * p.block_size;
+  split.prefix_chunks = prefix_chunks;
+  split.prefix_chunk_blocks = width / prefix_chunks;  // a power of two, as the width
+  split.blocks_per_chunk = split.prefix_chunk_blocks;
+  split.keys_per_chunk = split.blocks_per_chunk * p.block_size;
   split.rows = by_rows ? heads / p.h_kv : 1;  // (head x tokens + token) = (key head, group x tokens rows)
   plan.problem.h_q = heads / split.rows;
   plan.problem.s_q = split.rows;
   plan.problem.s_kv = split.keys_per_chunk;
+  plan.problem.blocks = split.blocks_per_chunk;
   describe_split_scratch(p, operands, plan);
-  // The table copy's rows, whole, (sequences, 1, width, 1): the tails' shifted by the launch.
+  // The table copy's rows (sequences, 1, blocks_per_chunk, 1), width apart: the prefix's chunks and
+  // the tails shifted by the launch (a tail's at most s_q + block - 1 keys fit any chunk's blocks).
   TensorView& tail_table = set_view(plan, kBlockTable, table);
   tail_table.dims[0] = sequences;
+  tail_table.dims[2] = split.blocks_per_chunk;
   return true;
 }
 
@@ -870,6 +883,15 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
 bool decode_prefix_tail() { return prefix_tail_enabled.load(std::memory_order_relaxed); }
 
 void set_decode_prefix_tail(bool enabled) { prefix_tail_enabled.store(enabled); }
+
+int64_t prefix_tail_chunks(int64_t batch, int64_t heads_kv, int64_t width) {
+  int64_t chunks = 1;
+  while (chunks < kPrefixTailMaxChunks && batch * heads_kv * chunks < kPrefixTailTargetBlocks &&
+         width / (2 * chunks) >= kPrefixTailMinChunkBlocks) {
+    chunks *= 2;
+  }
+  return chunks;
+}
 
 bool decode_prefix_tail_rows() { return prefix_tail_rows_enabled.load(std::memory_order_relaxed); }
 

@@ -130,8 +130,10 @@ void clamp_block_table(const TensorView& table, int64_t num_blocks, int64_t widt
   unsigned int causal = tokens.on && tokens.causal ? 1u : 0u;
   unsigned long long made_q = reinterpret_cast<std::uintptr_t>(lengths_q);
   unsigned int queries = unsigned(value_q), tail_block = unsigned(tail.tokens > 0 ? tail.block_size : 0);
-  void* params[] = {&in,      &packed,         &rows, &cols,     &row_stride, &blocks, &out_cols, &copies,
-                    &seqlens, &seqlens_stride, &made, &full_len, &causal,     &made_q, &queries,  &tail_block};
+  unsigned int prefix_chunks = unsigned(tail.prefix_chunks), chunk_blocks = unsigned(tail.chunk_blocks);
+  void* params[] = {&in,       &packed, &rows,    &cols,           &row_stride,    &blocks,
+                    &out_cols, &copies, &seqlens, &seqlens_stride, &made,          &full_len,
+                    &causal,   &made_q, &queries, &tail_block,     &prefix_chunks, &chunk_blocks};
   launch(kernel, int64_t(rows) * width, params, stream, "cuLaunchKernel (stridedfa_clamp_blocks)");
 }
 
@@ -176,10 +178,11 @@ void split_kv_inputs(const SplitKv& s, void* scratch, RowLengths callers_kv, int
   long long stride_s = s.q.strides[2];
   unsigned int full_len = unsigned(s.full_len), keys_per_chunk = unsigned(s.keys_per_chunk);
   unsigned int pitch = unsigned(s.lengths_pitch()), tokens = unsigned(s.tokens), block_size = unsigned(s.block_size);
-  unsigned int rows_q = unsigned(s.rows);
-  void* params[] = {&q,     &q_split, &lengths,  &seqlens_kv, &seqlens_stride, &batch,    &chunks,
-                    &heads, &d,       &stride_b, &stride_h,   &stride_d,       &full_len, &keys_per_chunk,
-                    &pitch, &tokens,  &stride_s, &block_size, &rows_q};
+  unsigned int rows_q = unsigned(s.rows), prefix_chunks = unsigned(s.prefix_chunks);
+  unsigned int prefix_chunk_keys = unsigned(s.prefix_chunk_blocks * s.block_size);
+  void* params[] = {&q,     &q_split, &lengths,  &seqlens_kv, &seqlens_stride, &batch,         &chunks,
+                    &heads, &d,       &stride_b, &stride_h,   &stride_d,       &full_len,      &keys_per_chunk,
+                    &pitch, &tokens,  &stride_s, &block_size, &rows_q,         &prefix_chunks, &prefix_chunk_keys};
   launch(kernel, s.sequences() * s.heads * s.d_qk, params, stream, "cuLaunchKernel (stridedfa_split_inputs)");
 }
 
@@ -193,12 +196,12 @@ void split_kv_merge(const SplitKv& s, void* scratch, int32_t device, std::uintpt
   long long out_b = s.out.strides[0], out_h = s.out.strides[1], out_d = s.out.strides[3];
   long long lse_b = s.lse.present ? s.lse.strides[0] : 0, lse_h = s.lse.present ? s.lse.strides[1] : 0;
   long long out_s = s.out.strides[2], lse_s = s.lse.present ? s.lse.strides[2] : 0;
-  unsigned int is_bf16 = s.bf16 ? 1u : 0u, tokens = unsigned(s.tokens);
+  unsigned int is_bf16 = s.bf16 ? 1u : 0u, tokens = unsigned(s.tokens), prefix_chunks = unsigned(s.prefix_chunks);
   unsigned long long sinks = s.sinks;
   long long sinks_stride = s.sinks_stride;
   void* params[] = {&partial_out, &partial_lse, &lengths_kv,   &out,    &lse,   &batch, &chunks,
                     &heads,       &d,           &out_b,        &out_h,  &out_d, &lse_b, &lse_h,
-                    &is_bf16,     &sinks,       &sinks_stride, &tokens, &out_s, &lse_s};
+                    &is_bf16,     &sinks,       &sinks_stride, &tokens, &out_s, &lse_s, &prefix_chunks};
   launch(kernel, s.batch * s.heads * s.d_v, params, stream, "cuLaunchKernel (stridedfa_split_merge)");
 }
 

@@ -494,10 +494,19 @@ TEST_CASE("a prefix and a tail described by rows: a key head's group x tokens as
   const Planned p(paged_decode(4, 512, 8, true), options);
   const SplitKv& s = p.plan.split;
   REQUIRE(s.prefix_tail());
-  CHECK(s.heads == 32 * 8);  // the same packed scratch as by heads ...
-  CHECK(s.rows == 4 * 8);    // ... read as 8 key heads of 32 rows
+  CHECK(s.heads == 32 * 8);     // the same packed scratch as by heads ...
+  CHECK(s.rows == 4 * 8);       // ... read as 8 key heads of 32 rows
+  CHECK(s.prefix_chunks == 4);  // 4 x 4 x 8 = 128 thread blocks of the general kernel
+  CHECK(s.prefix_chunk_blocks == 128);
+  CHECK(s.chunks == 4 + 8);
+  CHECK(s.tail_rows().prefix_chunks == 4);
+  CHECK(s.tail_rows().chunk_blocks == 128);
+  CHECK(table_copies(ByTokens{}, s.tail_rows()) == 12);
   CHECK(p.plan.unmasked);
-  CHECK(p.plan.problem.b == 4 * 9);
+  CHECK(p.plan.problem.b == 4 * 12);
+  CHECK(p.plan.problem.s_kv == 128 * 16);
+  CHECK(p.plan.slots[kBlockTable]->dims[2] == 128);  // a chunk's blocks of the copy's 512-wide rows
+  CHECK(p.plan.slots[kBlockTable]->strides[0] == 512);
   CHECK(p.plan.problem.h_q == 8);
   CHECK(p.plan.problem.h_kv == 8);
   CHECK(p.plan.problem.s_q == 32);
@@ -511,8 +520,12 @@ TEST_CASE("a prefix and a tail described by rows: a key head's group x tokens as
     CHECK(t.strides[1] == 32 * inner);
     CHECK(t.strides[2] == inner);
   }
-  CHECK(split_kv_bytes(s) >= 36 * 256 * 128 * 2 * 2 + 36 * 256 * 4);
-  // Another graph than by heads; more tokens and fewer at batch 8 too, never one entry or 2 tokens.
+  CHECK(split_kv_bytes(s) >= 48 * 256 * 128 * 2 * 2 + 48 * 256 * 4);
+  CHECK(prefix_tail_chunks(32, 8, 512) == 1);  // 256 thread blocks already
+  CHECK(prefix_tail_chunks(8, 8, 512) == 2);
+  CHECK(prefix_tail_chunks(1, 8, 512) == 16);
+  CHECK(prefix_tail_chunks(1, 8, 128) == 8);  // chunks of at least 16 blocks
+  // Another graph than by heads; 3-16 tokens, one entry too, never 2 tokens (by tokens).
   set_decode_prefix_tail_rows(false);
   const Planned by_heads(paged_decode(4, 512, 8, true), options);
   set_decode_prefix_tail_rows(true);
@@ -522,7 +535,7 @@ TEST_CASE("a prefix and a tail described by rows: a key head's group x tokens as
   CHECK(Planned(paged_decode(8, 512, 3), options).plan.split.prefix_tail());
   CHECK_FALSE(Planned(paged_decode(8, 512, 17), options).plan.split.on);
   CHECK_FALSE(Planned(paged_decode(8, 512, 2), options).plan.split.on);
-  CHECK_FALSE(Planned(paged_decode(1, 512, 8), options).plan.split.on);
+  CHECK(Planned(paged_decode(1, 512, 16), options).plan.split.prefix_chunks == 16);
   CHECK_FALSE(Planned(paged_decode(4, 64, 8), options).plan.split.on);  // 1k keys
 }
 

@@ -109,8 +109,8 @@ def _decode_prefix_tail(enabled=None):
 
 def _decode_prefix_tail_rows(enabled=None):
     """Whether that split describes each key head's group x tokens as cuDNN's query rows (its general
-    kernel reads the keys once per group; then 3-16 queries at batch >= 2) rather than as heads of one
-    query (GPU run 74's probe74; off until a GPU run checks it against the reference); with
+    kernel reads the keys once per group; the prefix cut into chunks; then 3-16 queries at any batch)
+    rather than as heads of one query (GPU run 74's probe74; off until a GPU run checks it against the reference); with
     ``enabled`` set it first (for tests and benchmarks)."""
     if enabled is not None:
         set_decode_prefix_tail_rows(bool(enabled))

@@ -105,10 +105,11 @@ def test_prefix_and_tail_match_the_reference(b, s_q, layout, prefix_tail):
     assert_close(out[seen], general[seen], atol=2e-2, name="out vs the general kernel")
 
 
-@pytest.mark.parametrize("b, s_q", [(8, 3), (8, 16), (2, 12), (5, 9)])
+@pytest.mark.parametrize("b, s_q", [(8, 3), (8, 16), (2, 12), (5, 9), (1, 8), (1, 16)])
 @pytest.mark.parametrize("layout", ["head_major", "token_major"])
 def test_rows_take_3_to_16_queries(b, s_q, layout):
-    """Described by rows, the split also takes 3-4 queries below batch 32 and 9-16 queries."""
+    """Described by rows, the split also takes 3-4 queries below batch 32, 9-16 queries and one entry;
+    at these batches (2 key heads) its prefix is cut into 2-8 chunks."""
     with switched(_core._decode_prefix_tail, True), switched(_core._decode_prefix_tail_rows, True):
         test_prefix_and_tail_match_the_reference(b, s_q, layout, "rows")
 

@@ -83,10 +83,13 @@ void set_decode_by_tokens(bool enabled);
 bool decode_prefix_tail();
 void set_decode_prefix_tail(bool enabled);
 // Whether that split describes each key head's group x tokens as cuDNN's query rows (its general
-// kernel, which reads the keys once per group; then 3-16 queries at batch >= 2) rather than as
+// kernel, which reads the keys once per group; the prefix cut into chunks; then 3-16 queries) rather than as
 // heads of one query (off until a GPU run checks it). The setter is for tests and benchmarks.
 bool decode_prefix_tail_rows();
 void set_decode_prefix_tail_rows(bool enabled);
+// The chunks (a power of two) such a prefix of `batch` entries x `heads_kv` key heads over a table
+// declared `width` blocks wide is cut into (call_plan.cpp).
+int64_t prefix_tail_chunks(int64_t batch, int64_t heads_kv, int64_t width);
 
 // A float32 (b, h, s[, 1]) statistics view packed as cuDNN reads it before 9.12 / 9.26.
 bool is_packed_stats(const TensorView& lse);

@@ -87,17 +87,18 @@ struct ByTokens {
 };
 
 // A prefix + tail split's table copy (split_kv.hpp; call_plan.cpp, plan_prefix_tail): each entry's
-// row repeated 1 + tokens times, rows 1 + t (the tails) shifted to start at the prefix's end, block
+// row repeated prefix_chunks + tokens times, rows c < prefix_chunks (the prefix's chunks) shifted by
+// c x chunk_blocks, rows prefix_chunks + t (the tails) to start at the prefix's end, block
 // max(L - tokens, 0) / block_size with L the entry's keys (its seqlens_kv clamped into [0, full_len]).
 // tokens 0: none.
 struct TailRows {
-  int64_t tokens = 0, block_size = 0, full_len = 0;
+  int64_t tokens = 0, block_size = 0, full_len = 0, prefix_chunks = 1, chunk_blocks = 0;
 };
 
 // How many rows of the table copy each entry's row becomes: one per token by tokens, the prefix and
 // one tail per token for a prefix + tail split, else one.
 inline int64_t table_copies(const ByTokens& tokens, const TailRows& tail) {
-  return tokens.on ? tokens.queries : tail.tokens > 0 ? 1 + tail.tokens : 1;
+  return tokens.on ? tokens.queries : tail.tokens > 0 ? tail.prefix_chunks + tail.tokens : 1;
 }
 
 // A paged call's block table (`table`: its (b, 1, blocks, 1) view, rows contiguous) copied packed
