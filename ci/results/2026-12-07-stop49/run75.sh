@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# GPU run 75 (~4 min; build the wheel first): the prefix + tail split described by rows
-# (_core._decode_prefix_tail_rows, off by default): test_decode_prefix_tail.py runs every case both
-# ways (and 3-16 queries by rows), then bench_paged --quick with it on (the multi-token rows beside
-# the general kernel and SDPA). If the tests pass and the rows beat the default, switch it on.
+# GPU run 75 (~4 min; build the wheel first): the prefix + tail split described by rows, its prefix
+# in chunks (_core._decode_prefix_tail_rows, off by default): test_decode_prefix_tail.py runs every
+# case both ways (and 3-16 queries, one entry, by rows); by tokens' and split-KV's files, whose
+# kernels (clamp_blocks, split_inputs, split_merge) took the chunk count; then bench_paged --quick
+# with it on (the multi-token rows beside the general kernel and SDPA). If the tests pass and the
+# rows beat the default, switch it on.
 set -u
 repo=$(pwd)
-PART=files LIMIT=90 FILES="test_decode_prefix_tail.py" bash ci/gpu_suite.sh > "$OUT/files.out" 2>&1
+PART=files LIMIT=150 FILES="test_decode_prefix_tail.py test_decode_by_tokens.py test_split_kv.py" bash ci/gpu_suite.sh > "$OUT/files.out" 2>&1
 cat "$OUT/files.out"
-(export PYTHONPATH=/tmp/sfa-files PYTHONUNBUFFERED=1; mkdir -p /tmp/w && cd /tmp/w && timeout 70 python3 "$repo/benchmarks/bench_paged.py" --quick --prefix-tail-rows --out "$OUT/paged" > "$OUT/paged.log" 2>&1; echo "paged rc $?")
+(export PYTHONPATH=/tmp/sfa-files PYTHONUNBUFFERED=1; mkdir -p /tmp/w && cd /tmp/w && timeout 110 python3 "$repo/benchmarks/bench_paged.py" --quick --prefix-tail-rows --out "$OUT/paged" > "$OUT/paged.log" 2>&1; echo "paged rc $?")
 python3 - "$OUT/paged/paged.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
