@@ -861,7 +861,7 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
   split.tokens = p.s_q;
   split.block_size = p.block_size;
   split.prefix_chunks = prefix_chunks;
-  split.prefix_chunk_blocks = width / prefix_chunks;  // a power of two, as the width
+  split.prefix_chunk_blocks = (width + prefix_chunks - 1) / prefix_chunks;  // every block in a chunk
   split.blocks_per_chunk = split.prefix_chunk_blocks;
   split.keys_per_chunk = split.blocks_per_chunk * p.block_size;
   split.rows = by_rows ? heads / p.h_kv : 1;  // (head x tokens + token) = (key head, group x tokens rows)

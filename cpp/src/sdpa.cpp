@@ -360,8 +360,12 @@ PreparedCall prepare(GraphOp op, const Problem& problem, const SdpaOptions& opti
   call.made_lengths_rows = plan.problem.b;
   call.split = plan.split;
   call.sink_fold = plan.sink_fold;
-  // A split's chunks read the entries' rows of the copy in pieces; a prefix + tail split's are whole rows.
-  if (plan.split.on && !plan.split.prefix_tail()) call.table_width = plan.split.chunks * plan.split.blocks_per_chunk;
+  // A split's chunks read the entries' rows of the copy in pieces; a prefix + tail split's rows are
+  // whole, the view's row stride apart (its chunks may read fewer columns of each: by rows).
+  if (plan.split.on) {
+    call.table_width = plan.split.prefix_tail() ? plan.slots[kBlockTable]->strides[0]
+                                                : plan.split.chunks * plan.split.blocks_per_chunk;
+  }
   std::fill(std::begin(call.ragged_row_of_ptr), std::end(call.ragged_row_of_ptr), int8_t(-1));
   call.n_empty_rows = plan.n_empty_rows;
   std::copy(plan.empty_rows, plan.empty_rows + plan.n_empty_rows, call.empty_rows);

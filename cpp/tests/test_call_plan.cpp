@@ -536,6 +536,13 @@ TEST_CASE("a prefix and a tail described by rows: a key head's group x tokens as
   CHECK_FALSE(Planned(paged_decode(8, 512, 17), options).plan.split.on);
   CHECK_FALSE(Planned(paged_decode(8, 512, 2), options).plan.split.on);
   CHECK(Planned(paged_decode(1, 512, 16), options).plan.split.prefix_chunks == 16);
+  const bool bucketed = decode_graphs_bucketed();
+  set_decode_graphs_bucketed(false);  // the caller's width, 1,000 blocks: the chunks still cover it
+  const Planned exact(paged_decode(1, 1000, 16), options);
+  set_decode_graphs_bucketed(bucketed);
+  CHECK(exact.plan.split.prefix_chunks == 16);
+  CHECK(exact.plan.split.prefix_chunks * exact.plan.split.prefix_chunk_blocks >= 1000);
+  CHECK(exact.plan.slots[kBlockTable]->strides[0] == 1000);             // the copy's rows, whole
   CHECK_FALSE(Planned(paged_decode(4, 64, 8), options).plan.split.on);  // 1k keys
 }
 
