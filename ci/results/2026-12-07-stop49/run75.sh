@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run 75 (~4 min; build the wheel first): the prefix + tail split described by rows, its prefix
+# GPU run 75 (~5.5 min; build the wheel first): the prefix + tail split described by rows, its prefix
 # in chunks (_core._decode_prefix_tail_rows, off by default): test_decode_prefix_tail.py runs every
 # case both ways (and 3-16 queries, one entry, by rows); by tokens' and split-KV's files, whose
 # kernels (clamp_blocks, split_inputs, split_merge) took the chunk count; then bench_paged --quick
@@ -18,4 +18,8 @@ for r in d["rows"]:
     if r.get("queries", 1) > 1:
         print(r["batch"], r["cache_length"], r["queries"], {k: round(v, 1) if isinstance(v, float) else v for k, v in g.items()})
 PY
+# memcheck over the chunked rows' cases (the table copy's shifted rows, the chunks' lengths, the merge)
+(cd tests/gpu && PYTHONPATH=/tmp/sfa-files timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest \
+  -p no:cacheprovider -q -o cache_dir=/tmp/.c test_decode_prefix_tail.py -k "rows_take" > "$OUT/memcheck.log" 2>&1)
+echo "memcheck rc $? (9: memcheck found errors)"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck.log" | tail -3
 ls "$OUT"
