@@ -77,7 +77,6 @@ def test_the_switch_turns_it_off():
     assert off == general(8, 8, **BR) != key(8, 8, **BR)
 
 
-
 @pytest.mark.parametrize("b, s_q", [(8, 8), (8, 3), (8, 16), (2, 12), (32, 4)])
 def test_described_by_rows_it_is_another_graph_and_takes_3_to_16_queries(b, s_q):
     """Each key head's group x tokens as the general kernel's query rows (off by default)."""

@@ -840,7 +840,8 @@ bool prefix_tail_pays(const Problem& p, bool by_rows) {
 
 bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, const TensorView* const* operands,
                       Plan& plan) {
-  const bool by_rows = prefix_tail_rows_enabled.load(std::memory_order_relaxed) && p.h_kv > 0 && p.h_q % p.h_kv == 0;
+  // (Validated: h_q a multiple of h_kv, both 0 only for an empty call.)
+  const bool by_rows = prefix_tail_rows_enabled.load(std::memory_order_relaxed) && p.h_kv > 0;
   if (op != GraphOp::forward || !p.paged || !prefix_tail_pays(p, by_rows)) return false;
   if (!prefix_tail_enabled.load(std::memory_order_relaxed)) return false;
   if (has_operand_a_rewrite_cannot_carry(operands)) return false;
@@ -854,15 +855,13 @@ bool plan_prefix_tail(GraphOp op, const Problem& p, const SdpaOptions& options, 
   const int64_t chunks = prefix_chunks + p.s_q, heads = p.h_q * p.s_q, sequences = p.b * chunks;
   const int64_t copied = sequences * heads * std::max(p.d_qk, p.d_v);  // elements of the copied q, of the partials
   if (sequences * width > INT32_MAX) return false;
-  // The copies grow with (1 + s_q) x s_q: past kPrefixTailMaxCopied elements each (256 MiB of bf16; b32 x 32
-  // heads x 8 tokens x d 128 is 9.4M) the scratch would rival the cache the call reads.
+  // The copies grow with (chunks + s_q) x s_q: past kPrefixTailMaxCopied elements each (256 MiB of bf16; b32
+  // x 32 heads x 16 tokens x d 128 in 17 chunks is 36M) the scratch would rival the cache the call reads.
   if (copied > kPrefixTailMaxCopied) return false;
   SplitKv& split = start_split(p, operands, chunks, heads, plan);  // sinks: once per row, by the merge
   split.tokens = p.s_q;
   split.block_size = p.block_size;
-  split.prefix_chunks = prefix_chunks;
-  split.prefix_chunk_blocks = (width + prefix_chunks - 1) / prefix_chunks;  // every block in a chunk
-  split.blocks_per_chunk = split.prefix_chunk_blocks;
+  split.blocks_per_chunk = (width + prefix_chunks - 1) / prefix_chunks;  // every block in a chunk
   split.keys_per_chunk = split.blocks_per_chunk * p.block_size;
   split.rows = by_rows ? heads / p.h_kv : 1;  // (head x tokens + token) = (key head, group x tokens rows)
   plan.problem.h_q = heads / split.rows;

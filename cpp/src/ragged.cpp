@@ -178,11 +178,10 @@ void split_kv_inputs(const SplitKv& s, void* scratch, RowLengths callers_kv, int
   long long stride_s = s.q.strides[2];
   unsigned int full_len = unsigned(s.full_len), keys_per_chunk = unsigned(s.keys_per_chunk);
   unsigned int pitch = unsigned(s.lengths_pitch()), tokens = unsigned(s.tokens), block_size = unsigned(s.block_size);
-  unsigned int rows_q = unsigned(s.rows), prefix_chunks = unsigned(s.prefix_chunks);
-  unsigned int prefix_chunk_keys = unsigned(s.prefix_chunk_blocks * s.block_size);
-  void* params[] = {&q,     &q_split, &lengths,  &seqlens_kv, &seqlens_stride, &batch,         &chunks,
-                    &heads, &d,       &stride_b, &stride_h,   &stride_d,       &full_len,      &keys_per_chunk,
-                    &pitch, &tokens,  &stride_s, &block_size, &rows_q,         &prefix_chunks, &prefix_chunk_keys};
+  unsigned int rows_q = unsigned(s.rows);
+  void* params[] = {&q,     &q_split, &lengths,  &seqlens_kv, &seqlens_stride, &batch,    &chunks,
+                    &heads, &d,       &stride_b, &stride_h,   &stride_d,       &full_len, &keys_per_chunk,
+                    &pitch, &tokens,  &stride_s, &block_size, &rows_q};
   launch(kernel, s.sequences() * s.heads * s.d_qk, params, stream, "cuLaunchKernel (stridedfa_split_inputs)");
 }
 
@@ -196,12 +195,12 @@ void split_kv_merge(const SplitKv& s, void* scratch, int32_t device, std::uintpt
   long long out_b = s.out.strides[0], out_h = s.out.strides[1], out_d = s.out.strides[3];
   long long lse_b = s.lse.present ? s.lse.strides[0] : 0, lse_h = s.lse.present ? s.lse.strides[1] : 0;
   long long out_s = s.out.strides[2], lse_s = s.lse.present ? s.lse.strides[2] : 0;
-  unsigned int is_bf16 = s.bf16 ? 1u : 0u, tokens = unsigned(s.tokens), prefix_chunks = unsigned(s.prefix_chunks);
+  unsigned int is_bf16 = s.bf16 ? 1u : 0u, tokens = unsigned(s.tokens);
   unsigned long long sinks = s.sinks;
   long long sinks_stride = s.sinks_stride;
   void* params[] = {&partial_out, &partial_lse, &lengths_kv,   &out,    &lse,   &batch, &chunks,
                     &heads,       &d,           &out_b,        &out_h,  &out_d, &lse_b, &lse_h,
-                    &is_bf16,     &sinks,       &sinks_stride, &tokens, &out_s, &lse_s, &prefix_chunks};
+                    &is_bf16,     &sinks,       &sinks_stride, &tokens, &out_s, &lse_s};
   launch(kernel, s.batch * s.heads * s.d_v, params, stream, "cuLaunchKernel (stridedfa_split_merge)");
 }
 

@@ -494,10 +494,10 @@ TEST_CASE("a prefix and a tail described by rows: a key head's group x tokens as
   const Planned p(paged_decode(4, 512, 8, true), options);
   const SplitKv& s = p.plan.split;
   REQUIRE(s.prefix_tail());
-  CHECK(s.heads == 32 * 8);     // the same packed scratch as by heads ...
-  CHECK(s.rows == 4 * 8);       // ... read as 8 key heads of 32 rows
-  CHECK(s.prefix_chunks == 4);  // 4 x 4 x 8 = 128 thread blocks of the general kernel
-  CHECK(s.prefix_chunk_blocks == 128);
+  CHECK(s.heads == 32 * 8);       // the same packed scratch as by heads ...
+  CHECK(s.rows == 4 * 8);         // ... read as 8 key heads of 32 rows
+  CHECK(s.prefix_chunks() == 4);  // 4 x 4 x 8 = 128 thread blocks of the general kernel
+  CHECK(s.blocks_per_chunk == 128);
   CHECK(s.chunks == 4 + 8);
   CHECK(s.tail_rows().prefix_chunks == 4);
   CHECK(s.tail_rows().chunk_blocks == 128);
@@ -535,13 +535,13 @@ TEST_CASE("a prefix and a tail described by rows: a key head's group x tokens as
   CHECK(Planned(paged_decode(8, 512, 3), options).plan.split.prefix_tail());
   CHECK_FALSE(Planned(paged_decode(8, 512, 17), options).plan.split.on);
   CHECK_FALSE(Planned(paged_decode(8, 512, 2), options).plan.split.on);
-  CHECK(Planned(paged_decode(1, 512, 16), options).plan.split.prefix_chunks == 16);
+  CHECK(Planned(paged_decode(1, 512, 16), options).plan.split.prefix_chunks() == 16);
   const bool bucketed = decode_graphs_bucketed();
   set_decode_graphs_bucketed(false);  // the caller's width, 1,000 blocks: the chunks still cover it
   const Planned exact(paged_decode(1, 1000, 16), options);
   set_decode_graphs_bucketed(bucketed);
-  CHECK(exact.plan.split.prefix_chunks == 16);
-  CHECK(exact.plan.split.prefix_chunks * exact.plan.split.prefix_chunk_blocks >= 1000);
+  CHECK(exact.plan.split.prefix_chunks() == 16);
+  CHECK(exact.plan.split.prefix_chunks() * exact.plan.split.blocks_per_chunk >= 1000);
   CHECK(exact.plan.slots[kBlockTable]->strides[0] == 1000);             // the copy's rows, whole
   CHECK_FALSE(Planned(paged_decode(4, 64, 8), options).plan.split.on);  // 1k keys
 }

@@ -52,12 +52,12 @@ struct SplitKv {
   // the one-query kernel), or a prefix + tail's heads / h_kv (a key head's group x tokens as its rows,
   // h_kv heads: the general kernel, which reads the keys once per group). Same packed memory.
   int64_t rows = 1;
-  // The prefix cut into prefix_chunks pieces of prefix_chunk_blocks blocks (chunks = prefix_chunks +
-  // tokens): sequence i x chunks + c < prefix_chunks the prefix's chunk c, then the tails.
-  int64_t prefix_chunks = 1, prefix_chunk_blocks = 0;
   bool prefix_tail() const { return tokens > 1; }
+  // A prefix + tail split's prefix is cut into chunks - tokens pieces of blocks_per_chunk blocks:
+  // sequence i x chunks + c < prefix_chunks() the prefix's chunk c, then the tails.
+  int64_t prefix_chunks() const { return prefix_tail() ? chunks - tokens : 1; }
   TailRows tail_rows() const {  // its table copy's
-    return {prefix_tail() ? tokens : 0, block_size, full_len, prefix_chunks, prefix_chunk_blocks};
+    return {prefix_tail() ? tokens : 0, block_size, full_len, prefix_chunks(), blocks_per_chunk};
   }
   int64_t sequences() const { return batch * chunks; }
   int64_t lengths_pitch() const;  // int32 entries from the query lengths' row to the keys' (16-byte aligned)
